@@ -1,0 +1,142 @@
+"""The `data` stage: read conversations, split off a held-out set, template and tokenize on Ray tasks.
+
+Writes `train/` and `holdout/` (HF datasets: id, input_ids, loss_mask) into the stage directory and
+returns the stage's figures. The base model itself scores a few held-out sequences (teacher-forced
+loss and top-1 accuracy on assistant tokens), which proves the data and the model fit together
+before hours of teacher pass and training are spent on them.
+"""
+
+import logging
+import math
+import random
+from pathlib import Path
+
+import ray
+import torch
+from datasets import Dataset
+from tqdm import tqdm
+
+from ppdkit.models.config import BaseModelConfig
+from ppdkit.models.loading import load_base_model, load_tokenizer
+
+from .config import DataConfig
+from .conversations import Conversation, MalformedRow, ReadReport
+from .readers import read_conversations
+from .templating import TokenizedConversation, encode_conversation
+
+log = logging.getLogger(__name__)
+
+
+def split_holdout(conversations: list[Conversation], fraction: float, seed: int) -> tuple[list, list]:
+    """(train, holdout): a seeded shuffle; at least one held-out conversation when fraction > 0 and n >= 2."""
+    order = list(range(len(conversations)))
+    random.Random(seed).shuffle(order)
+    n_holdout = 0 if fraction == 0 or len(order) < 2 else max(1, round(fraction * len(order)))
+    holdout = sorted(order[:n_holdout])
+    train = sorted(order[n_holdout:])
+    return [conversations[i] for i in train], [conversations[i] for i in holdout]
+
+
+def tokenize_shard(tokenizer, conversations: list[Conversation], max_length: int) -> tuple[list[TokenizedConversation], ReadReport]:
+    report = ReadReport(source="templating")
+    rows = []
+    for conv in conversations:
+        try:
+            rows.append(encode_conversation(tokenizer, conv, max_length))
+            report.keep()
+        except MalformedRow as e:
+            report.skip(f"conversation {conv.id}", str(e))
+    return rows, report
+
+
+@ray.remote
+def _tokenize_shard_task(tokenizer, conversations, max_length):
+    return tokenize_shard(tokenizer, conversations, max_length)
+
+
+@ray.remote
+def _score_task(base: BaseModelConfig, rows: list[TokenizedConversation]) -> dict:
+    return score_with_base_model(base, rows)
+
+
+def score_with_base_model(base: BaseModelConfig, rows: list[TokenizedConversation]) -> dict:
+    """Teacher-forced mean NLL and top-1 accuracy of the base model on the assistant tokens of `rows`."""
+    loaded = load_base_model(base.name, base.quantization, base.dtype)
+    nll_sum, correct, count = 0.0, 0, 0
+    with torch.inference_mode():
+        for row in rows:
+            ids = torch.tensor([row.input_ids])
+            logits = loaded.model(ids).logits[0, :-1].float()  # [T-1, V]: prediction for token t+1
+            target = ids[0, 1:]
+            mask = torch.tensor(row.loss_mask[1:], dtype=torch.bool)
+            logp = torch.log_softmax(logits[mask], dim=-1)
+            nll_sum += -logp.gather(1, target[mask, None]).sum().item()
+            correct += (logp.argmax(-1) == target[mask]).sum().item()
+            count += int(mask.sum())
+    return {"base_model_fingerprint": loaded.fingerprint, "check_tokens": count,
+            "check_nll": nll_sum / max(count, 1), "check_top1": correct / max(count, 1)}
+
+
+def _tokenize_on_ray(tokenizer, conversations: list[Conversation], cfg: DataConfig, what: str):
+    shards = [conversations[i::cfg.shards] for i in range(cfg.shards)]
+    tok_ref = ray.put(tokenizer)
+    pending = [_tokenize_shard_task.remote(tok_ref, shard, cfg.max_length) for shard in shards if shard]
+    by_id: dict[str, TokenizedConversation] = {}
+    report = ReadReport(source=f"templating ({what})")
+    with tqdm(total=len(pending), desc=f"tokenizing {what} on Ray", unit="shard") as bar:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            rows, shard_report = ray.get(done[0])
+            by_id.update({r.id: r for r in rows})
+            report.merge(shard_report)
+            bar.update()
+    order = [c.id for c in conversations if c.id in by_id]  # keep the read order, whatever finished first
+    return [by_id[i] for i in order], report
+
+
+def _save(rows: list[TokenizedConversation], path: Path) -> None:
+    Dataset.from_dict({
+        "id": [r.id for r in rows],
+        "input_ids": [r.input_ids for r in rows],
+        "loss_mask": [r.loss_mask for r in rows],
+    }).save_to_disk(str(path))
+
+
+def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dict:
+    tokenizer = load_tokenizer(base.name)
+    conversations, read_report = read_conversations(cfg.source, cfg.limit, require_assistant=True)
+    if not conversations:
+        raise ValueError(f"no usable conversation in {cfg.source!r}: {read_report.describe()}")
+    # Conversation ids must be unique to re-order shard results; number duplicates instead of dropping them.
+    seen: dict[str, int] = {}
+    for i, conv in enumerate(conversations):
+        seen[conv.id] = seen.get(conv.id, 0) + 1
+        if seen[conv.id] > 1:
+            conversations[i] = Conversation(f"{conv.id}#{seen[conv.id]}", conv.messages)
+    train_convs, holdout_convs = split_holdout(conversations, cfg.holdout, cfg.seed)
+    train, train_report = _tokenize_on_ray(tokenizer, train_convs, cfg, "train")
+    holdout, holdout_report = _tokenize_on_ray(tokenizer, holdout_convs, cfg, "holdout")
+    for report in (train_report, holdout_report):
+        log.info(report.describe())
+    if not train:
+        raise ValueError(f"no training sequence left after templating: {train_report.describe()}")
+    _save(train, out_dir / "train")
+    _save(holdout, out_dir / "holdout")
+
+    summary = {
+        "read": read_report.summary(),
+        "templating": {"train": train_report.summary(), "holdout": holdout_report.summary()},
+        "train_sequences": len(train),
+        "holdout_sequences": len(holdout),
+        "train_tokens": sum(len(r.input_ids) for r in train),
+        "train_assistant_tokens": sum(sum(r.loss_mask) for r in train),
+        "holdout_assistant_tokens": sum(sum(r.loss_mask) for r in holdout),
+        "max_length": cfg.max_length,
+    }
+    check_rows = (holdout or train)[: cfg.check_sequences]
+    if check_rows:
+        log.info("base model %s (%s) scores %d held-out sequences on a Ray task", base.name, base.quantization, len(check_rows))
+        cpus = max(1, min(4, int(ray.available_resources().get("CPU", 1))))
+        summary.update(ray.get(_score_task.options(num_cpus=cpus).remote(base, check_rows)))
+        summary["check_perplexity"] = math.exp(summary["check_nll"])
+    return summary

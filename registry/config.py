@@ -1,0 +1,9 @@
+from pydantic import Field
+
+from ppdkit.models.config import Section
+
+
+class TrackingConfig(Section):
+    enabled: bool = True
+    uri: str | None = Field(None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite in the cache")
+    experiment: str = "ppdkit"
