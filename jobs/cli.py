@@ -110,7 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Overrides may come after options (`run job.yaml --output D data.limit=8`): argparse leaves those over.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any("=" not in e or e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides += extra
     _setup_logging(args.verbose)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from .pipeline import PipelineError

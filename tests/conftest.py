@@ -1,0 +1,65 @@
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+_made_cache: list[str] = []
+
+
+def pytest_configure(config):
+    # Tests never touch the user's cache or tracking store. PPDKIT_TEST_CACHE keeps one between runs
+    # (saves the SmolLM2 conversion when iterating locally); CI starts from nothing.
+    cache = os.environ.get("PPDKIT_TEST_CACHE")
+    if not cache:
+        cache = tempfile.mkdtemp(prefix="ppdkit-test-cache-")
+        _made_cache.append(cache)
+    os.environ["PPDKIT_CACHE"] = cache
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("RAY_ADDRESS", None)
+
+
+def pytest_unconfigure(config):
+    for path in _made_cache:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One real local Ray for the whole session (starting one costs seconds and 1.7 GB)."""
+    import ray
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=512 * 2**20, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def tracking_uri(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def tiny_dir():
+    from ppdkit.models.catalog import materialize
+
+    return materialize("tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)

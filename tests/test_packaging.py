@@ -1,0 +1,62 @@
+"""The installed layout: everything under `ppdkit.`, nothing that shadows PyPI's top-level packages."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from conftest import REPO
+
+FOLDERS = ("models", "data_pipeline", "trainer", "runtime", "registry", "jobs")
+
+
+def _python(code: str, cwd, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *kw.get("flags", []), "-c", code], cwd=cwd, capture_output=True,
+                          text=True, env=kw.get("env"), timeout=300)
+
+
+def test_namespaced_imports_work_from_anywhere(tmp_path):
+    result = _python("import ppdkit.trainer, ppdkit.runtime, ppdkit.jobs.cli; print(ppdkit.trainer.__name__)", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ppdkit.trainer"
+
+
+def test_top_level_trainer_is_never_ppdkit_code(tmp_path):
+    # From the repo root the folder is on sys.path: importing it as `trainer` must refuse, naming the right import.
+    in_repo = _python("import trainer", REPO)
+    assert in_repo.returncode != 0
+    assert "ppdkit.trainer" in in_repo.stderr
+    # Anywhere else, `trainer` is whatever PyPI installed (or nothing), never our folder.
+    elsewhere = _python("import trainer, os; print(os.path.abspath(trainer.__file__))", tmp_path)
+    assert elsewhere.returncode != 0 or str(REPO) not in elsewhere.stdout
+
+
+def test_wheel_installs_everything_under_the_namespace(tmp_path):
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path / "wheel"), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    (wheel,) = (tmp_path / "wheel").glob("ppdkit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"ppdkit"}
+    for folder in FOLDERS:
+        assert f"ppdkit/{folder}/__init__.py" in names
+    assert "ppdkit/jobs/configs/demo.yaml" in names
+    # The plain (non-editable) install: unpack the wheel and import from it, with site's .pth files off
+    # so the editable install of this checkout cannot answer instead.
+    target = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(target)
+    site_packages = next(p for p in sys.path if p.endswith("site-packages"))
+    env = {"PYTHONPATH": f"{target}:{site_packages}", "PATH": "/usr/bin:/bin"}
+    result = _python("import ppdkit.trainer, ppdkit.runtime, ppdkit.jobs.cli as c; print(ppdkit.trainer.__file__);"
+                     "print(c.demo_spec_path().is_file())", tmp_path, flags=["-S"], env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(target / "ppdkit" / "trainer" / "__init__.py"), "True"]
+
+
+def test_console_command_lists_its_subcommands():
+    ppdkit = Path(sys.executable).with_name("ppdkit")  # the console script of the venv running the tests
+    result = subprocess.run([str(ppdkit), "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for command in ("run", "demo", "ui"):
+        assert command in result.stdout

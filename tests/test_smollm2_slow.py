@@ -1,0 +1,65 @@
+"""The real base model: SmolLM2-135M-Instruct from its PyPI package (slow: conversion and full loads)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ppdkit.models.loading import load_base_model
+from ppdkit.models.smollm2 import GGUF_FILE, gguf_dir
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_base_model("smollm2-135m", quantization="none")
+
+
+def test_conversion_matches_the_gguf_model(smollm2):
+    from transformers import AutoModelForCausalLM
+
+    cfg = smollm2.model.config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.vocab_size, cfg.tie_word_embeddings) == (30, 576, 9, 3, 49152, True)
+    gguf = AutoModelForCausalLM.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE).eval()
+    ids = smollm2.tokenizer(PROMPT, return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        ours, theirs = smollm2.model(ids).logits, gguf(ids).logits
+    assert torch.allclose(ours, theirs, atol=1e-4)
+    assert "Paris" in smollm2.tokenizer.decode(smollm2.model.generate(ids, max_new_tokens=12, do_sample=False)[0])
+
+
+def test_nf4_mostly_agrees_with_fp32(smollm2):
+    nf4 = load_base_model("smollm2-135m", quantization="nf4")
+    assert nf4.fingerprint == smollm2.fingerprint
+    ids = smollm2.tokenizer(PROMPT + "The capital of France is Paris, a city known for its art, food and history.",
+                            return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        a, b = smollm2.model(ids).logits.argmax(-1), nf4.model(ids).logits.argmax(-1)
+    agreement = (a == b).float().mean().item()
+    assert agreement > 0.5, agreement  # about 0.73 measured on ShareGPT text
+
+
+def test_demo_job_runs_and_its_mlflow_run_is_listed(tmp_path):
+    ppdkit = Path(sys.executable).with_name("ppdkit")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    out = tmp_path / "demo"
+    run = subprocess.run([str(ppdkit), "demo", "--output", str(out), "data.limit=8", "data.check_sequences=1"],
+                         env=env, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((out / "data" / "summary.json").read_text())
+    assert summary["train_sequences"] > 0 and 0 < summary["check_top1"] <= 1
+    saved = json.loads((out / "run.json").read_text())
+    listed = subprocess.run([str(Path(sys.executable).with_name("mlflow")), "runs", "list",
+                             "--experiment-id", saved["experiment_id"]], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert listed.returncode == 0, listed.stderr
+    assert saved["run_id"] in listed.stdout

@@ -1,0 +1,63 @@
+import pytest
+
+from conftest import REPO
+from ppdkit.jobs.cli import main
+from ppdkit.jobs.spec import SpecError, apply_overrides, flatten, load_spec, spec_from_dict
+
+CONFIGS = REPO / "jobs" / "configs"
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "smollm2-ppd.yaml"])
+def test_committed_specs_load(name):
+    spec = load_spec(CONFIGS / name)
+    assert spec.base_model.name == "smollm2-135m"
+    assert spec.base_model.quantization == "nf4"
+
+
+def test_misspelled_key_is_named_with_the_allowed_ones(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\ndata:\n  limt: 10\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    message = str(err.value)
+    assert "data.limt" in message
+    assert "limit" in message and "max_length" in message and "source" in message
+
+
+def test_unknown_top_level_section():
+    with pytest.raises(SpecError, match=r"unknown key 'trian'.*base_model.*data"):
+        spec_from_dict({"name": "x", "trian": {}})
+
+
+def test_overrides_are_typed_and_checked(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\n")
+    spec = load_spec(path, ["data.limit=7", "base_model.quantization=none", "data.source=mt-bench", "data.limit=8"])
+    assert (spec.data.limit, spec.base_model.quantization, spec.data.source) == (8, "none", "mt-bench")
+    with pytest.raises(SpecError, match="data.limit"):
+        load_spec(path, ["data.limit=many"])
+    with pytest.raises(SpecError, match="base_model.quantization"):
+        load_spec(path, ["base_model.quantization=int3"])
+    with pytest.raises(SpecError, match="key=value"):
+        load_spec(path, ["data.limit"])
+    with pytest.raises(SpecError, match="data.shardz"):
+        load_spec(path, ["data.shardz=2"])
+
+
+def test_override_cannot_descend_into_a_value():
+    with pytest.raises(SpecError, match="'name' is a value"):
+        apply_overrides({"name": "x"}, ["name.first=y"])
+
+
+def test_flatten_gives_mlflow_params():
+    params = flatten(spec_from_dict({"name": "x"}))
+    assert params["data.limit"] == 512
+    assert params["base_model.name"] == "smollm2-135m"
+
+
+def test_cli_reports_a_bad_key_and_exits_2(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\nbase_model:\n  nme: tiny-llama\n")
+    assert main(["run", str(path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "base_model.nme" in err and "quantization" in err
