@@ -6,9 +6,11 @@ loss and top-1 accuracy on assistant tokens), which proves the data and the mode
 before hours of teacher pass and training are spent on them.
 """
 
+import json
 import logging
 import math
 import random
+import shutil
 from pathlib import Path
 
 import ray
@@ -94,11 +96,15 @@ def _tokenize_on_ray(tokenizer, conversations: list[Conversation], cfg: DataConf
     return [by_id[i] for i in order], report
 
 
-def _save(rows: list[TokenizedConversation], path: Path) -> None:
+def _save(rows: list[TokenizedConversation], conversations: list[Conversation], path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)  # an interrupted attempt's copy
+    # The messages travel with the tokens: self-distillation regenerates the assistant turns from them.
+    messages = {c.id: json.dumps(list(c.messages)) for c in conversations}
     Dataset.from_dict({
         "id": [r.id for r in rows],
         "input_ids": [r.input_ids for r in rows],
         "loss_mask": [r.loss_mask for r in rows],
+        "messages": [messages[r.id] for r in rows],
     }).save_to_disk(str(path))
 
 
@@ -120,8 +126,8 @@ def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dic
         log.info(report.describe())
     if not train:
         raise ValueError(f"no training sequence left after templating: {train_report.describe()}")
-    _save(train, out_dir / "train")
-    _save(holdout, out_dir / "holdout")
+    _save(train, train_convs, out_dir / "train")
+    _save(holdout, holdout_convs, out_dir / "holdout")
 
     summary = {
         "read": read_report.summary(),

@@ -30,7 +30,7 @@ STAGE_ORDER = ("data", "teacher", "train", "calibrate", "evaluate", "register")
 class StageContext:
     spec: JobSpec
     output: Path  # the pipeline's output directory
-    stage_dir: Path  # output / stage name, empty when run() is called
+    stage_dir: Path  # output / stage name; may hold an interrupted attempt's files to resume from
     tracker: Tracker
 
 
@@ -47,9 +47,16 @@ def _run_data(ctx: StageContext) -> dict[str, Any]:
     return run_data_stage(ctx.spec.base_model, ctx.spec.data, ctx.stage_dir)
 
 
+def _run_teacher(ctx: StageContext) -> dict[str, Any]:
+    from ppdkit.data_pipeline.teacher_stage import run_teacher_stage
+
+    return run_teacher_stage(ctx.spec.base_model, ctx.spec.data, ctx.spec.teacher, ctx.output / "data", ctx.stage_dir)
+
+
 # Stages that exist in this version, in STAGE_ORDER; later stages plug in here.
 STAGES: dict[str, Stage] = {
     "data": Stage("data", ("base_model", "data"), _run_data),
+    "teacher": Stage("teacher", ("teacher",), _run_teacher),
 }
 
 
@@ -136,8 +143,11 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
             if made is None or made.get("inputs_digest") != _digest(stage_inputs(spec, STAGES[name])):
                 raise PipelineError(f"stage {stage.name} needs stage {name} done for this spec first: "
                                     f"add it to --stages")
-        shutil.rmtree(stage_dir, ignore_errors=True)  # a crashed attempt's leftovers
-        stage_dir.mkdir(parents=True)
+        if force:
+            shutil.rmtree(stage_dir, ignore_errors=True)
+        # An interrupted attempt's files stay: a stage may resume from them (the teacher's shards do).
+        (stage_dir / "summary.json").unlink(missing_ok=True)
+        stage_dir.mkdir(parents=True, exist_ok=True)
         log.info("stage %s: running", stage.name)
         started = time.time()
         summary = stage.run(StageContext(spec, output, stage_dir, tracker))

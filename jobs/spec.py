@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from ppdkit.data_pipeline.config import DataConfig
+from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.registry.config import TrackingConfig
 
@@ -24,6 +24,7 @@ class JobSpec(Section):
     name: str = Field(description="the job's name: MLflow run name and default output folder")
     base_model: BaseModelConfig = BaseModelConfig()
     data: DataConfig = DataConfig()
+    teacher: TeacherConfig = TeacherConfig()
     tracking: TrackingConfig = TrackingConfig()
     ray: RayConfig = RayConfig()
 

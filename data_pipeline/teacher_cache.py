@@ -1,0 +1,170 @@
+"""The compressed teacher cache: per-position top-k log-probabilities plus the mass outside them.
+
+A full-vocabulary fp16 distribution costs 2*V bytes per position (98 KB for SmolLM2); the top-k form
+costs about k*(2+2) + 4 bytes. One shard file (safetensors) holds a run of sequences:
+
+    row              [S]       int64    the sequence's row in the data split
+    token_offsets    [S+1]     int64    sequence s is input_ids[token_offsets[s]:token_offsets[s+1]]
+    input_ids        [N]       int32    the token ids the teacher saw (regenerated ones, if any)
+    position_offsets [S+1]     int64    sequence s owns entries position_offsets[s]:position_offsets[s+1]
+    positions        [P]       int32    position t in its sequence: the entry is the distribution there,
+                                        i.e. of token t+1 (only where token t+1 is the assistant's)
+    topk_ids         [P, k]    uint16 (int32 when V > 65536)
+    topk_logprobs    [P, k]    float16 | bfloat16 | float32, sorted descending
+    rest_mass        [P]       float32  probability mass outside the top-k
+
+`teacher/manifest.json` lists the shards with their row counts and sha256, and the cache's figures.
+"""
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT = "ppdkit-teacher/1"
+STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def compress_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits [P, V] -> (topk_ids [P, k], topk_logprobs [P, k] float32, rest_mass [P] float32)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [P, V]
+    top = logp.topk(min(k, logp.shape[-1]), dim=-1)  # sorted, descending
+    # The rest's mass from a logsumexp over what is left, not 1 - sum(top), which cancels badly near 1.
+    rest_logp = torch.logsumexp(logp.scatter(-1, top.indices, float("-inf")), dim=-1)  # [P]
+    return top.indices, top.values, rest_logp.exp()
+
+
+def reconstruct_logprobs(topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, rest_mass: torch.Tensor,
+                         vocab_size: int) -> torch.Tensor:
+    """The full [P, V] log-distribution implied by the compressed form: the rest spread evenly."""
+    k = topk_ids.shape[-1]
+    per_other = (rest_mass.float().clamp_min(1e-30) / max(vocab_size - k, 1)).log()  # [P]
+    out = per_other[:, None].expand(-1, vocab_size).clone()  # [P, V]
+    return out.scatter_(-1, topk_ids.long(), topk_logprobs.float())
+
+
+def id_dtype(vocab_size: int) -> torch.dtype:
+    return torch.uint16 if vocab_size <= 65536 else torch.int32
+
+
+@dataclass
+class ShardSequence:
+    row: int
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [P] int64
+    topk_ids: torch.Tensor  # [P, k] int64
+    topk_logprobs: torch.Tensor  # [P, k] float32
+    rest_mass: torch.Tensor  # [P] float32
+
+
+def write_shard(path: Path, sequences: list[ShardSequence], vocab_size: int, dtype: str) -> dict:
+    """Write atomically (temporary file, then rename); returns the shard's record for the manifest."""
+    def cat(parts, dtype, empty_shape):
+        return torch.cat(parts).to(dtype) if parts else torch.zeros(empty_shape, dtype=dtype)
+
+    k = sequences[0].topk_ids.shape[-1] if sequences else 0
+    tensors = {
+        "row": torch.tensor([s.row for s in sequences], dtype=torch.int64),
+        "token_offsets": _offsets([len(s.input_ids) for s in sequences]),
+        "input_ids": cat([s.input_ids for s in sequences], torch.int32, (0,)),
+        "position_offsets": _offsets([len(s.positions) for s in sequences]),
+        "positions": cat([s.positions for s in sequences], torch.int32, (0,)),
+        "topk_ids": cat([s.topk_ids for s in sequences], id_dtype(vocab_size), (0, k)),
+        "topk_logprobs": cat([s.topk_logprobs for s in sequences], STORAGE_DTYPES[dtype], (0, k)),
+        "rest_mass": cat([s.rest_mass for s in sequences], torch.float32, (0,)),
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(tensors, str(tmp), metadata={"format": FORMAT})
+    digest = file_sha256(tmp)
+    os.replace(tmp, path)
+    return {"file": path.name, "sequences": len(sequences), "positions": int(tensors["positions"].numel()),
+            "tokens": int(tensors["input_ids"].numel()), "bytes": path.stat().st_size, "sha256": digest}
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_shard(path: Path) -> Iterator[ShardSequence]:
+    with safe_open(str(path), framework="pt") as f:
+        t = {name: f.get_tensor(name) for name in f.keys()}
+    tok, pos = t["token_offsets"].tolist(), t["position_offsets"].tolist()
+    for s, row in enumerate(t["row"].tolist()):
+        a, b = pos[s], pos[s + 1]
+        yield ShardSequence(
+            row=row,
+            input_ids=t["input_ids"][tok[s]:tok[s + 1]].long(),
+            positions=t["positions"][a:b].long(),
+            topk_ids=t["topk_ids"][a:b].to(torch.int64),
+            topk_logprobs=t["topk_logprobs"][a:b].float(),
+            rest_mass=t["rest_mass"][a:b],
+        )
+
+
+def read_rest_mass(path: Path) -> torch.Tensor:
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor("rest_mass")
+
+
+class TeacherCacheError(ValueError):
+    pass
+
+
+class TeacherCache:
+    """Read side, for training: checks the base model it was made with, iterates sequences in order."""
+
+    def __init__(self, directory: Path, expect_fingerprint: str | None = None, verify: bool = False):
+        self.dir = Path(directory)
+        path = self.dir / "manifest.json"
+        if not path.is_file():
+            raise TeacherCacheError(f"{self.dir} has no manifest.json: run the teacher stage first")
+        self.manifest = json.loads(path.read_text())
+        if self.manifest.get("format") != FORMAT or not self.manifest.get("complete"):
+            raise TeacherCacheError(f"{path} is not a complete {FORMAT} cache (rerun the teacher stage to finish it)")
+        if expect_fingerprint and self.manifest["fingerprint"] != expect_fingerprint:
+            raise TeacherCacheError(
+                f"teacher cache {self.dir} was made by base model {self.manifest['base_model']} "
+                f"({self.manifest['fingerprint'][:19]}), not by the model in use ({expect_fingerprint[:19]})")
+        if verify:
+            for record in self.shards():
+                if file_sha256(self.dir / record["split"] / record["file"]) != record["sha256"]:
+                    raise TeacherCacheError(f"shard {record['file']} does not match its manifest checksum")
+
+    @property
+    def top_k(self) -> int:
+        return self.manifest["top_k"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest["vocab_size"]
+
+    def shards(self, split: str | None = None) -> list[dict]:
+        records = sorted(self.manifest["shards"].values(), key=lambda r: (r["split"], r["index"]))
+        return [r for r in records if split is None or r["split"] == split]
+
+    def sequences(self, split: str) -> Iterator[ShardSequence]:
+        for record in self.shards(split):
+            yield from read_shard(self.dir / split / record["file"])
+
+
+def mass_figures(rest: torch.Tensor) -> dict[str, float]:
+    kept = 1.0 - rest.double().numpy()
+    if kept.size == 0:
+        return {"mass_kept_mean": math.nan, "mass_kept_p5": math.nan}
+    return {"mass_kept_mean": float(kept.mean()), "mass_kept_p5": float(np.percentile(kept, 5))}

@@ -1,0 +1,260 @@
+"""The `teacher` stage: Ray actors holding the FROZEN base model write the compressed teacher cache.
+
+One forward over a sequence gives every position's next-token distribution: the target for a prompt
+token at distance i inserted after position t is the distribution at t+i. Only positions whose next
+token is the assistant's are kept.
+
+Exactly once and resumable: each shard is written atomically and then recorded in the manifest, which
+the driver rewrites atomically after every shard. A rerun computes only the shards the manifest lacks;
+an actor that dies is restarted by Ray and its shard retried. Shard contents are deterministic (fixed
+batch composition, fixed seeds, fixed thread count), so a retried shard is byte-identical.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import ray
+import torch
+from datasets import load_from_disk
+from tqdm import tqdm
+
+from ppdkit.models.config import BaseModelConfig
+from ppdkit.models.loading import load_base_model
+
+from .config import DataConfig, TeacherConfig
+from .conversations import Conversation, MalformedRow, ReadReport
+from .regenerate import regenerate_conversations
+from .teacher_cache import (FORMAT, ShardSequence, compress_logits, mass_figures, read_rest_mass, write_shard)
+from .templating import encode_conversation
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "holdout")
+
+
+def supervised_positions(loss_mask: list[int]) -> list[int]:
+    """Positions t whose next token t+1 is an assistant token: where the teacher's distribution is a target."""
+    return [t for t in range(len(loss_mask) - 1) if loss_mask[t + 1]]
+
+
+def check_row(row: dict, vocab_size: int) -> None:
+    ids, mask = row.get("input_ids"), row.get("loss_mask")
+    if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask):
+        raise MalformedRow("input_ids and loss_mask are not lists of one length")
+    if len(ids) < 2:
+        raise MalformedRow("fewer than 2 tokens")
+    if any((not isinstance(t, int)) or t < 0 or t >= vocab_size for t in ids):
+        raise MalformedRow(f"a token id outside the base model's vocabulary (0..{vocab_size - 1})")
+    if not supervised_positions(mask):
+        raise MalformedRow("no assistant token to predict")
+
+
+def teacher_sequences(model, rows: list[dict], k: int, batch_size: int) -> list[ShardSequence]:
+    """Forward `rows` in fixed batches (right padding, so real positions are unaffected) and compress."""
+    out = []
+    for i in range(0, len(rows), batch_size):
+        batch = rows[i:i + batch_size]
+        longest = max(len(r["input_ids"]) for r in batch)
+        ids = torch.zeros(len(batch), longest, dtype=torch.long)  # [B, T]
+        attention = torch.zeros(len(batch), longest, dtype=torch.long)  # [B, T]
+        for b, r in enumerate(batch):
+            ids[b, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            attention[b, :len(r["input_ids"])] = 1
+        with torch.inference_mode():
+            logits = model(input_ids=ids, attention_mask=attention).logits  # [B, T, V]
+        for b, r in enumerate(batch):
+            positions = torch.tensor(supervised_positions(r["loss_mask"]), dtype=torch.long)  # [P]
+            topk_ids, topk_logprobs, rest = compress_logits(logits[b, positions], k)
+            out.append(ShardSequence(row=r["row"], input_ids=ids[b, :len(r["input_ids"])], positions=positions,
+                                     topk_ids=topk_ids, topk_logprobs=topk_logprobs, rest_mass=rest))
+    return out
+
+
+@ray.remote(max_restarts=3, max_task_retries=3)
+class TeacherWorker:
+    """Holds one frozen base model; turns shards of rows into shard files."""
+
+    def __init__(self, base: BaseModelConfig, threads: int):
+        torch.set_num_threads(threads)
+        self.base = load_base_model(base.name, base.quantization, base.dtype)
+
+    def ready(self) -> dict:
+        vocab = sorted(self.base.tokenizer.get_vocab().items())
+        return {"pid": os.getpid(), "fingerprint": self.base.fingerprint,
+                "vocab_size": self.base.model.config.vocab_size,
+                "tokenizer": {"class": type(self.base.tokenizer).__name__, "size": len(vocab),
+                              "vocab_sha256": hashlib.sha256(json.dumps(vocab).encode()).hexdigest()}}
+
+    def process(self, job: dict) -> dict:
+        cfg: TeacherConfig = job["cfg"]
+        report = ReadReport(source=f"teacher {job['shard_id']}")
+        rows = job["rows"]
+        if cfg.regenerate:
+            rows = self._regenerate(rows, cfg, job["max_length"], job["seed"], report)
+        good = []
+        for r in rows:
+            try:
+                check_row(r, self.base.model.config.vocab_size)
+                good.append(r)
+                report.keep()
+            except MalformedRow as e:
+                report.skip(f"row {r['row']}", str(e))
+        sequences = teacher_sequences(self.base.model, good, cfg.top_k, cfg.batch_size)
+        record = write_shard(Path(job["path"]), sequences, self.base.model.config.vocab_size, cfg.dtype)
+        record.update(split=job["split"], index=job["index"], rows=job["row_range"], skipped=dict(report.skipped),
+                      skipped_examples=report.examples)
+        return record
+
+    def _regenerate(self, rows: list[dict], cfg: TeacherConfig, max_length: int, seed: int,
+                    report: ReadReport) -> list[dict]:
+        convs, usable = [], []
+        for r in rows:
+            try:
+                convs.append(Conversation(str(r["row"]), tuple(json.loads(r["messages"]))))
+                usable.append(r)
+            except (TypeError, ValueError, KeyError) as e:
+                report.skip(f"row {r.get('row')}", f"no usable messages to regenerate from ({e.__class__.__name__})")
+        new = regenerate_conversations(self.base.model, self.base.tokenizer, convs, max_new_tokens=cfg.max_new_tokens,
+                                       max_length=max_length, temperature=cfg.temperature, seed=seed,
+                                       batch_size=cfg.batch_size)
+        out = []
+        for r, conv in zip(usable, new):
+            try:
+                enc = encode_conversation(self.base.tokenizer, conv, max_length)
+            except MalformedRow as e:
+                report.skip(f"row {r['row']}", f"regenerated: {e}")
+                continue
+            out.append({**r, "input_ids": enc.input_ids, "loss_mask": enc.loss_mask,
+                        "messages": json.dumps(list(conv.messages))})
+        return out
+
+
+def plan_shards(data_dir: Path, rows_per_shard: int) -> list[dict]:
+    """Every shard of every split: which rows it covers. The plan depends only on the data."""
+    plan = []
+    for split in SPLITS:
+        if not (data_dir / split).exists():
+            continue
+        n = len(load_from_disk(str(data_dir / split)))
+        for index, start in enumerate(range(0, n, rows_per_shard)):
+            plan.append({"shard_id": f"{split}-{index:05d}", "split": split, "index": index,
+                         "row_range": [start, min(start + rows_per_shard, n)]})
+    return plan
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_info: dict) -> dict:
+    # What makes two caches interchangeable: a shard from a cache with another header is never reused.
+    return {"format": FORMAT, "base_model": base.name, "quantization": base.quantization, "dtype_model": base.dtype,
+            "fingerprint": worker_info["fingerprint"], "vocab_size": worker_info["vocab_size"], "tokenizer": worker_info["tokenizer"],
+            "top_k": cfg.top_k, "dtype": cfg.dtype, "rows_per_shard": cfg.rows_per_shard,
+            "batch_size": cfg.batch_size, "regenerate": cfg.regenerate,
+            "generation": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": cfg.seed}
+            if cfg.regenerate else None, "max_length": data.max_length}
+
+
+def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfig, data_dir: Path, out_dir: Path,
+                      on_shard_done: Callable[[dict, list], None] | None = None) -> dict:
+    """Compute every shard the manifest lacks; returns the stage's figures.
+
+    `on_shard_done(record, workers)` is called after each shard is recorded (tests use it to kill a
+    worker or to stop the driver mid-run).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest_path = out_dir / "manifest.json"
+    plan = plan_shards(data_dir, cfg.rows_per_shard)
+    splits = {split: load_from_disk(str(data_dir / split)) for split in {p["split"] for p in plan}}
+
+    workers = [TeacherWorker.options(num_cpus=cfg.cpus_per_worker).remote(base, cfg.cpus_per_worker)
+               for _ in range(cfg.workers)]
+    started = time.time()
+    infos = ray.get([w.ready.remote() for w in workers])
+    startup_seconds = time.time() - started
+    header = _header(base, cfg, data, infos[0])
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    if manifest is None or {k: manifest.get(k) for k in header} != header:
+        if manifest is not None:
+            log.warning("teacher: %s was started with other settings; starting the cache afresh", out_dir)
+        for split in SPLITS:
+            shutil.rmtree(out_dir / split, ignore_errors=True)
+        manifest = {**header, "shards": {}, "complete": False}
+    for split in SPLITS:
+        (out_dir / split).mkdir(exist_ok=True)
+    done = {sid for sid, rec in manifest["shards"].items() if (out_dir / rec["split"] / rec["file"]).is_file()}
+    manifest["shards"] = {sid: rec for sid, rec in manifest["shards"].items() if sid in done}
+    todo = [p for p in plan if p["shard_id"] not in done]
+    log.info("teacher: %d shards planned, %d already done, %d to compute on %d workers",
+             len(plan), len(plan) - len(todo), len(todo), len(workers))
+
+    def job(p: dict) -> dict:
+        rows = splits[p["split"]].select(range(*p["row_range"]))
+        return {**p, "cfg": cfg, "max_length": data.max_length, "seed": zlib.crc32(f"{cfg.seed}:{p['shard_id']}".encode()),
+                "path": str(out_dir / p["split"] / f"{p['shard_id']}.safetensors"),
+                "rows": [{**r, "row": p["row_range"][0] + i} for i, r in enumerate(rows)]}
+
+    expected = None if cfg.regenerate else sum(
+        len(supervised_positions(m)) for p in todo for m in splits[p["split"]].select(range(*p["row_range"]))["loss_mask"])
+    queue, in_flight, computed_positions = list(todo), {}, 0
+    compute_started = time.time()
+    with tqdm(total=expected, desc="teacher pass", unit="pos", unit_scale=True) as bar:
+        def submit(worker) -> None:
+            if queue:
+                p = queue.pop(0)
+                in_flight[worker.process.remote(job(p))] = worker
+
+        for worker in workers:  # two shards queued per actor, so a restarted actor has work waiting
+            submit(worker)
+            submit(worker)
+        while in_flight:
+            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            worker = in_flight.pop(ready[0])
+            record = ray.get(ready[0])
+            manifest["shards"][f"{record['split']}-{record['index']:05d}"] = record
+            _write_manifest(manifest_path, manifest)
+            computed_positions += record["positions"]
+            bar.update(record["positions"])
+            bar.set_postfix(pos_per_s=f"{computed_positions / max(time.time() - compute_started, 1e-9):.0f}")
+            if on_shard_done is not None:
+                on_shard_done(record, workers)
+            submit(worker)
+    compute_seconds = time.time() - compute_started
+    for w in workers:
+        ray.kill(w)
+
+    figures = cache_figures(out_dir, manifest)
+    manifest.update(complete=True, figures=figures)
+    _write_manifest(manifest_path, manifest)
+    skipped: dict[str, int] = {}
+    for rec in manifest["shards"].values():
+        for reason, n in rec["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + n
+    return {**figures, "shards": len(manifest["shards"]), "shards_computed_now": len(todo), "workers": cfg.workers,
+            "fingerprint": manifest["fingerprint"], "top_k": cfg.top_k, "regenerate": cfg.regenerate,
+            "skipped_rows": sum(skipped.values()), "skipped_by_reason": skipped,
+            "worker_startup_seconds": round(startup_seconds, 2), "compute_seconds": round(compute_seconds, 2),
+            "positions_per_second": computed_positions / compute_seconds if todo and compute_seconds > 0 else None}
+
+
+def cache_figures(out_dir: Path, manifest: dict) -> dict:
+    records = list(manifest["shards"].values())
+    positions = sum(r["positions"] for r in records)
+    size = sum(r["bytes"] for r in records)
+    full = manifest["vocab_size"] * 2
+    rest = torch.cat([read_rest_mass(out_dir / r["split"] / r["file"]) for r in records]) if records else torch.zeros(0)
+    per_split = {split: {"sequences": sum(r["sequences"] for r in records if r["split"] == split),
+                         "positions": sum(r["positions"] for r in records if r["split"] == split)} for split in SPLITS}
+    return {"positions": positions, "bytes": size, "bytes_per_position": size / max(positions, 1),
+            "full_vocab_fp16_bytes_per_position": full,
+            "fraction_of_full_vocab": size / max(positions, 1) / full, **mass_figures(rest), "splits": per_split}
