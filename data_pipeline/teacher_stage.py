@@ -166,11 +166,11 @@ def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_
 
 
 def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfig, data_dir: Path, out_dir: Path,
-                      on_shard_done: Callable[[dict, list], None] | None = None) -> dict:
+                      on_shard_done: Callable[[dict, list[int]], None] | None = None) -> dict:
     """Compute every shard the manifest lacks; returns the stage's figures.
 
-    `on_shard_done(record, workers)` is called after each shard is recorded (tests use it to kill a
-    worker or to stop the driver mid-run).
+    `on_shard_done(record, worker_pids)` is called after each shard is recorded (tests use it to kill
+    a worker process or to stop the driver mid-run).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / "manifest.json"
@@ -227,7 +227,7 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
             bar.update(record["positions"])
             bar.set_postfix(pos_per_s=f"{computed_positions / max(time.time() - compute_started, 1e-9):.0f}")
             if on_shard_done is not None:
-                on_shard_done(record, workers)
+                on_shard_done(record, [info["pid"] for info in infos])
             submit(worker)
     compute_seconds = time.time() - compute_started
     for w in workers:
