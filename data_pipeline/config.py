@@ -6,6 +6,8 @@ from ppdkit.models.config import Section
 
 
 class DataConfig(Section):
+    execution_only = frozenset({"shards"})
+
     source: str = Field("sharegpt", description="sharegpt | mt-bench | humaneval | chitchat | path to .json/.jsonl(.gz)")
     limit: int | None = Field(512, ge=1, description="usable conversations to read (null: all)")
     max_length: int = Field(512, ge=8, description="tokens kept per conversation")
@@ -16,6 +18,8 @@ class DataConfig(Section):
 
 
 class TeacherConfig(Section):
+    execution_only = frozenset({"workers", "cpus_per_worker"})
+
     workers: int = Field(2, ge=1, description="Ray actors, each holding the frozen base model")
     cpus_per_worker: int = Field(1, ge=1, description="CPUs (and torch threads) per actor")
     top_k: int = Field(64, ge=1, description="log-probabilities kept per position (plus the mass outside them)")

@@ -35,11 +35,12 @@ STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32
 
 def compress_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [P, V] -> (topk_ids [P, k], topk_logprobs [P, k] float32, rest_mass [P] float32)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [P, V]
-    top = logp.topk(min(k, logp.shape[-1]), dim=-1)  # sorted, descending
-    # The rest's mass from a logsumexp over what is left, not 1 - sum(top), which cancels badly near 1.
-    rest_logp = torch.logsumexp(logp.scatter(-1, top.indices, float("-inf")), dim=-1)  # [P]
-    return top.indices, top.values, rest_logp.exp()
+    logits = logits.float()
+    top = logits.topk(min(k, logits.shape[-1]), dim=-1)  # sorted, descending
+    top_logp = top.values - torch.logsumexp(logits, dim=-1, keepdim=True)  # [P, k]
+    # The rest's mass in float64: 1 - sum(top) cancels badly in float32 when the top keeps nearly all.
+    rest = (1.0 - top_logp.double().exp().sum(-1)).clamp_min(0.0).float()  # [P]
+    return top.indices, top_logp, rest
 
 
 def reconstruct_logprobs(topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, rest_mass: torch.Tensor,

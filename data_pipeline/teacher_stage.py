@@ -57,7 +57,11 @@ def check_row(row: dict, vocab_size: int) -> None:
 
 
 def teacher_sequences(model, rows: list[dict], k: int, batch_size: int) -> list[ShardSequence]:
-    """Forward `rows` in fixed batches (right padding, so real positions are unaffected) and compress."""
+    """Forward `rows` in fixed batches (right padding, so real positions are unaffected) and compress.
+
+    The LM head runs only on the supervised positions: user turns cost no vocabulary projection.
+    """
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
     out = []
     for i in range(0, len(rows), batch_size):
         batch = rows[i:i + batch_size]
@@ -68,12 +72,12 @@ def teacher_sequences(model, rows: list[dict], k: int, batch_size: int) -> list[
             ids[b, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
             attention[b, :len(r["input_ids"])] = 1
         with torch.inference_mode():
-            logits = model(input_ids=ids, attention_mask=attention).logits  # [B, T, V]
-        for b, r in enumerate(batch):
-            positions = torch.tensor(supervised_positions(r["loss_mask"]), dtype=torch.long)  # [P]
-            topk_ids, topk_logprobs, rest = compress_logits(logits[b, positions], k)
-            out.append(ShardSequence(row=r["row"], input_ids=ids[b, :len(r["input_ids"])], positions=positions,
-                                     topk_ids=topk_ids, topk_logprobs=topk_logprobs, rest_mass=rest))
+            hidden = decoder(input_ids=ids, attention_mask=attention).last_hidden_state  # [B, T, H]
+            for b, r in enumerate(batch):
+                positions = torch.tensor(supervised_positions(r["loss_mask"]), dtype=torch.long)  # [P]
+                topk_ids, topk_logprobs, rest = compress_logits(head(hidden[b, positions]), k)  # [P, V] -> top-k
+                out.append(ShardSequence(row=r["row"], input_ids=ids[b, :len(r["input_ids"])], positions=positions,
+                                         topk_ids=topk_ids, topk_logprobs=topk_logprobs, rest_mass=rest))
     return out
 
 
@@ -165,6 +169,51 @@ def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_
             if cfg.regenerate else None, "max_length": data.max_length}
 
 
+def _resume_manifest(path: Path, header: dict, out_dir: Path) -> dict:
+    """The manifest to continue: the saved one if it was made with the same header, else a fresh one."""
+    manifest = json.loads(path.read_text()) if path.is_file() else None
+    if manifest is None or {k: manifest.get(k) for k in header} != header:
+        if manifest is not None:
+            log.warning("teacher: %s was started with other settings; starting the cache afresh", out_dir)
+        for split in SPLITS:
+            shutil.rmtree(out_dir / split, ignore_errors=True)
+        manifest = {**header, "shards": {}, "complete": False}
+    for split in SPLITS:
+        (out_dir / split).mkdir(exist_ok=True)
+    # A recorded shard counts only while its file is there.
+    manifest["shards"] = {sid: rec for sid, rec in manifest["shards"].items()
+                          if (out_dir / rec["split"] / rec["file"]).is_file()}
+    return manifest
+
+
+def _compute(workers: list, jobs: list[dict], manifest: dict, manifest_path: Path, expected: int | None,
+             on_done: Callable[[dict], None]) -> tuple[int, float]:
+    """Run `jobs` on the actors, recording each finished shard; returns (positions, seconds)."""
+    queue, in_flight, positions = list(jobs), {}, 0
+    started = time.time()
+
+    def submit(worker) -> None:
+        if queue:
+            in_flight[worker.process.remote(queue.pop(0))] = worker
+
+    with tqdm(total=expected, desc="teacher pass", unit="pos", unit_scale=True) as bar:
+        for worker in workers:  # two shards queued per actor, so a restarted actor has work waiting
+            submit(worker)
+            submit(worker)
+        while in_flight:
+            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            worker = in_flight.pop(ready[0])
+            record = ray.get(ready[0])
+            manifest["shards"][f"{record['split']}-{record['index']:05d}"] = record
+            _write_manifest(manifest_path, manifest)
+            positions += record["positions"]
+            bar.update(record["positions"])
+            bar.set_postfix(pos_per_s=f"{positions / max(time.time() - started, 1e-9):.0f}")
+            on_done(record)
+            submit(worker)
+    return positions, time.time() - started
+
+
 def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfig, data_dir: Path, out_dir: Path,
                       on_shard_done: Callable[[dict, list[int]], None] | None = None) -> dict:
     """Compute every shard the manifest lacks; returns the stage's figures.
@@ -177,61 +226,31 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
     plan = plan_shards(data_dir, cfg.rows_per_shard)
     splits = {split: load_from_disk(str(data_dir / split)) for split in {p["split"] for p in plan}}
 
-    workers = [TeacherWorker.options(num_cpus=cfg.cpus_per_worker).remote(base, cfg.cpus_per_worker)
-               for _ in range(cfg.workers)]
-    started = time.time()
-    infos = ray.get([w.ready.remote() for w in workers])
-    startup_seconds = time.time() - started
-    header = _header(base, cfg, data, infos[0])
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
-    if manifest is None or {k: manifest.get(k) for k in header} != header:
-        if manifest is not None:
-            log.warning("teacher: %s was started with other settings; starting the cache afresh", out_dir)
-        for split in SPLITS:
-            shutil.rmtree(out_dir / split, ignore_errors=True)
-        manifest = {**header, "shards": {}, "complete": False}
-    for split in SPLITS:
-        (out_dir / split).mkdir(exist_ok=True)
-    done = {sid for sid, rec in manifest["shards"].items() if (out_dir / rec["split"] / rec["file"]).is_file()}
-    manifest["shards"] = {sid: rec for sid, rec in manifest["shards"].items() if sid in done}
-    todo = [p for p in plan if p["shard_id"] not in done]
-    log.info("teacher: %d shards planned, %d already done, %d to compute on %d workers",
-             len(plan), len(plan) - len(todo), len(todo), len(workers))
-
     def job(p: dict) -> dict:
         rows = splits[p["split"]].select(range(*p["row_range"]))
-        return {**p, "cfg": cfg, "max_length": data.max_length, "seed": zlib.crc32(f"{cfg.seed}:{p['shard_id']}".encode()),
+        return {**p, "cfg": cfg, "max_length": data.max_length,
+                "seed": zlib.crc32(f"{cfg.seed}:{p['shard_id']}".encode()),
                 "path": str(out_dir / p["split"] / f"{p['shard_id']}.safetensors"),
                 "rows": [{**r, "row": p["row_range"][0] + i} for i, r in enumerate(rows)]}
 
-    expected = None if cfg.regenerate else sum(
-        len(supervised_positions(m)) for p in todo for m in splits[p["split"]].select(range(*p["row_range"]))["loss_mask"])
-    queue, in_flight, computed_positions = list(todo), {}, 0
-    compute_started = time.time()
-    with tqdm(total=expected, desc="teacher pass", unit="pos", unit_scale=True) as bar:
-        def submit(worker) -> None:
-            if queue:
-                p = queue.pop(0)
-                in_flight[worker.process.remote(job(p))] = worker
-
-        for worker in workers:  # two shards queued per actor, so a restarted actor has work waiting
-            submit(worker)
-            submit(worker)
-        while in_flight:
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
-            worker = in_flight.pop(ready[0])
-            record = ray.get(ready[0])
-            manifest["shards"][f"{record['split']}-{record['index']:05d}"] = record
-            _write_manifest(manifest_path, manifest)
-            computed_positions += record["positions"]
-            bar.update(record["positions"])
-            bar.set_postfix(pos_per_s=f"{computed_positions / max(time.time() - compute_started, 1e-9):.0f}")
-            if on_shard_done is not None:
-                on_shard_done(record, [info["pid"] for info in infos])
-            submit(worker)
-    compute_seconds = time.time() - compute_started
-    for w in workers:
-        ray.kill(w)
+    workers = [TeacherWorker.options(num_cpus=cfg.cpus_per_worker).remote(base, cfg.cpus_per_worker)
+               for _ in range(cfg.workers)]
+    try:
+        started = time.time()
+        infos = ray.get([w.ready.remote() for w in workers])
+        startup_seconds = time.time() - started
+        manifest = _resume_manifest(manifest_path, _header(base, cfg, data, infos[0]), out_dir)
+        todo = [p for p in plan if p["shard_id"] not in manifest["shards"]]
+        log.info("teacher: %d shards planned, %d already done, %d to compute on %d workers",
+                 len(plan), len(plan) - len(todo), len(todo), len(workers))
+        expected = None if cfg.regenerate else sum(
+            len(supervised_positions(m)) for p in todo for m in splits[p["split"]].select(range(*p["row_range"]))["loss_mask"])
+        pids = [info["pid"] for info in infos]
+        computed, seconds = _compute(workers, [job(p) for p in todo], manifest, manifest_path, expected,
+                                     lambda record: on_shard_done and on_shard_done(record, pids))
+    finally:
+        for w in workers:
+            ray.kill(w)
 
     figures = cache_figures(out_dir, manifest)
     manifest.update(complete=True, figures=figures)
@@ -243,8 +262,8 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
     return {**figures, "shards": len(manifest["shards"]), "shards_computed_now": len(todo), "workers": cfg.workers,
             "fingerprint": manifest["fingerprint"], "top_k": cfg.top_k, "regenerate": cfg.regenerate,
             "skipped_rows": sum(skipped.values()), "skipped_by_reason": skipped,
-            "worker_startup_seconds": round(startup_seconds, 2), "compute_seconds": round(compute_seconds, 2),
-            "positions_per_second": computed_positions / compute_seconds if todo and compute_seconds > 0 else None}
+            "worker_startup_seconds": round(startup_seconds, 2), "compute_seconds": round(seconds, 2),
+            "positions_per_second": computed / seconds if todo and seconds > 0 else None}
 
 
 def cache_figures(out_dir: Path, manifest: dict) -> dict:

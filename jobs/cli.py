@@ -60,6 +60,13 @@ def _report(spec, output: Path, results: dict, tracker) -> None:
         if "check_nll" in data:
             print(f"  base model check: held-out loss {data['check_nll']:.3f} (perplexity "
                   f"{data['check_perplexity']:.1f}), top-1 {data['check_top1']:.3f} on {data['check_tokens']} tokens")
+    teacher = results.get("teacher")
+    if teacher:
+        speed = f", {teacher['positions_per_second']:.0f} positions/s" if teacher.get("positions_per_second") else ""
+        print(f"  teacher: {teacher['positions']} positions, top-{teacher['top_k']} keeps "
+              f"{teacher['mass_kept_mean']:.3f} of the mass (p5 {teacher['mass_kept_p5']:.3f}), "
+              f"{teacher['bytes_per_position']:.0f} bytes/position = "
+              f"{100 * teacher['fraction_of_full_vocab']:.2f}% of full fp16 logits{speed}")
     if tracker.run_id:
         print(f"  MLflow run {tracker.run_id} at {tracker.uri}")
         print(f"  list runs: MLFLOW_TRACKING_URI={tracker.uri} mlflow runs list --experiment-id "

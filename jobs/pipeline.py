@@ -53,10 +53,22 @@ def _run_teacher(ctx: StageContext) -> dict[str, Any]:
     return run_teacher_stage(ctx.spec.base_model, ctx.spec.data, ctx.spec.teacher, ctx.output / "data", ctx.stage_dir)
 
 
+def _run_train(ctx: StageContext) -> dict[str, Any]:
+    from ppdkit.trainer.launch import run_training
+
+    result = run_training(ctx.spec.base_model, ctx.spec.train, ctx.output / "teacher", ctx.stage_dir, ctx.tracker.ref())
+    for folder in ("component", "plots"):
+        ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
+    figures = {"steps": result["steps"], "first_loss": result["first_loss"], "final_loss": result["final_loss"],
+               "best_step": result["best_step"], **{f"best_{k}": v for k, v in result["best"].items()}}
+    return {**figures, "component": result["component"]}
+
+
 # Stages that exist in this version, in STAGE_ORDER; later stages plug in here.
 STAGES: dict[str, Stage] = {
     "data": Stage("data", ("base_model", "data"), _run_data),
     "teacher": Stage("teacher", ("teacher",), _run_teacher),
+    "train": Stage("train", ("train",), _run_train),
 }
 
 
@@ -80,7 +92,8 @@ def stage_inputs(spec: JobSpec, stage: Stage) -> dict[str, Any]:
     """What a stage's output is made from: its sections and those of every stage before it."""
     upto = STAGE_ORDER[: STAGE_ORDER.index(stage.name) + 1]
     sections = sorted({s for name in upto if name in STAGES for s in STAGES[name].sections})
-    return {section: getattr(spec, section).model_dump(mode="json") for section in sections}
+    return {name: (section := getattr(spec, name)).model_dump(mode="json", exclude=set(section.execution_only))
+            for name in sections}
 
 
 def _digest(inputs: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.registry.config import TrackingConfig
+from ppdkit.trainer.config import TrainConfig
 
 
 class RayConfig(Section):
@@ -25,6 +26,7 @@ class JobSpec(Section):
     base_model: BaseModelConfig = BaseModelConfig()
     data: DataConfig = DataConfig()
     teacher: TeacherConfig = TeacherConfig()
+    train: TrainConfig = TrainConfig()
     tracking: TrackingConfig = TrackingConfig()
     ray: RayConfig = RayConfig()
 

@@ -1,12 +1,15 @@
 """Config sections are pydantic models that reject unknown keys; each folder owns the section it reads."""
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Keys that change how a stage runs (parallelism), never what it writes: a change of them alone
+    # does not make a finished stage's output stale.
+    execution_only: ClassVar[frozenset[str]] = frozenset()
 
 
 class BaseModelConfig(Section):

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 class Tracker(Protocol):
     run_id: str | None
 
+    def ref(self) -> "TrackerRef": ...
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
@@ -28,8 +30,25 @@ class Tracker(Protocol):
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
+@dataclass(frozen=True)
+class TrackerRef:
+    """A picklable handle to a run: worker processes (Ray Train ranks) open it to log into the same run."""
+
+    uri: str | None = None
+    run_id: str | None = None
+
+    def open(self) -> "Tracker":
+        if self.run_id is None:
+            return NullTracker()
+        from mlflow.tracking import MlflowClient
+
+        return MlflowTracker(MlflowClient(tracking_uri=self.uri), self.run_id, self.uri)
+
+
 class NullTracker:
     run_id = None
+
+    def ref(self) -> TrackerRef: return TrackerRef()
 
     def log_params(self, params): pass
     def log_metrics(self, metrics, step=None): pass
@@ -110,6 +129,9 @@ class MlflowTracker:
                                         "experiment_id": experiment_id}, indent=2))
         log.info("MLflow: run %s in experiment %r at %s", run.info.run_id, cfg.experiment, uri)
         return cls(client, run.info.run_id, uri)
+
+    def ref(self) -> TrackerRef:
+        return TrackerRef(self.uri, self.run_id)
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param

@@ -81,3 +81,22 @@ def test_unreachable_tracking_server_is_a_clear_error(spec_file, tmp_path, capsy
     code = main(["run", str(spec_file), "tracking.uri=http://127.0.0.1:9", "--output", str(tmp_path / "o")])
     assert code == 2
     assert "not reachable" in capsys.readouterr().err
+
+
+def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, tmp_path):
+    out = tmp_path / "out"
+    overrides = ["teacher.workers=1", "teacher.top_k=8", "teacher.rows_per_shard=4"]
+    assert main(["run", str(spec_file), "--output", str(out), *overrides]) == 0
+    teacher = json.loads((out / "teacher" / "summary.json").read_text())
+    manifest = json.loads((out / "teacher" / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["quantization"] == "nf4"
+    assert teacher["positions"] == manifest["figures"]["positions"] > 0
+    run = MlflowClient(tracking_uri).get_run(json.loads((out / "run.json").read_text())["run_id"])
+    for key in ("teacher.positions", "teacher.bytes_per_position", "teacher.mass_kept_mean", "teacher.mass_kept_p5",
+                "teacher.full_vocab_fp16_bytes_per_position"):
+        assert key in run.data.metrics
+    # More workers change how the stage runs, not what it wrote: the finished stage is kept.
+    assert main(["run", str(spec_file), "--output", str(out), *overrides, "teacher.workers=2"]) == 0
+    assert json.loads((out / "teacher" / "summary.json").read_text())["compute_seconds"] == teacher["compute_seconds"]
+    # A different top_k is another cache.
+    assert main(["run", str(spec_file), "--output", str(out), *overrides, "teacher.top_k=4"]) == 2

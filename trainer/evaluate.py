@@ -1,0 +1,46 @@
+"""Held-out accuracy of prompt tokens by token distance (the format of papers/000 table 6.4).
+
+The target at distance i after insertion point t is the base model's own greedy token there (the
+teacher's top-1 at t+i): what a lossless greedy decoder has to guess.
+"""
+
+import random
+
+import torch
+
+from ppdkit.data_pipeline.teacher_cache import ShardSequence
+
+from .batch import collate
+from .losses import kl_to_compressed_teacher, topk_hits
+from .student import student_logprobs
+
+TOPS = (1, 5, 10)
+
+
+def evaluate(base_model, embeddings: torch.Tensor, ept_weights: torch.Tensor | None, k: int, n: int, mask: str,
+             sequences: list[ShardSequence], groups: int, micro_batch: int, seed: int = 1234) -> dict[str, float]:
+    """{'acc_top1_d1': ..., 'kl_d1': ..., 'acc_top1_mean': ...} over fixed insertion points of `sequences`."""
+    rng = random.Random(seed)  # the same points at every evaluation, so evaluations compare
+    hits = {top: torch.zeros(k) for top in TOPS}
+    kl_sum, count = torch.zeros(k), torch.zeros(k)
+    with torch.no_grad():
+        for i in range(0, len(sequences), micro_batch):
+            batch = collate(sequences[i:i + micro_batch], k, n, groups, mask, rng)
+            logp = student_logprobs(base_model, embeddings, ept_weights, k, n, batch).flatten(0, 1)  # [N, k, V]
+            valid = batch.target_valid.flatten(0, 1)  # [N, k]
+            teacher_top1 = batch.teacher_ids.flatten(0, 1)[..., 0]  # [N, k]
+            for top, hit in topk_hits(logp, teacher_top1, TOPS).items():
+                hits[top] += (hit & valid).sum(0)
+            kl = kl_to_compressed_teacher(logp, batch.teacher_ids.flatten(0, 1), batch.teacher_logp.flatten(0, 1),
+                                          batch.teacher_rest.flatten(0, 1))
+            kl_sum += (kl * valid).sum(0)
+            count += valid.sum(0)
+    out: dict[str, float] = {}
+    for d in range(k):
+        for top in TOPS:
+            out[f"acc_top{top}_d{d + 1}"] = (hits[top][d] / count[d].clamp_min(1)).item()
+        out[f"kl_d{d + 1}"] = (kl_sum[d] / count[d].clamp_min(1)).item()
+    for top in TOPS:
+        out[f"acc_top{top}_mean"] = sum(out[f"acc_top{top}_d{d + 1}"] for d in range(k)) / k
+    out["eval_positions"] = count.sum().item()
+    return out

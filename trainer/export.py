@@ -1,0 +1,34 @@
+"""End of training (rank 0): the component artifact from the best checkpoint, figures and plots."""
+
+import json
+from pathlib import Path
+
+from ppdkit.models.artifact import write_component
+from ppdkit.models.state_io import load_state
+
+from .plots import plot_accuracy_by_distance, plot_loss
+
+
+def export_component(out: Path, base, cfg, config: dict, history: list, evals: list, best: dict) -> dict:
+    chosen = out / "best"
+    module = load_state(chosen / "rank-0")["module"]
+    meta = json.loads((chosen / "meta.json").read_text())
+    tensors = {"prompt_embeddings": module["embeddings"]}  # [k, n, H]
+    if "ept_weights" in module:
+        tensors["ept_weights"] = module["ept_weights"]  # [k, n]
+    hyper = {key: getattr(cfg, key) for key in ("num_prompt_tokens", "num_epts", "mask", "aggregation", "loss",
+                                                 "alpha", "groups_per_sequence", "lr", "epochs", "seed")}
+    run = {"mlflow_run_id": config["tracker"].run_id, "step": meta["step"], "steps": history[-1][0] if history else 0}
+    component = write_component(out / "component", cfg.method, hyper, base.name, base.fingerprint, run, tensors)
+    best_eval = next((e for e in evals if e["step"] == meta["step"]), evals[-1] if evals else {})
+    result = {"steps": history[-1][0] if history else 0, "final_loss": history[-1][1] if history else None,
+              "first_loss": history[0][1] if history else None, "best_step": meta["step"],
+              "best": {k: v for k, v in best_eval.items() if k != "step"}, "component": str(component),
+              "history": history, "evals": evals}
+    plots = out / "plots"
+    plots.mkdir(exist_ok=True)
+    plot_loss(history, plots / "loss.png")
+    if best_eval:
+        plot_accuracy_by_distance(best_eval, cfg.num_prompt_tokens, plots / "accuracy_by_distance.png")
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    return result

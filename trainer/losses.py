@@ -1,0 +1,42 @@
+"""Losses for prompt tokens against the compressed teacher (top-k log-probs + the rest's mass)."""
+
+import torch
+
+# Shapes: N insertion groups, k token distances, V vocabulary, K teacher top-k.
+
+
+def kl_to_compressed_teacher(student_logp: torch.Tensor, teacher_ids: torch.Tensor, teacher_logp: torch.Tensor,
+                             teacher_rest: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) per (group, distance): [N, k].
+
+    student_logp [N, k, V]; teacher_ids, teacher_logp [N, k, K]; teacher_rest [N, k]. The tokens outside
+    the teacher's top-k form one bucket on both sides, so this is the exact KL between the two
+    distributions over (top-k tokens, everything else).
+    """
+    q_top = student_logp.gather(-1, teacher_ids)  # [N, k, K]
+    kl_top = (teacher_logp.exp() * (teacher_logp - q_top)).sum(-1)  # [N, k]
+    q_rest = (1.0 - q_top.exp().sum(-1)).clamp_min(1e-12)  # [N, k]
+    rest = teacher_rest.clamp_min(0.0)
+    kl_rest = torch.where(rest > 0, rest * (rest.clamp_min(1e-30).log() - q_rest.log()), torch.zeros_like(rest))
+    return kl_top + kl_rest
+
+
+def hard_label_ce(student_logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against the actual next tokens (the no-distillation ablation): [N, k]."""
+    return -student_logp.gather(-1, targets[..., None]).squeeze(-1)
+
+
+def decay_mean(per_distance: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
+    """mean over distance i of (mean over valid groups of loss_i) * alpha^i; per_distance, valid: [N, k]."""
+    k = per_distance.shape[-1]
+    weights = alpha ** torch.arange(1, k + 1, dtype=per_distance.dtype)  # [k]
+    valid = valid.to(per_distance.dtype)
+    per_i = (per_distance * valid).sum(0) / valid.sum(0).clamp_min(1.0)  # [k]
+    return (per_i * weights).mean()
+
+
+def topk_hits(student_logp: torch.Tensor, target: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10)) -> dict[int, torch.Tensor]:
+    """{k: [N, k_dist] bool}: is `target` [N, k_dist] among the student's top-k at each distance."""
+    ranked = student_logp.topk(max(ks), dim=-1).indices  # [N, k_dist, max(ks)]
+    hit = ranked == target[..., None]
+    return {k: hit[..., :k].any(-1) for k in ks}

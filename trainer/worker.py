@@ -1,0 +1,179 @@
+"""One Ray Train worker = one DeepSpeed rank training prompt tokens against the teacher cache.
+
+Everything arrives through `config` (no module globals), so the function runs the same in a Ray Train
+worker, a plain process, or a test. Rank 0 evaluates, logs to the tracker, keeps the best checkpoint
+and writes the component artifact.
+"""
+
+import importlib
+import json
+import logging
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def _setup_deepspeed_cpu() -> None:
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # The shared-memory comm op is JIT-compiled on first use (35 s) and only speeds up CPU allreduce
+    # of large tensors; prompt tokens are a few KB.
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+def deepspeed_config(cfg) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "bf16": {"enabled": cfg.precision == "bf16"},
+        "steps_per_print": 10**9,
+    }
+
+
+def _distributed():
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), dist.barrier
+    return 0, 1, lambda: None
+
+
+def _mean_across_ranks(value: float, world: int) -> float:
+    if world == 1:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / world
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    order = list(range(n))
+    random.Random(f"order-{seed}-{epoch}").shuffle(order)
+    return order
+
+
+def micro_batch_rows(order: list[int], step_in_epoch: int, micro: int, cfg, rank: int, world: int) -> list[int]:
+    """The rows rank `rank` reads at micro-step `micro` of a step (wrapping round a small dataset)."""
+    per_step = cfg.micro_batch * cfg.grad_accum * world
+    start = step_in_epoch * per_step + (micro * world + rank) * cfg.micro_batch
+    return [order[(start + j) % len(order)] for j in range(cfg.micro_batch)]
+
+
+def train_loop_per_worker(config: dict) -> None:
+    _setup_deepspeed_cpu()
+    import deepspeed
+
+    from ppdkit.data_pipeline.teacher_cache import TeacherCache
+    from ppdkit.models.config import BaseModelConfig
+    from ppdkit.models.loading import load_base_model
+    from ppdkit.models.prompt_tokens import PromptTokens, init_from_token_embeddings
+
+    from .batch import collate
+    from .checkpoint import keep_as_best, latest_checkpoint, load_checkpoint, prune, save_checkpoint
+    from .config import TrainConfig
+    from .evaluate import evaluate
+    from .export import export_component
+    from .losses import decay_mean, hard_label_ce, kl_to_compressed_teacher
+    from .student import student_logprobs
+
+    cfg = TrainConfig(**config["train"])
+    base_cfg = BaseModelConfig(**config["base_model"])
+    out = Path(config["output"])
+    torch.set_num_threads(cfg.cpus_per_worker)
+    torch.manual_seed(cfg.seed)
+    rank, world, barrier = _distributed()
+    tracker = config["tracker"].open() if rank == 0 else None
+
+    base = load_base_model(base_cfg.name, base_cfg.quantization, base_cfg.dtype, for_training=True)
+    cache = TeacherCache(Path(config["teacher_dir"]), expect_fingerprint=base.fingerprint)
+    train_seqs = [s for s in cache.sequences("train") if len(s.positions) > 1]
+    holdout = [s for s in cache.sequences("holdout") if len(s.positions) > 1][: cfg.eval_sequences]
+    if not train_seqs:
+        raise ValueError(f"the teacher cache {cache.dir} has no training sequence with targets")
+    k, n = cfg.num_prompt_tokens, cfg.num_epts
+    init = init_from_token_embeddings(base.model.get_input_embeddings(), k, n, cfg.init_token_ids, cfg.seed)
+    prompt = PromptTokens(k, n, init.shape[-1], cfg.aggregation, init=init)
+    steps_per_epoch = max(1, len(train_seqs) // (cfg.micro_batch * cfg.grad_accum * world))
+    total_steps = min(cfg.max_steps or 10**12, steps_per_epoch * cfg.epochs)
+    optimizer = torch.optim.AdamW(prompt.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)  # no warm-up (6.1.2)
+    engine, _, _, _ = deepspeed.initialize(model=prompt, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=deepspeed_config(cfg))
+
+    ckpt_root = out / "checkpoints"
+    step, history, evals, best = 0, [], [], {"acc_top1_mean": -1.0, "step": None}
+    resume = latest_checkpoint(ckpt_root)
+    if resume is not None:
+        meta = load_checkpoint(resume, engine, rank)
+        step, history, evals, best = meta["step"], meta["history"], meta["evals"], meta["best"]
+        log.info("rank %d: resumed from %s at step %d", rank, resume.name, step)
+
+    def run_eval() -> dict:
+        emb, weights = engine()
+        return evaluate(base.model, emb.detach(), None if weights is None else weights.detach(), k, n, cfg.mask,
+                        holdout, cfg.groups_per_sequence, cfg.micro_batch)
+
+    window_positions, window_start = 0, time.time()
+    while step < total_steps:
+        epoch, in_epoch = divmod(step, steps_per_epoch)
+        order = epoch_order(len(train_seqs), cfg.seed, epoch)
+        step_loss, supervised = 0.0, 0
+        for micro in range(cfg.grad_accum):
+            rows = micro_batch_rows(order, in_epoch, micro, cfg, rank, world)
+            rng = random.Random(f"insert-{cfg.seed}-{epoch}-{in_epoch}-{micro}-{rank}")  # redrawn every epoch
+            batch = collate([train_seqs[r] for r in rows], k, n, cfg.groups_per_sequence, cfg.mask, rng)
+            emb, weights = engine()
+            logp = student_logprobs(base.model, emb, weights, k, n, batch).flatten(0, 1)  # [N, k, V]
+            valid = batch.target_valid.flatten(0, 1)  # [N, k]
+            if cfg.loss == "kd":
+                per = kl_to_compressed_teacher(logp, batch.teacher_ids.flatten(0, 1), batch.teacher_logp.flatten(0, 1),
+                                               batch.teacher_rest.flatten(0, 1))
+            else:
+                per = hard_label_ce(logp, batch.next_tokens.flatten(0, 1))
+            loss = decay_mean(per, valid, cfg.alpha)
+            engine.backward(loss)
+            engine.step()
+            step_loss += loss.item() / cfg.grad_accum
+            supervised += batch.supervised
+        step += 1
+        fault = config.get("fault")
+        if fault and rank == 0 and step == fault["at_step"] and not Path(fault["marker"]).exists():
+            Path(fault["marker"]).write_text(str(step))
+            os._exit(1)  # a worker dying mid-run (tests): Ray Train restarts the group, which resumes
+        step_loss = _mean_across_ranks(step_loss, world)
+        window_positions += supervised * world
+        history.append([step, step_loss])
+        if rank == 0 and (step % cfg.log_every == 0 or step == total_steps):
+            rate = window_positions / max(time.time() - window_start, 1e-9)
+            tracker.log_metrics({"train.loss": step_loss, "train.lr": engine.get_lr()[0],
+                                 "train.positions_per_second": rate, "train.epoch": epoch}, step=step)
+            log.info("step %d/%d loss %.4f  %.0f supervised positions/s", step, total_steps, step_loss, rate)
+            window_positions, window_start = 0, time.time()
+        evaluated = None
+        if holdout and (step % cfg.eval_every == 0 or step == total_steps):
+            if rank == 0:
+                evaluated = run_eval()
+                evals.append({"step": step, **evaluated})
+                tracker.log_metrics({f"eval.{key}": v for key, v in evaluated.items()}, step=step)
+            barrier()
+        if step % cfg.checkpoint_every == 0 or step == total_steps:
+            improved = rank == 0 and evaluated is not None and evaluated["acc_top1_mean"] > best["acc_top1_mean"]
+            if improved:
+                best = {"acc_top1_mean": evaluated["acc_top1_mean"], "step": step}
+            directory = save_checkpoint(ckpt_root, step, engine, rank,
+                                        {"history": history, "evals": evals, "best": best}, barrier)
+            if rank == 0:
+                if improved or best["step"] is None:
+                    keep_as_best(directory, out / "best")
+                prune(ckpt_root)
+    if rank == 0:
+        export_component(out, base, cfg, config, history, evals, best)
+    barrier()
