@@ -38,13 +38,19 @@ def eligible_insertions(seq: ShardSequence) -> list[int]:
     return [p - 1 for p in seq.positions.tolist() if p >= 1]
 
 
+def draw_points(seqs: list[ShardSequence], groups: int, rng: random.Random) -> list[list[int]]:
+    return [draw_insertion_points(eligible_insertions(seq), groups, rng) for seq in seqs]
+
+
 def collate(seqs: list[ShardSequence], k: int, n: int, groups: int, mask: MaskKind, rng: random.Random) -> TrainBatch:
+    """A batch with up to `groups` insertion points per sequence drawn from `rng`."""
+    return collate_at(seqs, k, n, mask, draw_points(seqs, groups, rng))
+
+
+def collate_at(seqs: list[ShardSequence], k: int, n: int, mask: MaskKind, points: list[list[int]]) -> TrainBatch:
+    """A batch with the given insertion points (points[b] for sequence b)."""
     kn = k * n
-    layouts, points = [], []
-    for seq in seqs:
-        chosen = draw_insertion_points(eligible_insertions(seq), groups, rng)
-        points.append(chosen)
-        layouts.append(build_layout(len(seq.input_ids), chosen, k, n, mask))
+    layouts = [build_layout(len(seq.input_ids), chosen, k, n, mask) for seq, chosen in zip(seqs, points)]
     b, g_max = len(seqs), max(1, max(len(p) for p in points))
     l_max = max(len(lay.position_ids) for lay in layouts)
     top_k = seqs[0].topk_ids.shape[-1]
@@ -71,7 +77,7 @@ def collate(seqs: list[ShardSequence], k: int, n: int, groups: int, mask: MaskKi
             group_valid[i, g] = True
             for d in range(k):
                 e = entry.get(t + 1 + d)
-                if e is None:
+                if e is None or t + 2 + d >= t_len:
                     continue
                 target_valid[i, g, d] = True
                 teacher_ids[i, g, d] = seq.topk_ids[e]

@@ -1,0 +1,99 @@
+"""Prompt-token training: frozen base, DeepSpeed ranks on Ray Train, recorded losses, resume after a kill."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from conftest import FIXTURES
+from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
+from ppdkit.data_pipeline.data_stage import run_data_stage
+from ppdkit.data_pipeline.teacher_cache import TeacherCache
+from ppdkit.data_pipeline.teacher_stage import run_teacher_stage
+from ppdkit.models.artifact import ArtifactError, read_component
+from ppdkit.models.config import BaseModelConfig
+from ppdkit.models.loading import load_base_model
+from ppdkit.models.prompt_tokens import PromptTokens, init_from_token_embeddings
+from ppdkit.registry.tracking import TrackerRef
+from ppdkit.trainer.batch import collate
+from ppdkit.trainer.config import TrainConfig
+from ppdkit.trainer.launch import run_training
+from ppdkit.trainer.losses import decay_mean, kl_to_compressed_teacher
+from ppdkit.trainer.student import student_logprobs
+
+BASE = BaseModelConfig(name="tiny-llama", quantization="none")
+DATA = DataConfig(source=str(FIXTURES / "conversations.jsonl"), limit=None, max_length=64, holdout=0.3, shards=1,
+                  check_sequences=0)
+TRAIN = TrainConfig(num_workers=2, micro_batch=1, epochs=1, max_steps=2, groups_per_sequence=4, lr=0.01,
+                    eval_every=1, checkpoint_every=1, log_every=1, eval_sequences=2)
+# Losses of the first two steps of TRAIN on the fixture (tiny-llama, fp32 base, 2 ranks), recorded once.
+RECORDED_LOSSES = [0.00433059, 0.00363564]
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(ray_local, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    run_data_stage(BASE, DATA, root / "data")
+    run_teacher_stage(BASE, DATA, TeacherConfig(workers=1, top_k=16), root / "data", root / "teacher")
+    return root / "teacher"
+
+
+def test_a_step_changes_only_the_prompt_embeddings(teacher_dir):
+    base = load_base_model("tiny-llama", quantization="nf4", for_training=True)
+    before = {k: v.clone() for k, v in base.model.state_dict().items()}
+    k, n = 3, 2
+    prompt = PromptTokens(k, n, base.model.config.hidden_size,
+                          init=init_from_token_embeddings(base.model.get_input_embeddings(), k, n))
+    start = prompt.embeddings.detach().clone()
+    opt = torch.optim.AdamW(prompt.parameters(), lr=0.01)
+    seqs = list(TeacherCache(teacher_dir).sequences("train"))[:2]
+    batch = collate(seqs, k, n, 4, "ensemble", random.Random(0))
+    emb, weights = prompt()
+    logp = student_logprobs(base.model, emb, weights, k, n, batch).flatten(0, 1)
+    per = kl_to_compressed_teacher(logp, batch.teacher_ids.flatten(0, 1), batch.teacher_logp.flatten(0, 1),
+                                   batch.teacher_rest.flatten(0, 1))
+    decay_mean(per, batch.target_valid.flatten(0, 1), 0.8).backward()
+    opt.step()
+    assert prompt.embeddings.grad.abs().sum() > 0
+    assert not torch.equal(prompt.embeddings.detach(), start)
+    after = base.model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert all(p.grad is None for p in base.model.parameters())
+
+
+def test_two_steps_on_two_ray_workers_match_the_recorded_losses(teacher_dir, tmp_path):
+    result = run_training(BASE, TRAIN, teacher_dir, tmp_path / "train", TrackerRef())
+    losses = [loss for _, loss in result["history"]]
+    print("losses:", losses)
+    assert losses == pytest.approx(RECORDED_LOSSES, rel=1e-4)
+    component = read_component(tmp_path / "train" / "component",
+                               expect_fingerprint=load_base_model("tiny-llama").fingerprint)
+    assert component.method == "ept"
+    assert component.tensors["prompt_embeddings"].shape == (3, 1, 64)
+    assert set(result["best"]) >= {"acc_top1_d1", "acc_top5_d3", "acc_top10_mean"}
+    assert (tmp_path / "train" / "plots" / "loss.png").stat().st_size > 0
+    assert (tmp_path / "train" / "plots" / "accuracy_by_distance.png").stat().st_size > 0
+
+
+def test_killed_worker_resumes_on_the_same_loss_curve(teacher_dir, tmp_path):
+    cfg = TRAIN.model_copy(update={"max_steps": None, "epochs": 3, "checkpoint_every": 2, "eval_every": 2})
+    undisturbed = run_training(BASE, cfg, teacher_dir, tmp_path / "a", TrackerRef())
+    marker = tmp_path / "died"
+    resumed = run_training(BASE, cfg, teacher_dir, tmp_path / "b", TrackerRef(),
+                           fault={"at_step": 3, "marker": str(marker)})
+    assert marker.read_text() == "3"  # rank 0 really died at step 3, after the step-2 checkpoint
+    assert len(undisturbed["history"]) == len(resumed["history"]) == 6
+    for (s1, l1), (s2, l2) in zip(undisturbed["history"], resumed["history"]):
+        assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
+
+
+def test_component_for_another_base_model_is_refused(teacher_dir, tmp_path):
+    run_training(BASE, TRAIN.model_copy(update={"max_steps": 1}), teacher_dir, tmp_path / "t", TrackerRef())
+    with pytest.raises(ArtifactError, match="trained for base model tiny-llama"):
+        read_component(tmp_path / "t" / "component", expect_fingerprint="sha256:" + "1" * 64)
+    meta = json.loads((tmp_path / "t" / "component" / "component.json").read_text())
+    del meta["hyperparameters"]
+    (tmp_path / "t" / "component" / "component.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="lacks hyperparameters"):
+        read_component(tmp_path / "t" / "component")
