@@ -20,6 +20,9 @@ def spec_file(tmp_path):
         "base_model": {"name": "tiny-llama", "quantization": "nf4"},
         "data": {"source": str(FIXTURES / "conversations.jsonl"), "limit": None, "max_length": 64,
                  "holdout": 0.3, "shards": 2, "check_sequences": 2},
+        "teacher": {"workers": 1, "top_k": 8, "rows_per_shard": 4},
+        "train": {"num_workers": 1, "max_steps": 2, "micro_batch": 2, "groups_per_sequence": 4,
+                  "eval_every": 1, "checkpoint_every": 1, "eval_sequences": 2},
         "tracking": {"experiment": "tests"},
     }))
     return path
@@ -85,7 +88,7 @@ def test_unreachable_tracking_server_is_a_clear_error(spec_file, tmp_path, capsy
 
 def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, tmp_path):
     out = tmp_path / "out"
-    overrides = ["teacher.workers=1", "teacher.top_k=8", "teacher.rows_per_shard=4"]
+    overrides = []
     assert main(["run", str(spec_file), "--output", str(out), *overrides]) == 0
     teacher = json.loads((out / "teacher" / "summary.json").read_text())
     manifest = json.loads((out / "teacher" / "manifest.json").read_text())
@@ -93,10 +96,15 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     assert teacher["positions"] == manifest["figures"]["positions"] > 0
     run = MlflowClient(tracking_uri).get_run(json.loads((out / "run.json").read_text())["run_id"])
     for key in ("teacher.positions", "teacher.bytes_per_position", "teacher.mass_kept_mean", "teacher.mass_kept_p5",
-                "teacher.full_vocab_fp16_bytes_per_position"):
-        assert key in run.data.metrics
+                "teacher.full_vocab_fp16_bytes_per_position", "train.loss", "eval.acc_top1_d1", "eval.acc_top10_d3",
+                "train.best_acc_top1_mean"):
+        assert key in run.data.metrics, key
+    artifacts = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run.info.run_id)}
+    assert {"component", "plots", "train"} <= artifacts
+    component = json.loads((out / "train" / "component" / "component.json").read_text())
+    assert component["method"] == "ept" and component["run"]["mlflow_run_id"] == run.info.run_id
     # More workers change how the stage runs, not what it wrote: the finished stage is kept.
-    assert main(["run", str(spec_file), "--output", str(out), *overrides, "teacher.workers=2"]) == 0
+    assert main(["run", str(spec_file), "--output", str(out), "teacher.workers=2", "--stages", "data,teacher"]) == 0
     assert json.loads((out / "teacher" / "summary.json").read_text())["compute_seconds"] == teacher["compute_seconds"]
     # A different top_k is another cache.
-    assert main(["run", str(spec_file), "--output", str(out), *overrides, "teacher.top_k=4"]) == 2
+    assert main(["run", str(spec_file), "--output", str(out), "teacher.top_k=4"]) == 2
