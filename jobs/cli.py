@@ -79,6 +79,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return cmd_run(args)
 
 
+def cmd_bench_insertion(args: argparse.Namespace) -> int:
+    import json
+
+    from ppdkit.trainer.bench import insertion_benchmark
+
+    from .spec import load_spec
+
+    spec = load_spec(args.spec, args.overrides)
+    output = Path(args.output) if args.output else _default_output(spec.name)
+    if not (output / "teacher" / "manifest.json").is_file():
+        raise FileNotFoundError(f"{output}/teacher has no teacher cache: first run "
+                                f"`ppdkit run {args.spec} --stages data,teacher --output {output}`")
+    report = insertion_benchmark(spec.base_model, spec.train, output / "teacher", batches=args.batches,
+                                 threads=args.threads)
+    print(f"\n{'mode':<32} {'positions':>10} {'seconds':>9} {'positions/s':>12}")
+    for row in report["results"]:
+        print(f"{row['mode']:<32} {row['positions']:>10} {row['seconds']:>9.2f} {row['positions_per_second']:>12.1f}")
+    print(f"multi-insertion speedup: {report['speedup']:.2f}x (same sequences, same process)")
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from ppdkit.registry.tracking import default_tracking_uri
 
@@ -107,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the demo job (jobs/configs/demo.yaml) end to end")
     add_run_args(demo)
     demo.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench-insertion", help="training throughput: multi-insertion vs one insertion per sequence")
+    bench.add_argument("spec", help="job spec YAML (its base_model and train sections are used)")
+    bench.add_argument("overrides", nargs="*", metavar="key=value")
+    bench.add_argument("--output", help="the job's output directory, holding teacher/ (default: the cache's runs/<name>)")
+    bench.add_argument("--batches", type=int, default=4)
+    bench.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    bench.add_argument("--out", help="write the report as JSON here")
+    bench.set_defaults(func=cmd_bench_insertion)
 
     ui = sub.add_parser("ui", help="open the MLflow UI on the local tracking store (127.0.0.1)")
     ui.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else the cache's sqlite store")

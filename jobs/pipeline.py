@@ -60,7 +60,8 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
     for folder in ("component", "plots"):
         ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
     figures = {"steps": result["steps"], "first_loss": result["first_loss"], "final_loss": result["final_loss"],
-               "best_step": result["best_step"], **{f"best_{k}": v for k, v in result["best"].items()}}
+               "best_step": result["best_step"], "peak_worker_rss_mb": result["peak_worker_rss_mb"],
+               **{f"best_{k}": v for k, v in result["best"].items()}}
     return {**figures, "component": result["component"]}
 
 

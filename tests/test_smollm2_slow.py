@@ -52,11 +52,17 @@ def test_demo_job_runs_and_its_mlflow_run_is_listed(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     out = tmp_path / "demo"
-    run = subprocess.run([str(ppdkit), "demo", "--output", str(out), "data.limit=8", "data.check_sequences=1"],
+    run = subprocess.run([str(ppdkit), "demo", "--output", str(out), "data.limit=8", "data.check_sequences=1",
+                          "train.max_steps=2", "train.eval_sequences=2"],
                          env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((out / "data" / "summary.json").read_text())
     assert summary["train_sequences"] > 0 and 0 < summary["check_top1"] <= 1
+    manifest = json.loads((out / "teacher" / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["quantization"] == "nf4" and manifest["vocab_size"] == 49152
+    assert manifest["figures"]["bytes_per_position"] <= 0.01 * manifest["figures"]["full_vocab_fp16_bytes_per_position"]
+    component = json.loads((out / "train" / "component" / "component.json").read_text())
+    assert component["method"] == "ept" and component["base_model"]["name"] == "smollm2-135m"
     saved = json.loads((out / "run.json").read_text())
     listed = subprocess.run([str(Path(sys.executable).with_name("mlflow")), "runs", "list",
                              "--experiment-id", saved["experiment_id"]], env=env, capture_output=True, text=True,

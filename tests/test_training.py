@@ -97,3 +97,25 @@ def test_component_for_another_base_model_is_refused(teacher_dir, tmp_path):
     (tmp_path / "t" / "component" / "component.json").write_text(json.dumps(meta))
     with pytest.raises(ArtifactError, match="lacks hyperparameters"):
         read_component(tmp_path / "t" / "component")
+
+
+def test_zero_stage_2_trains_and_resumes(teacher_dir, tmp_path):
+    cfg = TRAIN.model_copy(update={"zero_stage": 2, "max_steps": 2, "epochs": 2})
+    first = run_training(BASE, cfg, teacher_dir, tmp_path / "z", TrackerRef())
+    assert len(first["history"]) == 2
+    more = run_training(BASE, cfg.model_copy(update={"max_steps": 3}), teacher_dir, tmp_path / "z", TrackerRef())
+    assert [s for s, _ in more["history"]] == [1, 2, 3] and more["history"][:2] == first["history"]
+
+
+def test_a_hundred_epts_per_prompt_token(teacher_dir):
+    base = load_base_model("tiny-llama", quantization="nf4", for_training=True)
+    k, n = 3, 100
+    prompt = PromptTokens(k, n, base.model.config.hidden_size, aggregation="learned",
+                          init=init_from_token_embeddings(base.model.get_input_embeddings(), k, n))
+    seqs = list(TeacherCache(teacher_dir).sequences("train"))[:1]
+    batch = collate(seqs, k, n, 2, "ensemble", random.Random(0))
+    emb, weights = prompt()
+    logp = student_logprobs(base.model, emb, weights, k, n, batch)
+    assert logp.shape[-2:] == (k, base.model.config.vocab_size)
+    logp[batch.target_valid][:, 7].sum().backward()  # any token's log-probability
+    assert prompt.embeddings.grad.abs().sum() > 0 and prompt.ept_weights.grad.abs().sum() > 0

@@ -9,7 +9,8 @@ from ppdkit.models.state_io import load_state
 from .plots import plot_accuracy_by_distance, plot_loss
 
 
-def export_component(out: Path, base, cfg, config: dict, history: list, evals: list, best: dict) -> dict:
+def export_component(out: Path, base, cfg, config: dict, history: list, evals: list, best: dict,
+                     extra: dict | None = None) -> dict:
     chosen = out / "best"
     module = load_state(chosen / "rank-0")["module"]
     meta = json.loads((chosen / "meta.json").read_text())
@@ -24,7 +25,7 @@ def export_component(out: Path, base, cfg, config: dict, history: list, evals: l
     result = {"steps": history[-1][0] if history else 0, "final_loss": history[-1][1] if history else None,
               "first_loss": history[0][1] if history else None, "best_step": meta["step"],
               "best": {k: v for k, v in best_eval.items() if k != "step"}, "component": str(component),
-              "history": history, "evals": evals}
+              "history": history, "evals": evals, **(extra or {})}
     plots = out / "plots"
     plots.mkdir(exist_ok=True)
     plot_loss(history, plots / "loss.png")

@@ -174,6 +174,21 @@ def train_loop_per_worker(config: dict) -> None:
                 if improved or best["step"] is None:
                     keep_as_best(directory, out / "best")
                 prune(ckpt_root)
+    peak = _peak_rss_mb(world)
     if rank == 0:
-        export_component(out, base, cfg, config, history, evals, best)
+        export_component(out, base, cfg, config, history, evals, best, extra={"peak_worker_rss_mb": peak})
     barrier()
+
+
+def _peak_rss_mb(world: int) -> float:
+    """The largest peak resident memory of any rank, in MB (ru_maxrss is in KB on Linux)."""
+    import resource
+
+    mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if world == 1:
+        return mine
+    import torch.distributed as dist
+
+    t = torch.tensor([mine], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
