@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .ray_session import keep_local_ray_on_loopback
+
+    keep_local_ray_on_loopback()  # before anything imports ray
     parser = build_parser()
     # Overrides may come after options (`run job.yaml --output D data.limit=8`): argparse leaves those over.
     args, extra = parser.parse_known_args(argv)

@@ -10,14 +10,24 @@ from .spec import RayConfig
 log = logging.getLogger(__name__)
 
 
+def keep_local_ray_on_loopback() -> None:
+    """Ray reads these when it is imported: call before the first `import ray` of the process.
+
+    With RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 an embedded Ray binds its GCS, raylet and workers to
+    127.0.0.1 instead of every interface; nothing outside this machine should reach it.
+    """
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
 @contextmanager
 def ray_session(cfg: RayConfig) -> Iterator[None]:
+    keep_local_ray_on_loopback()
     import ray
 
     if ray.is_initialized():  # inside a Ray job, or a caller that set Ray up itself: theirs to stop
         yield
         return
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     if address:
         log.info("Ray: connecting to %s", address)
@@ -29,8 +39,6 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
                 "ray.address to run on an embedded local Ray"
             ) from None
     else:
-        # Keep the embedded Ray on loopback; nothing else should reach it.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                  object_store_memory=cfg.object_store_mb * 2**20, log_to_driver=True)
         log.info("Ray: embedded local instance with %s CPUs", ray.cluster_resources().get("CPU"))

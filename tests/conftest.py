@@ -20,6 +20,7 @@ def pytest_configure(config):
         cache = tempfile.mkdtemp(prefix="ppdkit-test-cache-")
         _made_cache.append(cache)
     os.environ["PPDKIT_CACHE"] = cache
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # local Ray on 127.0.0.1 (read at import)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -37,7 +38,6 @@ def ray_local():
     """One real local Ray for the whole session (starting one costs seconds and 1.7 GB)."""
     import ray
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=512 * 2**20, _node_ip_address="127.0.0.1",
              log_to_driver=False)
     yield ray

@@ -108,3 +108,15 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     assert json.loads((out / "teacher" / "summary.json").read_text())["compute_seconds"] == teacher["compute_seconds"]
     # A different top_k is another cache.
     assert main(["run", str(spec_file), "--output", str(out), "teacher.top_k=4"]) == 2
+
+
+def test_embedded_ray_listens_on_loopback_only(ray_local):
+    import os
+
+    import psutil
+
+    ours = {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)} | {os.getpid()}
+    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
+    assert listening, "found no Ray sockets to check"
+    exposed = [(c.pid, c.laddr) for c in listening if c.laddr.ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
+    assert not exposed
