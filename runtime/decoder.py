@@ -1,0 +1,137 @@
+"""The bundled decoder: `Decoder.from_pretrained(component)` then `generate(...)`, greedy and lossless."""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ppdkit.models.artifact import read_component
+from ppdkit.models.loading import load_base_model
+
+from .llama import LeanLlama
+from .ppd import PromptTokenSet, ppd_step, prefill
+from .tree import DynamicTree
+from .tree_layout import TreeLayout, layout_tree
+
+log = logging.getLogger(__name__)
+METHODS = ("ppd", "ar")
+
+
+@dataclass
+class GenerateResult:
+    tokens: list[int]  # new tokens only
+    text: str
+    steps: int
+    accepted_per_step: list[int] = field(default_factory=list)  # tokens emitted by each step
+    tree_size: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mean_accepted_per_step(self) -> float:
+        return sum(self.accepted_per_step) / max(len(self.accepted_per_step), 1)
+
+
+class Decoder:
+    def __init__(self, hf_model, tokenizer, prompts: PromptTokenSet | None, tree: DynamicTree | None,
+                 max_length: int = 2048):
+        self.tokenizer = tokenizer
+        self.model = LeanLlama(hf_model, max_positions=max_length)
+        self.max_length = max_length
+        self.prompts = prompts
+        self.set_tree(tree)
+
+    def set_tree(self, tree: DynamicTree | None) -> None:
+        self.tree = tree
+        self.layouts: dict[int, TreeLayout] = {}
+        self.ranks = 1
+        if tree is not None and self.prompts is not None:
+            self.layouts = {k: layout_tree(s, self.prompts.n, self.prompts.mask_kind) for k, s in tree.states.items()}
+            self.ranks = 1 + max(max(s.ranks) for s in tree.states.values())
+
+    @classmethod
+    def from_pretrained(cls, source: str | Path, dtype: str = "float32", tree_size: int | None = None,
+                        max_length: int = 2048) -> "Decoder":
+        """A component directory (or, later, a registry URI): base model, prompt tokens and trees."""
+        directory = Path(source)
+        component = read_component(directory)
+        base = load_base_model(component.base_model["name"], quantization="none", dtype=dtype)
+        read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
+        h = component.hyperparameters
+        emb = component.tensors["prompt_embeddings"]  # [k, n, H]
+        prompts = PromptTokenSet(emb.reshape(-1, emb.shape[-1]).to(base.model.dtype),
+                                 component.tensors.get("ept_weights"), h["num_prompt_tokens"], h["num_epts"], h["mask"])
+        trees = component.extras.get("trees")
+        tree = None
+        if trees:
+            sizes = {int(s): t for s, t in trees["trees"].items()}
+            size = tree_size or trees.get("chosen_size") or max(sizes)
+            tree = DynamicTree.from_json(sizes[min(sizes, key=lambda s: abs(s - size))])
+        return cls(base.model, base.tokenizer, prompts, tree, max_length)
+
+    def encode_chat(self, prompt: str) -> list[int]:
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
+                                                  add_generation_prompt=True, return_dict=False)
+
+    @torch.inference_mode()
+    def generate(self, prompt: str | list[int], max_new_tokens: int = 128, method: str = "ppd",
+                 stream: Callable[[list[int]], None] | None = None) -> GenerateResult:
+        """Greedy decoding of `prompt` (text is wrapped in the chat template; ids are used as they are)."""
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
+        if method == "ppd" and (self.prompts is None or not self.layouts):
+            raise ValueError("ppd needs prompt tokens and calibrated trees: load a component with trees.json")
+        ids = torch.tensor(self.encode_chat(prompt) if isinstance(prompt, str) else prompt, dtype=torch.long)
+        cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + (max(l.size for l in self.layouts.values())
+                                                                          if self.layouts else 0))
+        started = time.perf_counter()
+        out: list[int] = []
+        per_step: list[int] = []
+        eos = self._eos_ids()
+
+        def emit(tokens: list[int]) -> bool:
+            """Append; True when generation is over (EOS or the token budget)."""
+            for t in tokens:
+                out.append(t)
+                if t in eos or len(out) >= max_new_tokens:
+                    if stream:
+                        stream([t])
+                    return True
+            if stream:
+                stream(tokens)
+            return False
+
+        if method == "ar":
+            hidden = self.model.forward(self.model.embed_ids(ids), torch.arange(len(ids)), cache, None)
+            cache.commit(None, len(ids))
+            token = int(self.model.logits(hidden[-1]).argmax())
+            per_step.append(1)
+            while not emit([token]):
+                hidden = self.model.forward(self.model.embed_ids(torch.tensor([token])),
+                                            torch.tensor([cache.length]), cache, None)
+                cache.commit(None, 1)
+                token = int(self.model.logits(hidden[-1]).argmax())
+                per_step.append(1)
+        else:
+            root, guesses = prefill(self.model, cache, ids, self.prompts, self.ranks)
+            state = self.prompts.k
+            per_step.append(1)
+            done = emit([root])
+            while not done:
+                step = ppd_step(self.model, cache, self.prompts, self.layouts[state], root, guesses, self.ranks)
+                per_step.append(len(step.accepted) + 1)
+                done = emit(step.accepted + [step.next_token])
+                root, guesses, state = step.next_token, step.guesses, step.state
+        out = out[:max_new_tokens]
+        return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
+                              max((l.size for l in self.layouts.values()), default=1) if method == "ppd" else 1,
+                              time.perf_counter() - started)
+
+    def _eos_ids(self) -> set[int]:
+        eos = self.model.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids

@@ -1,0 +1,44 @@
+"""A preallocated KV cache that tree decoding writes into and then prunes in place (papers/000 4.5.4).
+
+A forward writes the keys and values of its T new tokens at [length, length + T); `commit(keep)`
+then moves the kept ones (the accepted path of a tree, or all T for plain decoding) down to
+[length, length + len(keep)) with one indexed copy per tensor, and advances the length. Nothing is
+reallocated during generation.
+"""
+
+import torch
+
+
+class KVCache:
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype):
+        self.k = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype)  # [Lyr, Hkv, S, D]
+        self.v = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype)
+        self.length = 0  # committed tokens
+        self.capacity = capacity
+
+    def reserve(self, new_tokens: int) -> None:
+        if self.length + new_tokens > self.capacity:
+            raise ValueError(f"KV cache full: {self.length} + {new_tokens} tokens > capacity {self.capacity}; "
+                             "pass a larger max_length")
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [Hkv, T, D] after the committed tokens; return all keys/values [Hkv, length + T, D]."""
+        end = self.length + k.shape[1]
+        self.k[layer, :, self.length:end] = k
+        self.v[layer, :, self.length:end] = v
+        return self.k[layer, :, :end], self.v[layer, :, :end]
+
+    def commit(self, keep: torch.Tensor | None, written: int) -> None:
+        """Keep the new tokens at indices `keep` (into the last `written`; None: all), in that order."""
+        if keep is None:
+            self.length += written
+            return
+        src = self.length + keep  # [K]
+        n = len(keep)
+        if n and not torch.equal(src, torch.arange(self.length, self.length + n)):
+            self.k[:, :, self.length:self.length + n] = self.k[:, :, src]
+            self.v[:, :, self.length:self.length + n] = self.v[:, :, src]
+        self.length += n
+
+    def rollback(self, length: int) -> None:
+        self.length = length

@@ -1,0 +1,88 @@
+"""Parallel prompt decoding, greedy: guesses from prompt tokens, verified in the same forward.
+
+One step feeds the tree of the current state: the root (the token decoded last), the guess nodes, and
+prompt-token slots behind every node. From one forward:
+- each guess is accepted when it equals the base model's greedy token at its parent (exact match);
+- the deepest accepted node's own greedy token is the next root (always correct);
+- that node's prompt tokens give the next step's guesses, and their count its state.
+The KV cache keeps the root and the accepted guesses, in order; everything else is dropped in place.
+Every emitted token is the base model's greedy token for exactly the emitted prefix: lossless.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ppdkit.models.prompt_tokens import aggregate_epts, ept_mask
+
+from .kv_cache import KVCache
+from .llama import LeanLlama
+from .tree_layout import TreeLayout
+
+
+@dataclass
+class PromptTokenSet:
+    embeddings: torch.Tensor  # [k * n, H], distance-major
+    weights: torch.Tensor | None  # [k, n] learned EPT weights, or None for the mean
+    k: int
+    n: int
+    mask_kind: str
+
+
+def guesses_from(model: LeanLlama, hidden: torch.Tensor, prompts: PromptTokenSet, count: int, ranks: int) -> torch.Tensor:
+    """hidden [count * n, H] of one node's prompt slots -> top-`ranks` guesses per distance [count, ranks]."""
+    weights = None if prompts.weights is None else prompts.weights[:count]
+    per_token = aggregate_epts(hidden, count, prompts.n, weights)  # [count, H]
+    return model.logits(per_token).topk(ranks, dim=-1).indices
+
+
+def prefill(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: PromptTokenSet,
+            ranks: int) -> tuple[int, torch.Tensor]:
+    """Read the prompt [P] with all k prompt tokens behind its last token: (first token, guesses [k, ranks])."""
+    p, kn = len(ids), prompts.k * prompts.n
+    mask = torch.zeros(p + kn, p + kn, dtype=torch.bool)
+    mask[:p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
+    mask[p:, :p] = True
+    mask[p:, p:] = ept_mask(prompts.k, prompts.n, prompts.mask_kind)
+    mask = torch.cat([torch.ones(p + kn, cache.length, dtype=torch.bool), mask], dim=1)
+    positions = torch.cat([torch.arange(p), p - 1 + torch.arange(prompts.k).repeat_interleave(prompts.n) + 1])
+    x = torch.cat([model.embed_ids(ids), prompts.embeddings.to(model.dtype)])
+    hidden = model.forward(x, cache.length + positions, cache, mask)
+    first = int(model.logits(hidden[p - 1]).argmax())
+    guesses = guesses_from(model, hidden[p:], prompts, prompts.k, ranks)
+    cache.commit(torch.arange(p), p + kn)
+    return first, guesses
+
+
+@dataclass
+class StepResult:
+    accepted: list[int]  # verified guess tokens, in order
+    next_token: int  # the base model's greedy token after them (the next root)
+    guesses: torch.Tensor  # [state, ranks] for the next step
+    state: int
+
+
+def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: TreeLayout, root: int,
+             guesses: torch.Tensor, ranks: int) -> StepResult:
+    node_tokens = torch.empty(tree.nodes, dtype=torch.long)
+    node_tokens[0] = root
+    node_tokens[1:] = guesses[tree.depths[1:] - 1, tree.ranks[1:]]
+    x = torch.cat([model.embed_ids(node_tokens), prompts.embeddings.to(model.dtype)[tree.slot_embedding]])
+    mask = torch.cat([torch.ones(tree.size, cache.length, dtype=torch.bool), tree.mask], dim=1)
+    positions = cache.length + tree.offsets
+    hidden = model.forward(x, positions, cache, mask)
+    greedy = model.logits(hidden[:tree.nodes]).argmax(-1)  # [N]
+    matches = (node_tokens[1:] == greedy[tree.parents[1:]]).tolist()
+    accepted = [True] + [False] * (tree.nodes - 1)
+    final = 0
+    parents, depths = tree.parents.tolist(), tree.depths.tolist()
+    for node in range(1, tree.nodes):  # parents come before children
+        if matches[node - 1] and accepted[parents[node]]:
+            accepted[node] = True
+            if depths[node] > depths[final]:
+                final = node
+    path = tree.paths[final]
+    count = tree.prompts[final]
+    new_guesses = guesses_from(model, hidden[tree.node_slots[final]], prompts, count, ranks)
+    cache.commit(path, tree.size)
+    return StepResult(node_tokens[path[1:]].tolist(), int(greedy[final]), new_guesses, count)

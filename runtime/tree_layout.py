@@ -1,0 +1,57 @@
+"""A tree state laid out as one input sequence: node tokens first, then each node's prompt-token slots.
+
+Built once per state when a decoder loads, so a decoding step only indexes precomputed tensors.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ppdkit.models.prompt_tokens import ept_mask
+
+from .tree import TreeState
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    nodes: int
+    parents: torch.Tensor  # [N] (-1 for the root)
+    depths: torch.Tensor  # [N]
+    ranks: torch.Tensor  # [N]
+    offsets: torch.Tensor  # [T] position of each input token relative to the root's
+    mask: torch.Tensor  # [T, T] bool: may row attend to column (within the tree)
+    slot_embedding: torch.Tensor  # [T - N] which prompt embedding (distance-major, then EPT) fills each slot
+    node_slots: tuple[torch.Tensor, ...]  # per node: its prompt slots' input indices [prompts * n]
+    prompts: tuple[int, ...]
+    paths: tuple[torch.Tensor, ...]  # per node: input indices of root .. node
+
+    @property
+    def size(self) -> int:
+        return len(self.offsets)
+
+
+def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
+    n_nodes = len(state.parents)
+    paths: list[list[int]] = []
+    for node, parent in enumerate(state.parents):
+        paths.append([node] if parent < 0 else paths[parent] + [node])
+    total = n_nodes + sum(state.prompts) * epts
+    mask = torch.zeros(total, total, dtype=torch.bool)
+    offsets = torch.zeros(total, dtype=torch.long)
+    slot_embedding, node_slots = [], []
+    for node in range(n_nodes):
+        mask[node, paths[node]] = True
+        offsets[node] = state.depths[node]
+    start = n_nodes
+    for node in range(n_nodes):
+        c = state.prompts[node]
+        slots = torch.arange(start, start + c * epts)
+        node_slots.append(slots)
+        mask[slots[:, None], torch.tensor(paths[node])[None, :]] = True  # the node's own path
+        mask[slots[:, None], slots[None, :]] = ept_mask(c, epts, mask_kind)  # its prompt tokens, per EPT mask
+        offsets[slots] = state.depths[node] + torch.arange(c).repeat_interleave(epts) + 1
+        slot_embedding.append(torch.arange(c * epts))  # distance j's EPTs are embeddings j*n .. j*n+n-1
+        start += c * epts
+    return TreeLayout(n_nodes, torch.tensor(state.parents), torch.tensor(state.depths), torch.tensor(state.ranks),
+                      offsets, mask, torch.cat(slot_embedding), tuple(node_slots), tuple(state.prompts),
+                      tuple(torch.tensor(p) for p in paths))

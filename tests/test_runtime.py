@@ -1,0 +1,117 @@
+"""The bundled decoder on the tiny model in float64: exact forward, KV pruning, lossless PPD."""
+
+import random
+
+import pytest
+import torch
+
+from ppdkit.models.tiny import build_tiny_llama
+from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.llama import LeanLlama
+from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
+from ppdkit.runtime.tree import best_tree_for_size
+from ppdkit.runtime.tree_layout import layout_tree
+
+P = [[0.5, 0.2, 0.1], [0.3, 0.1], [0.2]]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tok = build_tiny_llama()
+    return model.double().eval(), tok
+
+
+def _prompt(seed: int, length: int = 12) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 384, (length,), generator=g).tolist()
+
+
+def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def test_lean_forward_equals_transformers_with_an_incremental_cache(tiny):
+    model, _ = tiny
+    lean = LeanLlama(model, 256)
+    ids = torch.tensor(_prompt(1, 30))
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0]
+    cache = lean.new_cache(64)
+    parts = []
+    for a, b in [(0, 17), (17, 18), (18, 30)]:
+        parts.append(lean.forward(lean.embed_ids(ids[a:b]), torch.arange(a, b), cache, None))
+        cache.commit(None, b - a)
+    assert torch.allclose(lean.logits(torch.cat(parts)), ref, atol=1e-12, rtol=0)
+
+
+def test_pruned_cache_equals_a_cache_built_from_the_kept_tokens(tiny):
+    model, _ = tiny
+    lean = LeanLlama(model, 256)
+    ids = torch.tensor(_prompt(2, 10))
+    tree = best_tree_for_size(P, 20, epts=1)
+    prompts = PromptTokenSet(torch.randn(3, 64, dtype=torch.float64), None, 3, 1, "ensemble")
+    layout = layout_tree(tree.states[3], 1, "ensemble")
+    cache = lean.new_cache(128)
+    root, guesses = prefill(lean, cache, ids, prompts, 3)
+    step = ppd_step(lean, cache, prompts, layout, root, guesses, 3)
+    kept = ids.tolist() + [root] + step.accepted
+    fresh = lean.new_cache(128)
+    lean.forward(lean.embed_ids(torch.tensor(kept)), torch.arange(len(kept)), fresh, None)
+    fresh.commit(None, len(kept))
+    assert cache.length == fresh.length == len(kept)
+    assert torch.allclose(cache.k[:, :, :cache.length], fresh.k[:, :, :fresh.length], atol=1e-12)
+    assert torch.allclose(cache.v[:, :, :cache.length], fresh.v[:, :, :fresh.length], atol=1e-12)
+
+
+@pytest.mark.parametrize("k,n,mask", [(3, 1, "ensemble"), (3, 2, "ensemble"), (2, 2, "decoder"), (3, 2, "encoder")])
+def test_ppd_with_random_prompt_tokens_is_plain_greedy(tiny, k, n, mask):
+    model, tok = tiny
+    torch.manual_seed(k * 10 + n)
+    prompts = PromptTokenSet(torch.randn(k * n, 64, dtype=torch.float64), None, k, n, mask)
+    decoder = Decoder(model, tok, prompts, best_tree_for_size(P[:k], 8 + 8 * n, epts=n))
+    for seed in range(12):
+        ids = _prompt(seed)
+        ppd = decoder.generate(ids, 32, "ppd")
+        assert ppd.tokens == decoder.generate(ids, 32, "ar").tokens == _hf_greedy(model, ids, 32)[:len(ppd.tokens)]
+
+
+def test_accepted_guesses_stay_lossless(tiny):
+    """Guesses that are often right (taken from the true continuation) exercise acceptance and pruning."""
+    model, _ = tiny
+    lean = LeanLlama(model, 512)
+    prompts = PromptTokenSet(torch.randn(3, 64, dtype=torch.float64), None, 3, 1, "ensemble")
+    tree = best_tree_for_size(P, 24, epts=1)
+    layouts = {s: layout_tree(t, 1, "ensemble") for s, t in tree.states.items()}
+    rng = random.Random(0)
+    total_steps = total_tokens = 0
+    for seed in range(8):
+        ids = _prompt(seed, 8)
+        truth = _hf_greedy(model, ids, 60)
+        cache = lean.new_cache(256)
+        root, _ = prefill(lean, cache, torch.tensor(ids), prompts, 3)
+        out, state = [root], 3
+        while len(out) < 50:
+            # guesses for the tokens after `root`: right at rank 0 or 1 most of the time, else wrong
+            guesses = torch.randint(3, 384, (state, 3))
+            for d in range(state):
+                if rng.random() < 0.8:
+                    guesses[d, rng.randrange(2)] = truth[len(out) + d]
+            step = ppd_step(lean, cache, prompts, layouts[state], root, guesses, 3)
+            out += step.accepted + [step.next_token]
+            root, state = step.next_token, step.state
+            total_steps += 1
+            total_tokens += len(step.accepted) + 1
+        assert out == truth[:len(out)]
+    assert total_tokens / total_steps > 1.5  # guesses really were accepted
+
+
+def test_unknown_method_and_missing_trees_are_clear(tiny):
+    model, tok = tiny
+    decoder = Decoder(model, tok, None, None)
+    with pytest.raises(ValueError, match="ppd needs prompt tokens"):
+        decoder.generate([5, 6, 7], 4, "ppd")
+    with pytest.raises(ValueError, match="unknown method"):
+        decoder.generate([5, 6, 7], 4, "medusa")
