@@ -102,6 +102,64 @@ def cmd_bench_insertion(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resolve_model(model: str) -> str:
+    if model.startswith("models:/"):
+        raise ValueError(f"{model}: registry URIs need the MLflow registry (not in this version); pass the "
+                         "component directory, e.g. OUTPUT/calibrate/component")
+    return model
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from ppdkit.runtime.decoder import Decoder
+
+    decoder = Decoder.from_pretrained(_resolve_model(args.model), tree_size=args.tree_size)
+    printed: list[int] = []
+
+    def stream(tokens: list[int]) -> None:  # print only the new text: decode the whole, print its tail
+        before = decoder.tokenizer.decode(printed, skip_special_tokens=True)
+        printed.extend(tokens)
+        print(decoder.tokenizer.decode(printed, skip_special_tokens=True)[len(before):], end="", flush=True)
+
+    result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=stream)
+    print(f"\n\n[{args.method}] {len(result.tokens)} tokens in {result.seconds:.2f} s "
+          f"({len(result.tokens) / result.seconds:.1f} tok/s), {result.steps} steps, "
+          f"{result.mean_accepted_per_step:.2f} tokens per step, tree size {result.tree_size}", file=sys.stderr)
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from ppdkit.runtime.decoder import Decoder
+
+    decoder = Decoder.from_pretrained(_resolve_model(args.model), tree_size=None)
+    if args.refresh:
+        from ppdkit.runtime.profile import profile_trees
+
+        decoder.profile = profile_trees(decoder.model, {int(r["size"]): r["tau"] for r in decoder.profile["rows"]},
+                                        decoder.fingerprint, refresh=True)
+    if decoder.profile is None:
+        raise ValueError(f"{args.model} has no trees.json: run the calibrate stage first")
+    p = decoder.profile
+    print(f"machine {p['machine']}, context {p['context']} tokens, one-token forward {p['one_token_ms']:.1f} ms")
+    print(f"{'size':>5} {'tau':>6} {'latency ms':>11} {'tokens/s':>9} {'x one-token':>11}")
+    for r in p["rows"]:
+        mark = "  <- chosen" if r["size"] == p["chosen"] else ""
+        print(f"{r['size']:>5} {r['tau']:>6.2f} {r['latency_ms']:>11.1f} {r['tokens_per_s']:>9.1f} "
+              f"{r['speedup_vs_one_token']:>11.2f}{mark}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import print_table, run_bench, write_report
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    report = run_bench(_resolve_model(args.model), args.prompts, args.limit, args.max_new_tokens, methods,
+                       args.tree_size)
+    print_table(report)
+    if args.out:
+        write_report(report, Path(args.out))
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from ppdkit.registry.tracking import default_tracking_uri
 
@@ -139,6 +197,29 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     bench.add_argument("--out", help="write the report as JSON here")
     bench.set_defaults(func=cmd_bench_insertion)
+
+    decode = sub.add_parser("decode", help="decode a prompt with a component (greedy, lossless), streaming")
+    decode.add_argument("--model", required=True, help="component directory (e.g. OUTPUT/calibrate/component)")
+    decode.add_argument("--prompt", required=True)
+    decode.add_argument("--max-new-tokens", type=int, default=128)
+    decode.add_argument("--method", default="ppd", choices=["ppd", "ar"])
+    decode.add_argument("--tree-size", type=int, help="default: the size profiled as fastest on this machine")
+    decode.set_defaults(func=cmd_decode)
+
+    prof = sub.add_parser("profile", help="measure forward latency per tree size here; print tau/L and the choice")
+    prof.add_argument("--model", required=True)
+    prof.add_argument("--refresh", action="store_true", help="measure again instead of using the cached profile")
+    prof.set_defaults(func=cmd_profile)
+
+    bench_dec = sub.add_parser("bench", help="decoding benchmark: methods on the same prompts, one process")
+    bench_dec.add_argument("--model", required=True)
+    bench_dec.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
+    bench_dec.add_argument("--limit", type=int, default=10)
+    bench_dec.add_argument("--max-new-tokens", type=int, default=128)
+    bench_dec.add_argument("--methods", default="hf-greedy,hf-pld,ar,ppd")
+    bench_dec.add_argument("--tree-size", type=int)
+    bench_dec.add_argument("--out", help="write the report as JSON here")
+    bench_dec.set_defaults(func=cmd_bench)
 
     ui = sub.add_parser("ui", help="open the MLflow UI on the local tracking store (127.0.0.1)")
     ui.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else the cache's sqlite store")

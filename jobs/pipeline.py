@@ -65,11 +65,32 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
     return {**figures, "component": result["component"]}
 
 
+def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
+    import json
+    import shutil
+
+    from ppdkit.trainer.calibrate import calibrate
+
+    cfg = ctx.spec.calibrate
+    result = calibrate(ctx.spec.base_model.name, ctx.output / "train" / "component", ctx.output / "teacher", cfg.sizes,
+                       cfg.max_rank, cfg.sequences, cfg.groups_per_sequence, cfg.micro_batch, ctx.spec.base_model.dtype)
+    component = ctx.stage_dir / "component"  # the trained component plus its trees: what the decoder loads
+    shutil.rmtree(component, ignore_errors=True)
+    shutil.copytree(ctx.output / "train" / "component", component)
+    (component / "trees.json").write_text(json.dumps(result, indent=2))
+    ctx.tracker.log_artifact(component / "trees.json", "component")
+    k = len(result["acceptance"])
+    figures = {f"p_top1_d{d + 1}": result["acceptance"][d][0] for d in range(k)}
+    figures.update({f"tau_size{size}": tree["tau"] for size, tree in result["trees"].items()})
+    return {**figures, "insertions": result["insertions"], "component": str(component)}
+
+
 # Stages that exist in this version, in STAGE_ORDER; later stages plug in here.
 STAGES: dict[str, Stage] = {
     "data": Stage("data", ("base_model", "data"), _run_data),
     "teacher": Stage("teacher", ("teacher",), _run_teacher),
     "train": Stage("train", ("train",), _run_train),
+    "calibrate": Stage("calibrate", ("calibrate",), _run_calibrate),
 }
 
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.registry.config import TrackingConfig
-from ppdkit.trainer.config import TrainConfig
+from ppdkit.trainer.config import CalibrateConfig, TrainConfig
 
 
 class RayConfig(Section):
@@ -27,6 +27,7 @@ class JobSpec(Section):
     data: DataConfig = DataConfig()
     teacher: TeacherConfig = TeacherConfig()
     train: TrainConfig = TrainConfig()
+    calibrate: CalibrateConfig = CalibrateConfig()
     tracking: TrackingConfig = TrackingConfig()
     ray: RayConfig = RayConfig()
 

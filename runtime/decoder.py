@@ -13,6 +13,7 @@ from ppdkit.models.loading import load_base_model
 
 from .llama import LeanLlama
 from .ppd import PromptTokenSet, ppd_step, prefill
+from .profile import profile_trees
 from .tree import DynamicTree
 from .tree_layout import TreeLayout, layout_tree
 
@@ -38,9 +39,12 @@ class Decoder:
     def __init__(self, hf_model, tokenizer, prompts: PromptTokenSet | None, tree: DynamicTree | None,
                  max_length: int = 2048):
         self.tokenizer = tokenizer
+        self.hf_model = hf_model  # kept for the baselines and for divergence checks
         self.model = LeanLlama(hf_model, max_positions=max_length)
         self.max_length = max_length
         self.prompts = prompts
+        self.fingerprint: str | None = None
+        self.profile: dict | None = None
         self.set_tree(tree)
 
     def set_tree(self, tree: DynamicTree | None) -> None:
@@ -63,13 +67,16 @@ class Decoder:
         emb = component.tensors["prompt_embeddings"]  # [k, n, H]
         prompts = PromptTokenSet(emb.reshape(-1, emb.shape[-1]).to(base.model.dtype),
                                  component.tensors.get("ept_weights"), h["num_prompt_tokens"], h["num_epts"], h["mask"])
+        decoder = cls(base.model, base.tokenizer, prompts, None, max_length)
+        decoder.fingerprint = base.fingerprint
         trees = component.extras.get("trees")
-        tree = None
         if trees:
-            sizes = {int(s): t for s, t in trees["trees"].items()}
-            size = tree_size or trees.get("chosen_size") or max(sizes)
-            tree = DynamicTree.from_json(sizes[min(sizes, key=lambda s: abs(s - size))])
-        return cls(base.model, base.tokenizer, prompts, tree, max_length)
+            by_size = {int(s): DynamicTree.from_json(t) for s, t in trees["trees"].items()}
+            if tree_size is None:  # hardware-aware: measured once per machine, then cached
+                decoder.profile = profile_trees(decoder.model, {s: t.tau for s, t in by_size.items()}, base.fingerprint)
+                tree_size = decoder.profile["chosen"]
+            decoder.set_tree(by_size[min(by_size, key=lambda s: abs(s - tree_size))])
+        return decoder
 
     def encode_chat(self, prompt: str) -> list[int]:
         return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,

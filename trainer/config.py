@@ -38,3 +38,13 @@ class TrainConfig(Section):
     eval_sequences: int = Field(64, ge=1, description="held-out sequences scored at each evaluation")
     checkpoint_every: int = Field(25, ge=1)
     seed: int = 0
+
+
+class CalibrateConfig(Section):
+    execution_only = frozenset({"micro_batch"})
+
+    sizes: list[int] = Field([8, 12, 16, 24, 32, 48, 64], description="tree sizes (input tokens per step) to build")
+    max_rank: int = Field(10, ge=1, le=64, description="guesses per distance considered")
+    sequences: int = Field(64, ge=1, description="held-out sequences measured")
+    groups_per_sequence: int = Field(16, ge=1)
+    micro_batch: int = Field(4, ge=1)

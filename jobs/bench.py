@@ -1,0 +1,112 @@
+"""`ppdkit bench`: every decoding method on the same prompts in one process, as ratios to hf-greedy.
+
+hf-greedy is transformers' greedy `generate`, hf-pld its prompt-lookup mode; ar and ppd run on the
+bundled lean runtime. identical_to_greedy is the fraction of prompts whose tokens equal hf-greedy's;
+each divergence is examined: the top-2 logit gap of the base model where the outputs part, so a
+floating-point near-tie can be told from a logic error.
+"""
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ppdkit.data_pipeline.readers import read_conversations
+from ppdkit.runtime.decoder import Decoder
+
+log = logging.getLogger(__name__)
+ALL_METHODS = ("hf-greedy", "hf-pld", "ar", "ppd")
+NEAR_TIE = 1e-4
+
+
+def load_prompts(source: str, limit: int | None) -> list[str]:
+    """mt-bench | humaneval | FILE.jsonl with {"prompt": ...} or {"turns": [...]} lines (first turn)."""
+    conversations, report = read_conversations(source, limit)
+    if not conversations:
+        raise ValueError(f"no prompt in {source!r}: {report.describe()}")
+    return [c.first_user_turn for c in conversations]
+
+
+def _hf_generate(decoder: Decoder, ids: list[int], max_new_tokens: int, pld: bool) -> list[int]:
+    extra = {"prompt_lookup_num_tokens": 10} if pld else {}
+    out = decoder.hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                    max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
+                                    top_k=None, pad_token_id=decoder.tokenizer.pad_token_id, **extra)
+    return out[0, len(ids):].tolist()
+
+
+def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], int]:
+    """(new tokens, decoding steps)."""
+    if method in ("hf-greedy", "hf-pld"):
+        tokens = _hf_generate(decoder, ids, max_new_tokens, pld=method == "hf-pld")
+        return tokens, len(tokens)
+    result = decoder.generate(ids, max_new_tokens, method)
+    return result.tokens, result.steps
+
+
+def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[int]) -> dict:
+    """Where two outputs part, and the base model's top-2 logit gap there (fp32, transformers)."""
+    at = next((i for i, (a, b) in enumerate(zip(ours, greedy)) if a != b), min(len(ours), len(greedy)))
+    with torch.no_grad():
+        logits = decoder.hf_model(torch.tensor([ids + greedy[:at]])).logits[0, -1].float()
+    top2 = logits.topk(2).values
+    gap = (top2[0] - top2[1]).item()
+    return {"index": at, "top2_gap": gap, "near_tie": gap < NEAR_TIE}
+
+
+def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
+              tree_size: int | None = None) -> dict:
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}")
+    decoder = Decoder.from_pretrained(model, tree_size=tree_size)
+    prompts = [decoder.encode_chat(p) for p in load_prompts(prompts_source, limit)]
+    order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy is the reference
+    for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured
+        run_method(decoder, method, prompts[0][:16], 4)
+    outputs: dict[str, list[list[int]]] = {m: [] for m in order}
+    stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0} for m in order}
+    for ids in tqdm(prompts, desc="bench", unit="prompt"):
+        for method in order:  # interleaved: drift in machine speed hits every method alike
+            started = time.perf_counter()
+            tokens, steps = run_method(decoder, method, ids, max_new_tokens)
+            stats[method]["seconds"] += time.perf_counter() - started
+            stats[method]["new_tokens"] += len(tokens)
+            stats[method]["steps"] += steps
+            outputs[method].append(tokens)
+    results = []
+    for method in order:
+        same = [a == b for a, b in zip(outputs[method], outputs["hf-greedy"])]
+        row = {"method": method, "prompts": len(prompts), "new_tokens": stats[method]["new_tokens"],
+               "seconds": stats[method]["seconds"],
+               "tokens_per_s": stats[method]["new_tokens"] / stats[method]["seconds"],
+               "mean_accepted_per_step": stats[method]["new_tokens"] / max(stats[method]["steps"], 1),
+               "identical_to_greedy": sum(same) / len(same)}
+        row["divergences"] = [{"prompt": i, **divergence(decoder, prompts[i], outputs[method][i],
+                                                         outputs["hf-greedy"][i])}
+                              for i, ok in enumerate(same) if not ok]
+        results.append(row)
+    base = next(r for r in results if r["method"] == "hf-greedy")["tokens_per_s"]
+    for row in results:
+        row["speedup_vs_hf_greedy"] = row["tokens_per_s"] / base
+    return {"model": str(model), "prompts_source": prompts_source, "max_new_tokens": max_new_tokens,
+            "tree_size": decoder.tree.size if decoder.tree else None, "profile": decoder.profile,
+            "threads": torch.get_num_threads(), "results": results}
+
+
+def print_table(report: dict) -> None:
+    print(f"\n{'method':<10} {'prompts':>7} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'x greedy':>8} "
+          f"{'tok/step':>8} {'identical':>9}")
+    for r in report["results"]:
+        print(f"{r['method']:<10} {r['prompts']:>7} {r['new_tokens']:>7} {r['seconds']:>8.1f} {r['tokens_per_s']:>7.1f} "
+              f"{r['speedup_vs_hf_greedy']:>8.2f} {r['mean_accepted_per_step']:>8.2f} {r['identical_to_greedy']:>9.2f}")
+        for d in r["divergences"]:
+            kind = "near-tie" if d["near_tie"] else "NOT a near-tie"
+            print(f"    prompt {d['prompt']}: parts at token {d['index']}, top-2 gap {d['top2_gap']:.2e} ({kind})")
+
+
+def write_report(report: dict, path: Path) -> None:
+    path.write_text(json.dumps(report, indent=2))

@@ -1,0 +1,59 @@
+"""Hardware awareness (papers/000 section 5.6.3): measure forward latency L(n) per tree size on this
+machine, pick the size with the highest tau(n) / L(n), and remember it per machine and model."""
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from ppdkit.models.paths import cache_dir
+
+from .llama import LeanLlama
+
+
+def machine_key() -> str:
+    return f"{platform.node()}-{platform.machine()}-{os.cpu_count()}cpu-{torch.get_num_threads()}threads"
+
+
+def measure_latency(model: LeanLlama, size: int, context: int = 256, repeats: int = 5) -> float:
+    """Median seconds of one forward of `size` tree tokens over `context` cached tokens."""
+    cache = model.new_cache(context + size + 1)
+    cache.length = context  # the cache's contents do not change the cost
+    x = model.embed_ids(torch.randint(0, model.vocab_size, (size,)))
+    positions = torch.arange(context, context + size)
+    mask = torch.ones(size, context + size, dtype=torch.bool).tril(diagonal=context)
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            hidden = model.forward(x, positions, cache, mask)
+            model.logits(hidden)
+            times.append(time.perf_counter() - started)
+    times = sorted(times[1:])  # the first call warms caches and allocators
+    return times[len(times) // 2]
+
+
+def profile_trees(model: LeanLlama, taus: dict[int, float], fingerprint: str, refresh: bool = False,
+                  context: int = 256) -> dict:
+    """{"rows": [{size, tau, latency_ms, tokens_per_s}], "chosen": size}; cached per machine and model."""
+    path = cache_dir() / "profiles" / f"{fingerprint.split(':')[-1][:16]}-{machine_key()}.json"
+    key = sorted(taus)
+    if path.is_file() and not refresh:
+        saved = json.loads(path.read_text())
+        if saved.get("sizes") == key and saved.get("taus") == {str(s): taus[s] for s in key}:
+            return saved
+    rows = []
+    baseline = measure_latency(model, 1, context)
+    for size in key:
+        latency = measure_latency(model, size, context)
+        rows.append({"size": size, "tau": taus[size], "latency_ms": 1000 * latency,
+                     "tokens_per_s": taus[size] / latency, "speedup_vs_one_token": taus[size] * baseline / latency})
+    chosen = max(rows, key=lambda r: r["tokens_per_s"])["size"]
+    result = {"machine": machine_key(), "context": context, "one_token_ms": 1000 * baseline, "sizes": key,
+              "taus": {str(s): taus[s] for s in key}, "rows": rows, "chosen": chosen}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    return result
