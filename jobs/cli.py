@@ -48,7 +48,33 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     tracker.finish("FINISHED")
     _report(spec, output, results, tracker)
+    if getattr(args, "show_sample", False) and "evaluate" in results:
+        _show_sample(output, spec, results["evaluate"])
     return 0
+
+
+def _show_sample(output: Path, spec, evaluate: dict) -> None:
+    """Decode the first MT-Bench question with the trained component, streaming, and say how fast."""
+    from ppdkit.runtime.decoder import Decoder
+
+    from .bench import load_prompts
+
+    decoder = Decoder.from_pretrained(output / "calibrate" / "component")
+    question = load_prompts("mt-bench", 1)[0]
+    print(f"\nMT-Bench question 1: {question}\n")
+    printed: list[int] = []
+
+    def stream(tokens: list[int]) -> None:
+        before = decoder.tokenizer.decode(printed, skip_special_tokens=True)
+        printed.extend(tokens)
+        print(decoder.tokenizer.decode(printed, skip_special_tokens=True)[len(before):], end="", flush=True)
+
+    result = decoder.generate(question, spec.evaluate.max_new_tokens, "ppd", stream=stream)
+    print(f"\n\nppd: {len(result.tokens)} tokens in {result.seconds:.2f} s, {result.mean_accepted_per_step:.2f} "
+          f"tokens per step (tree size {result.tree_size}); on {spec.evaluate.limit} {spec.evaluate.prompts} prompts "
+          f"ppd ran at {evaluate.get('ppd_speedup', float('nan')):.2f}x and ar at "
+          f"{evaluate.get('ar_speedup', float('nan')):.2f}x the tokens/s of transformers' greedy generate, "
+          f"identical output on {100 * evaluate.get('ppd_identical_to_greedy', float('nan')):.0f}% of them")
 
 
 def _report(spec, output: Path, results: dict, tracker) -> None:
@@ -67,6 +93,18 @@ def _report(spec, output: Path, results: dict, tracker) -> None:
               f"{teacher['mass_kept_mean']:.3f} of the mass (p5 {teacher['mass_kept_p5']:.3f}), "
               f"{teacher['bytes_per_position']:.0f} bytes/position = "
               f"{100 * teacher['fraction_of_full_vocab']:.2f}% of full fp16 logits{speed}")
+    calibrate = results.get("calibrate")
+    if calibrate:
+        hits = [v for key, v in sorted(calibrate.items()) if key.startswith("p_top1_d")]
+        print("  calibrate: top-1 guess right " + ", ".join(f"{100 * v:.0f}%" for v in hits) + " at distances 1.."
+              f"{len(hits)}; expected tokens per step " + ", ".join(
+                  f"{v:.2f} (size {key.removeprefix('tau_size')})" for key, v in calibrate.items()
+                  if key.startswith("tau_size")))
+    evaluate = results.get("evaluate")
+    if evaluate:
+        print("  evaluate: " + ", ".join(f"{m} {evaluate[f'{m}_tokens_per_s']:.1f} tok/s "
+                                         f"({evaluate[f'{m}_speedup']:.2f}x)" for m in ("hf_greedy", "ar", "ppd")
+                                         if f"{m}_tokens_per_s" in evaluate))
     if tracker.run_id:
         print(f"  MLflow run {tracker.run_id} at {tracker.uri}")
         print(f"  list runs: MLFLOW_TRACKING_URI={tracker.uri} mlflow runs list --experiment-id "
@@ -76,6 +114,7 @@ def _report(spec, output: Path, results: dict, tracker) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     args.spec = str(demo_spec_path())
+    args.show_sample = True
     return cmd_run(args)
 
 

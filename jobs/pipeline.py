@@ -85,12 +85,30 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     return {**figures, "insertions": result["insertions"], "component": str(component)}
 
 
+def _run_evaluate(ctx: StageContext) -> dict[str, Any]:
+    from .bench import run_bench, write_report
+
+    cfg = ctx.spec.evaluate
+    report = run_bench(str(ctx.output / "calibrate" / "component"), cfg.prompts, cfg.limit, cfg.max_new_tokens,
+                       cfg.methods)
+    write_report(report, ctx.stage_dir / "bench.json")
+    ctx.tracker.log_artifact(ctx.stage_dir / "bench.json", "evaluate")
+    figures: dict[str, Any] = {"tree_size": report["tree_size"]}
+    for row in report["results"]:
+        name = row["method"].replace("-", "_")
+        figures.update({f"{name}_tokens_per_s": row["tokens_per_s"], f"{name}_speedup": row["speedup_vs_hf_greedy"],
+                        f"{name}_identical_to_greedy": row["identical_to_greedy"],
+                        f"{name}_accepted_per_step": row["mean_accepted_per_step"]})
+    return figures
+
+
 # Stages that exist in this version, in STAGE_ORDER; later stages plug in here.
 STAGES: dict[str, Stage] = {
     "data": Stage("data", ("base_model", "data"), _run_data),
     "teacher": Stage("teacher", ("teacher",), _run_teacher),
     "train": Stage("train", ("train",), _run_train),
     "calibrate": Stage("calibrate", ("calibrate",), _run_calibrate),
+    "evaluate": Stage("evaluate", ("evaluate",), _run_evaluate),
 }
 
 

@@ -21,6 +21,13 @@ class RayConfig(Section):
     object_store_mb: int = Field(512, ge=64, description="object store of the embedded Ray")
 
 
+class EvaluateConfig(Section):
+    prompts: str = Field("mt-bench", description="mt-bench | humaneval | FILE.jsonl")
+    limit: int = Field(5, ge=1)
+    max_new_tokens: int = Field(128, ge=1)
+    methods: list[str] = Field(["hf-greedy", "ar", "ppd"], description="of hf-greedy, hf-pld, ar, ppd")
+
+
 class JobSpec(Section):
     name: str = Field(description="the job's name: MLflow run name and default output folder")
     base_model: BaseModelConfig = BaseModelConfig()
@@ -28,6 +35,7 @@ class JobSpec(Section):
     teacher: TeacherConfig = TeacherConfig()
     train: TrainConfig = TrainConfig()
     calibrate: CalibrateConfig = CalibrateConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
     tracking: TrackingConfig = TrackingConfig()
     ray: RayConfig = RayConfig()
 
