@@ -23,6 +23,8 @@ def spec_file(tmp_path):
         "teacher": {"workers": 1, "top_k": 8, "rows_per_shard": 4},
         "train": {"num_workers": 1, "max_steps": 2, "micro_batch": 2, "groups_per_sequence": 4,
                   "eval_every": 1, "checkpoint_every": 1, "eval_sequences": 2},
+        "calibrate": {"sizes": [6, 12], "sequences": 4, "max_rank": 3},
+        "evaluate": {"prompts": "mt-bench", "limit": 2, "max_new_tokens": 8},
         "tracking": {"experiment": "tests"},
     }))
     return path
@@ -103,6 +105,13 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     assert {"component", "plots", "train"} <= artifacts
     component = json.loads((out / "train" / "component" / "component.json").read_text())
     assert component["method"] == "ept" and component["run"]["mlflow_run_id"] == run.info.run_id
+    trees = json.loads((out / "calibrate" / "component" / "trees.json").read_text())
+    assert set(trees["trees"]) == {"6", "12"} and len(trees["acceptance"]) == 3
+    bench = json.loads((out / "evaluate" / "bench.json").read_text())
+    assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "ppd"}
+    assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
+    for key in ("calibrate.tau_size6", "evaluate.ppd_speedup", "evaluate.ar_identical_to_greedy"):
+        assert key in run.data.metrics, key
     # More workers change how the stage runs, not what it wrote: the finished stage is kept.
     assert main(["run", str(spec_file), "--output", str(out), "teacher.workers=2", "--stages", "data,teacher"]) == 0
     assert json.loads((out / "teacher" / "summary.json").read_text())["compute_seconds"] == teacher["compute_seconds"]

@@ -115,3 +115,16 @@ def test_unknown_method_and_missing_trees_are_clear(tiny):
         decoder.generate([5, 6, 7], 4, "ppd")
     with pytest.raises(ValueError, match="unknown method"):
         decoder.generate([5, 6, 7], 4, "medusa")
+
+
+def test_runtime_imports_no_ray_deepspeed_or_mlflow(tmp_path, tiny_dir):
+    # (writing a model the first time goes through accelerate, which imports deepspeed: tiny_dir did that)
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; import ppdkit.runtime.decoder, ppdkit.runtime.profile; "
+            "from ppdkit.models.loading import load_base_model; load_base_model('tiny-llama'); "
+            "print(sorted(m for m in ('ray', 'deepspeed', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
