@@ -158,13 +158,15 @@ def train_loop_per_worker(config: dict) -> None:
             log.info("step %d/%d loss %.4f  %.0f supervised positions/s", step, total_steps, step_loss, rate)
             window_positions, window_start = 0, time.time()
         evaluated = None
-        if holdout and (step % cfg.eval_every == 0 or step == total_steps):
+        checkpointing = step % cfg.checkpoint_every == 0 or step == total_steps
+        # every checkpoint is evaluated too: the kept one is chosen by held-out accuracy
+        if holdout and (step % cfg.eval_every == 0 or checkpointing):
             if rank == 0:
                 evaluated = run_eval()
                 evals.append({"step": step, **evaluated})
                 tracker.log_metrics({f"eval.{key}": v for key, v in evaluated.items()}, step=step)
             barrier()
-        if step % cfg.checkpoint_every == 0 or step == total_steps:
+        if checkpointing:
             improved = rank == 0 and evaluated is not None and evaluated["acc_top1_mean"] > best["acc_top1_mean"]
             if improved:
                 best = {"acc_top1_mean": evaluated["acc_top1_mean"], "step": step}
