@@ -141,17 +141,17 @@ def cmd_bench_insertion(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve_model(model: str) -> str:
-    if model.startswith("models:/"):
-        raise ValueError(f"{model}: registry URIs need the MLflow registry (not in this version); pass the "
-                         "component directory, e.g. OUTPUT/calibrate/component")
-    return model
+def cmd_promote(args: argparse.Namespace) -> int:
+    from ppdkit.registry.models import client, promote
+
+    print(promote(client(args.tracking_uri), args.name, args.version, force=args.force))
+    return 0
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
 
-    decoder = Decoder.from_pretrained(_resolve_model(args.model), tree_size=args.tree_size)
+    decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size)
     printed: list[int] = []
 
     def stream(tokens: list[int]) -> None:  # print only the new text: decode the whole, print its tail
@@ -169,7 +169,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
 
-    decoder = Decoder.from_pretrained(_resolve_model(args.model), tree_size=None)
+    decoder = Decoder.from_pretrained(args.model, tree_size=None)
     if args.refresh:
         from ppdkit.runtime.profile import profile_trees
 
@@ -191,7 +191,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import print_table, run_bench, write_report
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    report = run_bench(_resolve_model(args.model), args.prompts, args.limit, args.max_new_tokens, methods,
+    report = run_bench(args.model, args.prompts, args.limit, args.max_new_tokens, methods,
                        args.tree_size)
     print_table(report)
     if args.out:
@@ -260,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dec.add_argument("--out", help="write the report as JSON here")
     bench_dec.set_defaults(func=cmd_bench)
 
+    prom = sub.add_parser("promote", help="move the champion alias to a registered version if it is at least as good")
+    prom.add_argument("name")
+    prom.add_argument("version")
+    prom.add_argument("--force", action="store_true", help="promote even if it is worse than the champion")
+    prom.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else the cache's sqlite store")
+    prom.set_defaults(func=cmd_promote)
+
     ui = sub.add_parser("ui", help="open the MLflow UI on the local tracking store (127.0.0.1)")
     ui.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else the cache's sqlite store")
     ui.add_argument("--host", default="127.0.0.1")
@@ -286,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (SpecError, PipelineError, ConnectionError, FileNotFoundError, ValueError) as e:
+    except (SpecError, PipelineError, ConnectionError, FileNotFoundError, ValueError) as e:  # RegistryError too
         print(f"ppdkit: error: {e}", file=sys.stderr)
         return 2
 

@@ -102,6 +102,29 @@ def _run_evaluate(ctx: StageContext) -> dict[str, Any]:
     return figures
 
 
+def _run_register(ctx: StageContext) -> dict[str, Any]:
+    if ctx.tracker.run_id is None:
+        log.warning("stage register: tracking is off (tracking.enabled=false), so there is no run to register")
+        return {"registered": 0, "reason": "tracking disabled"}
+    from ppdkit.registry.models import register_component
+
+    train, calibrate, evaluate = (read_summary(ctx.output / s) for s in ("train", "calibrate", "evaluate"))
+    size = evaluate["tree_size"]
+    tags = {"method": ctx.spec.train.method, "base_model": ctx.spec.base_model.name,
+            "fingerprint": calibrate_fingerprint(ctx), "tree_size": size,
+            "tau": calibrate.get(f"tau_size{size}", max(v for k, v in calibrate.items() if k.startswith("tau_size"))),
+            "speedup_vs_hf_greedy": evaluate.get("ppd_speedup"), "ar_speedup": evaluate.get("ar_speedup"),
+            "identical_to_greedy": evaluate.get("ppd_identical_to_greedy"),
+            **{k.removeprefix("best_"): v for k, v in train.items() if k.startswith("best_acc_top1_d")}}
+    name = ctx.spec.tracking.registered_model or f"ppdkit-{Path(ctx.spec.base_model.name).name}"
+    version = register_component(ctx.tracker.client, name, ctx.tracker.run_id, tags)
+    return {"registered": 1, "name": name, "version": int(version), "uri": f"models:/{name}/{version}"}
+
+
+def calibrate_fingerprint(ctx: StageContext) -> str:
+    return json.loads((ctx.output / "calibrate" / "component" / "component.json").read_text())["base_model"]["fingerprint"]
+
+
 # Stages that exist in this version, in STAGE_ORDER; later stages plug in here.
 STAGES: dict[str, Stage] = {
     "data": Stage("data", ("base_model", "data"), _run_data),
@@ -109,6 +132,7 @@ STAGES: dict[str, Stage] = {
     "train": Stage("train", ("train",), _run_train),
     "calibrate": Stage("calibrate", ("calibrate",), _run_calibrate),
     "evaluate": Stage("evaluate", ("evaluate",), _run_evaluate),
+    "register": Stage("register", ("tracking",), _run_register),
 }
 
 

@@ -7,3 +7,5 @@ class TrackingConfig(Section):
     enabled: bool = True
     uri: str | None = Field(None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite in the cache")
     experiment: str = "ppdkit"
+    registered_model: str | None = Field(None, description="registered model the component becomes a version of "
+                                                            "(default: ppdkit-<base model name>)")

@@ -58,7 +58,11 @@ class Decoder:
     @classmethod
     def from_pretrained(cls, source: str | Path, dtype: str = "float32", tree_size: int | None = None,
                         max_length: int = 2048) -> "Decoder":
-        """A component directory (or, later, a registry URI): base model, prompt tokens and trees."""
+        """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens, trees."""
+        if str(source).startswith("models:/"):
+            from ppdkit.registry.models import resolve  # the registry (MLflow) only for registry URIs
+
+            source = resolve(str(source))
         directory = Path(source)
         component = read_component(directory)
         base = load_base_model(component.base_model["name"], quantization="none", dtype=dtype)

@@ -112,6 +112,18 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
     for key in ("calibrate.tau_size6", "evaluate.ppd_speedup", "evaluate.ar_identical_to_greedy"):
         assert key in run.data.metrics, key
+    # registered, promoted, and loadable by alias
+    registered = json.loads((out / "register" / "summary.json").read_text())
+    assert registered["name"] == "ppdkit-tiny-llama" and registered["version"] == 1
+    client = MlflowClient(tracking_uri)
+    version = client.get_model_version_by_alias("ppdkit-tiny-llama", "challenger")
+    assert str(version.version) == "1" and version.tags["method"] == "ept" and float(version.tags["tau"]) >= 1.0
+    assert main(["promote", "ppdkit-tiny-llama", "1"]) == 0
+    assert str(client.get_model_version_by_alias("ppdkit-tiny-llama", "champion").version) == "1"
+    from ppdkit.runtime.decoder import Decoder
+
+    decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@champion")
+    assert decoder.generate([5, 6, 7, 8], 6, "ppd").tokens == decoder.generate([5, 6, 7, 8], 6, "ar").tokens
     # More workers change how the stage runs, not what it wrote: the finished stage is kept.
     assert main(["run", str(spec_file), "--output", str(out), "teacher.workers=2", "--stages", "data,teacher"]) == 0
     assert json.loads((out / "teacher" / "summary.json").read_text())["compute_seconds"] == teacher["compute_seconds"]
