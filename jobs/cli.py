@@ -199,6 +199,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    from . import submit as ray_jobs
+    from .spec import load_spec
+
+    spec = load_spec(args.spec, args.overrides)  # a bad spec fails here, not on the cluster
+    env = {k: os.environ[k] for k in ("MLFLOW_TRACKING_URI", "PPDKIT_CACHE", "RAY_AUTH_MODE") if k in os.environ}
+    job_id = ray_jobs.submit(spec, args.address, args.output, args.python, env)
+    print(job_id)
+    if args.wait:
+        print(ray_jobs.wait(args.address, job_id), file=sys.stderr)
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from . import submit as ray_jobs
+
+    if args.action == "list":
+        for row in ray_jobs.list_jobs(args.address):
+            print(f"{row['id']:<28} {row['status']:<10} {row['name']:<16} {row['entrypoint']}")
+        return 0
+    if not args.job_id:
+        raise ValueError(f"`ppdkit jobs {args.action}` needs a job id (see `ppdkit jobs list`)")
+    if args.action == "status":
+        print(ray_jobs.status(args.address, args.job_id))
+    elif args.action == "logs":
+        ray_jobs.logs(args.address, args.job_id, args.follow)
+    elif args.action == "stop":
+        print("stopped" if ray_jobs.stop(args.address, args.job_id) else "already finished")
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from ppdkit.registry.tracking import default_tracking_uri
 
@@ -267,6 +298,22 @@ def build_parser() -> argparse.ArgumentParser:
     prom.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else the cache's sqlite store")
     prom.set_defaults(func=cmd_promote)
 
+    sub_job = sub.add_parser("submit", help="submit a job spec's whole pipeline to a Ray cluster as a Ray job")
+    sub_job.add_argument("spec")
+    sub_job.add_argument("overrides", nargs="*", metavar="key=value")
+    sub_job.add_argument("--address", required=True, help="the cluster's job API, e.g. http://127.0.0.1:8265")
+    sub_job.add_argument("--output", help="output directory on the cluster (default: its cache's runs/<name>)")
+    sub_job.add_argument("--python", help="interpreter on the cluster (default: this one for a local head, else python)")
+    sub_job.add_argument("--wait", action="store_true", help="wait for the job to end; fail with its last log lines")
+    sub_job.set_defaults(func=cmd_submit)
+
+    jobs_cmd = sub.add_parser("jobs", help="Ray jobs on a cluster: list | status ID | logs ID [--follow] | stop ID")
+    jobs_cmd.add_argument("action", choices=["list", "status", "logs", "stop"])
+    jobs_cmd.add_argument("job_id", nargs="?")
+    jobs_cmd.add_argument("--address", default=os.environ.get("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:8265"))
+    jobs_cmd.add_argument("--follow", action="store_true")
+    jobs_cmd.set_defaults(func=cmd_jobs)
+
     ui = sub.add_parser("ui", help="open the MLflow UI on the local tracking store (127.0.0.1)")
     ui.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else the cache's sqlite store")
     ui.add_argument("--host", default="127.0.0.1")
@@ -290,10 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from .pipeline import PipelineError
     from .spec import SpecError
+    from .submit import JobFailed
 
     try:
         return args.func(args)
-    except (SpecError, PipelineError, ConnectionError, FileNotFoundError, ValueError) as e:  # RegistryError too
+    except (SpecError, PipelineError, ConnectionError, FileNotFoundError, ValueError, JobFailed,
+            TimeoutError) as e:  # RegistryError is a ValueError
         print(f"ppdkit: error: {e}", file=sys.stderr)
         return 2
 

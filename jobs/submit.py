@@ -1,0 +1,117 @@
+"""`ppdkit submit` and `ppdkit jobs ...`: the whole pipeline as a Ray job on a running cluster.
+
+The job carries the project in its runtime_env (the `ppdkit` package as a py_module, the resolved
+spec in its working_dir); the cluster provides the dependencies (its image or environment).
+"""
+
+import asyncio
+import importlib
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from urllib.parse import urlparse
+
+import yaml
+
+from .spec import JobSpec
+
+PACKAGE_FOLDERS = ("models", "data_pipeline", "trainer", "runtime", "registry", "jobs")
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def client(address: str):
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(address)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise ConnectionError(f"no Ray job API at {address} ({e.__class__.__name__}: {e}). Start a head "
+                              "(infra/ray/start-local-head.sh) or pass the dashboard address, e.g. "
+                              "http://HEAD:8265") from None
+
+
+def _stage_package(into: Path) -> Path:
+    """A `ppdkit` folder with the six packages, whatever the install layout (editable or wheel)."""
+    pkg = into / "ppdkit"
+    for folder in PACKAGE_FOLDERS:
+        src = Path(importlib.import_module(f"ppdkit.{folder}").__file__).parent
+        shutil.copytree(src, pkg / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return pkg
+
+
+def _is_loopback(address: str) -> bool:
+    host = urlparse(address if "://" in address else f"http://{address}").hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def submit(spec: JobSpec, address: str, output: str | None, python: str | None, env: dict[str, str]) -> str:
+    jobs = client(address)
+    staging = Path(tempfile.mkdtemp(prefix="ppdkit-submit-"))
+    try:
+        package = _stage_package(staging / "package")
+        workdir = staging / "work"
+        workdir.mkdir()
+        (workdir / "job.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        # A head on this machine runs the entrypoint with its own PATH: name this interpreter.
+        interpreter = python or (sys.executable if _is_loopback(address) else "python")
+        entry = [interpreter, "-m", "ppdkit.jobs.cli", "run", "job.yaml"]
+        if output:
+            entry += ["--output", output]
+        return jobs.submit_job(
+            entrypoint=" ".join(entry),
+            runtime_env={"py_modules": [str(package)], "working_dir": str(workdir), "env_vars": env},
+            metadata={"ppdkit_job": spec.name},
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def status(address: str, job_id: str) -> str:
+    return str(client(address).get_job_status(job_id))
+
+
+def logs(address: str, job_id: str, follow: bool) -> None:
+    jobs = client(address)
+    if not follow:
+        print(jobs.get_job_logs(job_id), end="")
+        return
+
+    async def tail() -> None:
+        async for lines in jobs.tail_job_logs(job_id):
+            print(lines, end="", flush=True)
+
+    asyncio.run(tail())
+
+
+def wait(address: str, job_id: str, poll: float = 2.0, timeout: float | None = None) -> str:
+    """Block until the job ends; raise with its last log lines if it did not succeed."""
+    import time
+
+    jobs, started = client(address), time.time()
+    while True:
+        state = str(jobs.get_job_status(job_id))
+        if state in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        if timeout is not None and time.time() - started > timeout:
+            raise TimeoutError(f"job {job_id} still {state} after {timeout:.0f} s")
+        time.sleep(poll)
+    if state != "SUCCEEDED":
+        tail = "\n".join(jobs.get_job_logs(job_id).splitlines()[-25:])
+        raise JobFailed(f"job {job_id} {state}; its last log lines:\n{tail}")
+    return state
+
+
+def list_jobs(address: str) -> list[dict]:
+    rows = []
+    for job in client(address).list_jobs():
+        rows.append({"id": job.submission_id, "status": str(job.status), "name": (job.metadata or {}).get("ppdkit_job", ""),
+                     "entrypoint": job.entrypoint})
+    return rows
+
+
+def stop(address: str, job_id: str) -> bool:
+    return client(address).stop_job(job_id)
