@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# A local Ray head on 127.0.0.1 (GCS on $RAY_GCS_PORT or 6390, job API on $RAY_DASHBOARD_PORT or 8265).
+# A local Ray head on 127.0.0.1 (GCS on $RAY_GCS_PORT or 6390, job API on $RAY_DASHBOARD_PORT or 8265),
+# for `ppdkit submit`. It runs in the background; stop-local-head.sh stops this head and nothing else.
 # Usage: infra/ray/start-local-head.sh [NUM_CPUS]      then: ppdkit submit job.yaml --address http://127.0.0.1:8265
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 ray="${RAY:-$here/.venv/bin/ray}"
-export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0
+gcs="${RAY_GCS_PORT:-6390}" dash="${RAY_DASHBOARD_PORT:-8265}"
+state="${PPDKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ppdkit}/ray-head-$dash"
+mkdir -p "$state"
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0  # bind to 127.0.0.1 only
 # Ray turns token auth on once ~/.ray/auth_token exists; server and clients must agree (see README).
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
-gcs="${RAY_GCS_PORT:-6390}" dash="${RAY_DASHBOARD_PORT:-8265}"
-"$ray" start --head --port "$gcs" --node-ip-address 127.0.0.1 --dashboard-host 127.0.0.1 --dashboard-port "$dash" \
-    --num-cpus "${1:-$(nproc)}" --disable-usage-stats
-echo "Ray head up: dashboard and job API at http://127.0.0.1:$dash"
+# --block keeps `ray start` as the parent of this head's processes: stopping it stops exactly them.
+nohup "$ray" start --head --block --port "$gcs" --node-ip-address 127.0.0.1 --dashboard-host 127.0.0.1 \
+    --dashboard-port "$dash" --num-cpus "${1:-$(nproc)}" --disable-usage-stats > "$state/head.log" 2>&1 &
+echo $! > "$state/head.pid"
+for _ in $(seq 90); do
+    if curl -sf "http://127.0.0.1:$dash/api/version" > /dev/null; then
+        echo "Ray head up: job API at http://127.0.0.1:$dash (log: $state/head.log)"
+        exit 0
+    fi
+    kill -0 "$(cat "$state/head.pid")" 2>/dev/null || break
+    sleep 1
+done
+echo "the Ray head did not come up; see $state/head.log" >&2
+exit 1

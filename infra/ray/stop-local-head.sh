@@ -1,4 +1,12 @@
 #!/usr/bin/env bash
+# Stop the head started by start-local-head.sh (same RAY_DASHBOARD_PORT), and only it.
 set -euo pipefail
-here="$(cd "$(dirname "$0")/../.." && pwd)"
-"${RAY:-$here/.venv/bin/ray}" stop --force
+dash="${RAY_DASHBOARD_PORT:-8265}"
+state="${PPDKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ppdkit}/ray-head-$dash"
+[ -f "$state/head.pid" ] || { echo "no head recorded in $state"; exit 0; }
+pid="$(cat "$state/head.pid")"
+kill -TERM "$pid" 2>/dev/null || true
+for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+kill -KILL "$pid" 2>/dev/null || true
+rm -f "$state/head.pid"
+echo "Ray head on port $dash stopped"
