@@ -52,8 +52,11 @@ def test_demo_job_runs_and_its_mlflow_run_is_listed(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     out = tmp_path / "demo"
+    # the demo on a smaller budget: every stage runs for real on SmolLM2, just on fewer items
     run = subprocess.run([str(ppdkit), "demo", "--output", str(out), "data.limit=8", "data.check_sequences=1",
-                          "train.max_steps=2", "train.eval_sequences=2"],
+                          "train.max_steps=2", "train.micro_batch=1", "train.eval_sequences=2",
+                          "calibrate.sequences=2", "calibrate.sizes=[8,16]", "evaluate.limit=1",
+                          "evaluate.max_new_tokens=16"],
                          env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((out / "data" / "summary.json").read_text())
@@ -63,6 +66,10 @@ def test_demo_job_runs_and_its_mlflow_run_is_listed(tmp_path):
     assert manifest["figures"]["bytes_per_position"] <= 0.01 * manifest["figures"]["full_vocab_fp16_bytes_per_position"]
     component = json.loads((out / "train" / "component" / "component.json").read_text())
     assert component["method"] == "ept" and component["base_model"]["name"] == "smollm2-135m"
+    bench = json.loads((out / "evaluate" / "bench.json").read_text())
+    for row in bench["results"]:  # identical, or parted only at a floating-point near-tie
+        assert row["identical_to_greedy"] == 1.0 or all(d["near_tie"] for d in row["divergences"]), row
+    assert "MT-Bench question 1" in run.stdout and "transformers' greedy generate" in run.stdout
     saved = json.loads((out / "run.json").read_text())
     listed = subprocess.run([str(Path(sys.executable).with_name("mlflow")), "runs", "list",
                              "--experiment-id", saved["experiment_id"]], env=env, capture_output=True, text=True,
