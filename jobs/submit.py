@@ -9,6 +9,7 @@ import importlib
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -61,11 +62,17 @@ def submit(spec: JobSpec, address: str, output: str | None, python: str | None, 
         entry = [interpreter, "-m", "ppdkit.jobs.cli", "run", "job.yaml"]
         if output:
             entry += ["--output", output]
-        return jobs.submit_job(
-            entrypoint=" ".join(entry),
-            runtime_env={"py_modules": [str(package)], "working_dir": str(workdir), "env_vars": env},
-            metadata={"ppdkit_job": spec.name},
-        )
+        for attempt in range(60):
+            try:
+                return jobs.submit_job(
+                    entrypoint=" ".join(entry),
+                    runtime_env={"py_modules": [str(package)], "working_dir": str(workdir), "env_vars": env},
+                    metadata={"ppdkit_job": spec.name},
+                )
+            except RuntimeError as e:  # a head that just started answers before its job agent is up
+                if "No available agent" not in str(e) or attempt == 59:
+                    raise
+                time.sleep(2)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -89,8 +96,6 @@ def logs(address: str, job_id: str, follow: bool) -> None:
 
 def wait(address: str, job_id: str, poll: float = 2.0, timeout: float | None = None) -> str:
     """Block until the job ends; raise with its last log lines if it did not succeed."""
-    import time
-
     jobs, started = client(address), time.time()
     while True:
         state = str(jobs.get_job_status(job_id))

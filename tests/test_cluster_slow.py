@@ -28,7 +28,10 @@ def _ppdkit(*args, env, timeout=900) -> subprocess.CompletedProcess:
 def test_submit_follow_register_promote_decode(tmp_path):
     bin_dir = str(Path(sys.executable).parent)
     mlflow_port, gcs_port, dash_port = _free_port(), _free_port(), _free_port()
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PPDKIT_CACHE": str(tmp_path / "cache"),
+    # the session's own local Ray holds the agent's default ports: give this head free ones
+    agent_ports = {name: str(_free_port()) for name in ("RAY_AGENT_PORT", "RAY_AGENT_GRPC_PORT",
+                                                         "RAY_RUNTIME_ENV_AGENT_PORT", "RAY_METRICS_PORT")}
+    env = {**os.environ, **agent_ports, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PPDKIT_CACHE": str(tmp_path / "cache"),
            "RAY_GCS_PORT": str(gcs_port), "RAY_DASHBOARD_PORT": str(dash_port),
            "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)

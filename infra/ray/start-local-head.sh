@@ -11,9 +11,18 @@ mkdir -p "$state"
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0  # bind to 127.0.0.1 only
 # Ray turns token auth on once ~/.ray/auth_token exists; server and clients must agree (see README).
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+# Another Ray on this machine (an embedded one included) holds the agent's default ports (52365 ...);
+# the job API needs its agent, so these can be moved: RAY_AGENT_PORT, RAY_AGENT_GRPC_PORT,
+# RAY_RUNTIME_ENV_AGENT_PORT, RAY_METRICS_PORT.
+ports=()
+[ -n "${RAY_AGENT_PORT:-}" ] && ports+=(--dashboard-agent-listen-port "$RAY_AGENT_PORT")
+[ -n "${RAY_AGENT_GRPC_PORT:-}" ] && ports+=(--dashboard-agent-grpc-port "$RAY_AGENT_GRPC_PORT")
+[ -n "${RAY_RUNTIME_ENV_AGENT_PORT:-}" ] && ports+=(--runtime-env-agent-port "$RAY_RUNTIME_ENV_AGENT_PORT")
+[ -n "${RAY_METRICS_PORT:-}" ] && ports+=(--metrics-export-port "$RAY_METRICS_PORT")
 # --block keeps `ray start` as the parent of this head's processes: stopping it stops exactly them.
 nohup "$ray" start --head --block --port "$gcs" --node-ip-address 127.0.0.1 --dashboard-host 127.0.0.1 \
-    --dashboard-port "$dash" --num-cpus "${1:-$(nproc)}" --disable-usage-stats > "$state/head.log" 2>&1 &
+    --dashboard-port "$dash" --num-cpus "${1:-$(nproc)}" --disable-usage-stats "${ports[@]}" \
+    > "$state/head.log" 2>&1 &
 echo $! > "$state/head.pid"
 for _ in $(seq 90); do
     if curl -sf "http://127.0.0.1:$dash/api/version" > /dev/null; then
