@@ -96,10 +96,9 @@ def _report(spec, output: Path, results: dict, tracker) -> None:
     calibrate = results.get("calibrate")
     if calibrate:
         hits = [v for key, v in sorted(calibrate.items()) if key.startswith("p_top1_d")]
+        taus = sorted((int(key.removeprefix("tau_size")), v) for key, v in calibrate.items() if key.startswith("tau_size"))
         print("  calibrate: top-1 guess right " + ", ".join(f"{100 * v:.0f}%" for v in hits) + " at distances 1.."
-              f"{len(hits)}; expected tokens per step " + ", ".join(
-                  f"{v:.2f} (size {key.removeprefix('tau_size')})" for key, v in calibrate.items()
-                  if key.startswith("tau_size")))
+              f"{len(hits)}; expected tokens per step " + ", ".join(f"{v:.2f} (size {size})" for size, v in taus))
     evaluate = results.get("evaluate")
     if evaluate:
         print("  evaluate: " + ", ".join(f"{m} {evaluate[f'{m}_tokens_per_s']:.1f} tok/s "
