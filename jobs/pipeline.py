@@ -79,6 +79,14 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     shutil.copytree(ctx.output / "train" / "component", component)
     (component / "trees.json").write_text(json.dumps(result, indent=2))
     ctx.tracker.log_artifact(component / "trees.json", "component")
+    from ppdkit.runtime.tree import DynamicTree
+    from ppdkit.trainer.tree_plot import plot_tree
+
+    pictures = ctx.stage_dir / "trees"
+    pictures.mkdir(exist_ok=True)
+    for size, tree in result["trees"].items():
+        plot_tree(DynamicTree.from_json(tree), pictures / f"tree_size{size}.png", f"tree of {size} input tokens")
+    ctx.tracker.log_artifact(pictures, "trees")
     k = len(result["acceptance"])
     figures = {f"p_top1_d{d + 1}": result["acceptance"][d][0] for d in range(k)}
     figures.update({f"tau_size{size}": tree["tau"] for size, tree in result["trees"].items()})

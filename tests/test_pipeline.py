@@ -102,7 +102,7 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
                 "train.best_acc_top1_mean"):
         assert key in run.data.metrics, key
     artifacts = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run.info.run_id)}
-    assert {"component", "plots", "train"} <= artifacts
+    assert {"component", "plots", "train", "trees"} <= artifacts
     component = json.loads((out / "train" / "component" / "component.json").read_text())
     assert component["method"] == "ept" and component["run"]["mlflow_run_id"] == run.info.run_id
     trees = json.loads((out / "calibrate" / "component" / "trees.json").read_text())
