@@ -39,7 +39,8 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
                 "ray.address to run on an embedded local Ray"
             ) from None
     else:
-        ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+        # address="local": a new instance, even when `ray start` left a cluster (or its stale address) here
+        ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                  object_store_memory=cfg.object_store_mb * 2**20, log_to_driver=True)
         log.info("Ray: embedded local instance with %s CPUs", ray.cluster_resources().get("CPU"))
     try:

@@ -9,4 +9,7 @@ kill -TERM "$pid" 2>/dev/null || true
 for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
 kill -KILL "$pid" 2>/dev/null || true
 rm -f "$state/head.pid"
+# `ray start` records the head for later `ray.init()` calls; forget it if it is this head
+current="${TMPDIR:-/tmp}/ray/ray_current_cluster"
+if [ -f "$current" ] && grep -q ":${RAY_GCS_PORT:-6390}\$" "$current"; then rm -f "$current"; fi
 echo "Ray head on port $dash stopped"
