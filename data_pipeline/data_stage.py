@@ -79,9 +79,8 @@ def score_with_base_model(base: BaseModelConfig, rows: list[TokenizedConversatio
             "check_nll": nll_sum / max(count, 1), "check_top1": correct / max(count, 1)}
 
 
-def _tokenize_on_ray(tokenizer, conversations: list[Conversation], cfg: DataConfig, what: str):
+def _tokenize_on_ray(tok_ref, conversations: list[Conversation], cfg: DataConfig, what: str):
     shards = [conversations[i::cfg.shards] for i in range(cfg.shards)]
-    tok_ref = ray.put(tokenizer)
     pending = [_tokenize_shard_task.remote(tok_ref, shard, cfg.max_length) for shard in shards if shard]
     by_id: dict[str, TokenizedConversation] = {}
     report = ReadReport(source=f"templating ({what})")
@@ -120,8 +119,9 @@ def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dic
         if seen[conv.id] > 1:
             conversations[i] = Conversation(f"{conv.id}#{seen[conv.id]}", conv.messages)
     train_convs, holdout_convs = split_holdout(conversations, cfg.holdout, cfg.seed)
-    train, train_report = _tokenize_on_ray(tokenizer, train_convs, cfg, "train")
-    holdout, holdout_report = _tokenize_on_ray(tokenizer, holdout_convs, cfg, "holdout")
+    tok_ref = ray.put(tokenizer)
+    train, train_report = _tokenize_on_ray(tok_ref, train_convs, cfg, "train")
+    holdout, holdout_report = _tokenize_on_ray(tok_ref, holdout_convs, cfg, "holdout")
     for report in (train_report, holdout_report):
         log.info(report.describe())
     if not train:

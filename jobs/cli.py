@@ -53,6 +53,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _text_streamer(tokenizer):
+    """A `generate(stream=...)` callback printing only the new text (tokens can merge into characters)."""
+    printed: list[int] = []
+
+    def stream(tokens: list[int]) -> None:
+        before = tokenizer.decode(printed, skip_special_tokens=True)
+        printed.extend(tokens)
+        print(tokenizer.decode(printed, skip_special_tokens=True)[len(before):], end="", flush=True)
+
+    return stream
+
+
 def _show_sample(output: Path, spec, evaluate: dict) -> None:
     """Decode the first MT-Bench question with the trained component, streaming, and say how fast."""
     from ppdkit.runtime.decoder import Decoder
@@ -62,14 +74,7 @@ def _show_sample(output: Path, spec, evaluate: dict) -> None:
     decoder = Decoder.from_pretrained(output / "calibrate" / "component")
     question = load_prompts("mt-bench", 1)[0]
     print(f"\nMT-Bench question 1: {question}\n")
-    printed: list[int] = []
-
-    def stream(tokens: list[int]) -> None:
-        before = decoder.tokenizer.decode(printed, skip_special_tokens=True)
-        printed.extend(tokens)
-        print(decoder.tokenizer.decode(printed, skip_special_tokens=True)[len(before):], end="", flush=True)
-
-    result = decoder.generate(question, spec.evaluate.max_new_tokens, "ppd", stream=stream)
+    result = decoder.generate(question, spec.evaluate.max_new_tokens, "ppd", stream=_text_streamer(decoder.tokenizer))
     print(f"\n\nppd: {len(result.tokens)} tokens in {result.seconds:.2f} s, {result.mean_accepted_per_step:.2f} "
           f"tokens per step (tree size {result.tree_size}); on {spec.evaluate.limit} {spec.evaluate.prompts} prompts "
           f"ppd ran at {evaluate.get('ppd_speedup', float('nan')):.2f}x and ar at "
@@ -151,14 +156,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size)
-    printed: list[int] = []
-
-    def stream(tokens: list[int]) -> None:  # print only the new text: decode the whole, print its tail
-        before = decoder.tokenizer.decode(printed, skip_special_tokens=True)
-        printed.extend(tokens)
-        print(decoder.tokenizer.decode(printed, skip_special_tokens=True)[len(before):], end="", flush=True)
-
-    result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=stream)
+    result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=_text_streamer(decoder.tokenizer))
     print(f"\n\n[{args.method}] {len(result.tokens)} tokens in {result.seconds:.2f} s "
           f"({len(result.tokens) / result.seconds:.1f} tok/s), {result.steps} steps, "
           f"{result.mean_accepted_per_step:.2f} tokens per step, tree size {result.tree_size}", file=sys.stderr)

@@ -19,16 +19,14 @@ from ppdkit.models.prompt_tokens import PromptTokens, init_from_token_embeddings
 
 from .batch import collate
 from .config import TrainConfig
-from .losses import decay_mean, kl_to_compressed_teacher
+from .losses import prompt_token_loss
 from .student import student_logprobs
 
 
 def _train_step(base_model, prompt: PromptTokens, batch, cfg: TrainConfig) -> None:
     emb, weights = prompt()
-    logp = student_logprobs(base_model, emb, weights, cfg.num_prompt_tokens, cfg.num_epts, batch).flatten(0, 1)
-    per = kl_to_compressed_teacher(logp, batch.teacher_ids.flatten(0, 1), batch.teacher_logp.flatten(0, 1),
-                                   batch.teacher_rest.flatten(0, 1))
-    decay_mean(per, batch.target_valid.flatten(0, 1), cfg.alpha).backward()
+    logp = student_logprobs(base_model, emb, weights, cfg.num_prompt_tokens, cfg.num_epts, batch)
+    prompt_token_loss(logp, batch, cfg.loss, cfg.alpha).backward()
     prompt.zero_grad(set_to_none=True)
 
 

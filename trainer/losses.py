@@ -40,3 +40,14 @@ def topk_hits(student_logp: torch.Tensor, target: torch.Tensor, ks: tuple[int, .
     ranked = student_logp.topk(max(ks), dim=-1).indices  # [N, k_dist, max(ks)]
     hit = ranked == target[..., None]
     return {k: hit[..., :k].any(-1) for k in ks}
+
+
+def prompt_token_loss(logp: torch.Tensor, batch, loss: str, alpha: float) -> torch.Tensor:
+    """The training objective of a batch: logp [B, G, k, V] -> scalar (kd: decayed KL; ce: decayed hard labels)."""
+    logp = logp.flatten(0, 1)  # [N, k, V]
+    if loss == "kd":
+        per = kl_to_compressed_teacher(logp, batch.teacher_ids.flatten(0, 1), batch.teacher_logp.flatten(0, 1),
+                                       batch.teacher_rest.flatten(0, 1))
+    else:
+        per = hard_label_ce(logp, batch.next_tokens.flatten(0, 1))
+    return decay_mean(per, batch.target_valid.flatten(0, 1), alpha)

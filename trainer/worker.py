@@ -81,7 +81,7 @@ def train_loop_per_worker(config: dict) -> None:
     from .config import TrainConfig
     from .evaluate import evaluate
     from .export import export_component
-    from .losses import decay_mean, hard_label_ce, kl_to_compressed_teacher
+    from .losses import prompt_token_loss
     from .student import student_logprobs
 
     cfg = TrainConfig(**config["train"])
@@ -131,14 +131,7 @@ def train_loop_per_worker(config: dict) -> None:
             rng = random.Random(f"insert-{cfg.seed}-{epoch}-{in_epoch}-{micro}-{rank}")  # redrawn every epoch
             batch = collate([train_seqs[r] for r in rows], k, n, cfg.groups_per_sequence, cfg.mask, rng)
             emb, weights = engine()
-            logp = student_logprobs(base.model, emb, weights, k, n, batch).flatten(0, 1)  # [N, k, V]
-            valid = batch.target_valid.flatten(0, 1)  # [N, k]
-            if cfg.loss == "kd":
-                per = kl_to_compressed_teacher(logp, batch.teacher_ids.flatten(0, 1), batch.teacher_logp.flatten(0, 1),
-                                               batch.teacher_rest.flatten(0, 1))
-            else:
-                per = hard_label_ce(logp, batch.next_tokens.flatten(0, 1))
-            loss = decay_mean(per, valid, cfg.alpha)
+            loss = prompt_token_loss(student_logprobs(base.model, emb, weights, k, n, batch), batch, cfg.loss, cfg.alpha)
             engine.backward(loss)
             engine.step()
             step_loss += loss.item() / cfg.grad_accum
