@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
+from ppdkit.models.paths import write_json_atomic
 
 from .config import DataConfig, TeacherConfig
 from .conversations import Conversation, MalformedRow, ReadReport
@@ -140,23 +141,15 @@ class TeacherWorker:
         return out
 
 
-def plan_shards(data_dir: Path, rows_per_shard: int) -> list[dict]:
+def plan_shards(split_sizes: dict[str, int], rows_per_shard: int) -> list[dict]:
     """Every shard of every split: which rows it covers. The plan depends only on the data."""
     plan = []
     for split in SPLITS:
-        if not (data_dir / split).exists():
-            continue
-        n = len(load_from_disk(str(data_dir / split)))
+        n = split_sizes.get(split, 0)
         for index, start in enumerate(range(0, n, rows_per_shard)):
             plan.append({"shard_id": f"{split}-{index:05d}", "split": split, "index": index,
                          "row_range": [start, min(start + rows_per_shard, n)]})
     return plan
-
-
-def _write_manifest(path: Path, manifest: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_info: dict) -> dict:
@@ -205,7 +198,7 @@ def _compute(workers: list, jobs: list[dict], manifest: dict, manifest_path: Pat
             worker = in_flight.pop(ready[0])
             record = ray.get(ready[0])
             manifest["shards"][f"{record['split']}-{record['index']:05d}"] = record
-            _write_manifest(manifest_path, manifest)
+            write_json_atomic(manifest_path, manifest)
             positions += record["positions"]
             bar.update(record["positions"])
             bar.set_postfix(pos_per_s=f"{positions / max(time.time() - started, 1e-9):.0f}")
@@ -223,8 +216,8 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / "manifest.json"
-    plan = plan_shards(data_dir, cfg.rows_per_shard)
-    splits = {split: load_from_disk(str(data_dir / split)) for split in {p["split"] for p in plan}}
+    splits = {split: load_from_disk(str(data_dir / split)) for split in SPLITS if (data_dir / split).exists()}
+    plan = plan_shards({split: len(rows) for split, rows in splits.items()}, cfg.rows_per_shard)
 
     def job(p: dict) -> dict:
         rows = splits[p["split"]].select(range(*p["row_range"]))
@@ -254,7 +247,7 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
 
     figures = cache_figures(out_dir, manifest)
     manifest.update(complete=True, figures=figures)
-    _write_manifest(manifest_path, manifest)
+    write_json_atomic(manifest_path, manifest)
     skipped: dict[str, int] = {}
     for rec in manifest["shards"].values():
         for reason, n in rec["skipped"].items():

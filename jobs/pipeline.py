@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from ppdkit.models.paths import write_json_atomic
 from ppdkit.registry.tracking import Tracker, numeric_leaves
 
 from .spec import JobSpec
@@ -186,12 +187,6 @@ def _changes(old: dict, new: dict, prefix: str = "") -> list[str]:
 def read_summary(stage_dir: Path) -> dict[str, Any] | None:
     path = stage_dir / "summary.json"
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-    tmp.replace(path)
 
 
 def _is_done(spec: JobSpec, stage: Stage, stage_dir: Path, force: bool) -> bool:

@@ -1,5 +1,6 @@
 """Where ppdkit keeps large rebuilt files (converted weights, data, caches, mlruns): never the repo."""
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -23,3 +24,10 @@ def atomic_dir_swap(tmp: Path, final: Path) -> Path:
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another process published a complete copy first
     return final
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write JSON to a temporary file, then rename: readers see the old file or the new one, never half."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
