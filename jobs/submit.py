@@ -10,14 +10,17 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from urllib.parse import urlparse
 
+import requests
 import yaml
 
 from .spec import JobSpec
 
 PACKAGE_FOLDERS = ("models", "data_pipeline", "trainer", "runtime", "registry", "jobs")
+SUBMIT_PATIENCE_S = 180  # how long a just-started head may take to accept jobs
 
 
 class JobFailed(RuntimeError):
@@ -62,19 +65,39 @@ def submit(spec: JobSpec, address: str, output: str | None, python: str | None, 
         entry = [interpreter, "-m", "ppdkit.jobs.cli", "run", "job.yaml"]
         if output:
             entry += ["--output", output]
-        for attempt in range(60):
+        # The id is chosen here so that a submission whose answer was lost can be retried safely.
+        submission_id = f"ppdkit-{spec.name}-{uuid.uuid4().hex[:10]}"
+        deadline = time.monotonic() + SUBMIT_PATIENCE_S
+        while True:
             try:
                 return jobs.submit_job(
-                    entrypoint=" ".join(entry),
+                    entrypoint=" ".join(entry), submission_id=submission_id,
                     runtime_env={"py_modules": [str(package)], "working_dir": str(workdir), "env_vars": env},
                     metadata={"ppdkit_job": spec.name},
                 )
-            except RuntimeError as e:  # a head that just started answers before its job agent is up
-                if "No available agent" not in str(e) or attempt == 59:
+            except (RuntimeError, requests.exceptions.ConnectionError) as e:
+                # A head that just started answers before its job agent is up ("No available agent"),
+                # or drops the connection while the agent starts.
+                transient = isinstance(e, requests.exceptions.ConnectionError) or "No available agent" in str(e)
+                if _already_submitted(jobs, submission_id):
+                    return submission_id
+                if not transient or time.monotonic() > deadline:
+                    if isinstance(e, requests.exceptions.ConnectionError):
+                        raise ConnectionError(f"the Ray job API at {address} kept dropping the submission "
+                                              f"for {SUBMIT_PATIENCE_S} s ({e}); check the head's dashboard "
+                                              "and agent logs (`ray status`, the head's log)") from None
                     raise
                 time.sleep(2)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _already_submitted(jobs, submission_id: str) -> bool:
+    try:
+        jobs.get_job_info(submission_id)
+        return True
+    except Exception:  # not found, or the head still unreachable
+        return False
 
 
 def status(address: str, job_id: str) -> str:

@@ -25,6 +25,11 @@ def _ppdkit(*args, env, timeout=900) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+def _head_log(env: dict) -> str:
+    log = Path(env["PPDKIT_CACHE"]) / f"ray-head-{env['RAY_DASHBOARD_PORT']}" / "head.log"
+    return "\n--- the head's log ---\n" + (log.read_text()[-3000:] if log.exists() else "(none)")
+
+
 def test_submit_follow_register_promote_decode(tmp_path):
     bin_dir = str(Path(sys.executable).parent)
     mlflow_port, gcs_port, dash_port = _free_port(), _free_port(), _free_port()
@@ -50,7 +55,7 @@ def test_submit_follow_register_promote_decode(tmp_path):
                      "tracking.registered_model=ppdkit-ci"]
         submitted = _ppdkit("submit", str(REPO / "jobs/configs/demo.yaml"), *overrides, "--address", address,
                             "--output", str(tmp_path / "run"), env=env)
-        assert submitted.returncode == 0, submitted.stderr[-3000:]
+        assert submitted.returncode == 0, submitted.stderr[-3000:] + _head_log(env)
         job_id = submitted.stdout.strip().splitlines()[-1]
         followed = _ppdkit("jobs", "logs", job_id, "--follow", "--address", address, env=env, timeout=1500)
         assert "stages data, teacher, train, calibrate, evaluate, register complete" in followed.stdout, \

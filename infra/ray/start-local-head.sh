@@ -24,8 +24,12 @@ nohup "$ray" start --head --block --port "$gcs" --node-ip-address 127.0.0.1 --da
     --dashboard-port "$dash" --num-cpus "${1:-$(nproc)}" --disable-usage-stats "${ports[@]}" \
     > "$state/head.log" 2>&1 &
 echo $! > "$state/head.pid"
-for _ in $(seq 90); do
-    if curl -sf "http://127.0.0.1:$dash/api/version" > /dev/null; then
+# The job API answers before its agent is up, and a job submitted then is refused or dropped:
+# wait for both the dashboard and the head node's agent.
+agent="${RAY_AGENT_PORT:-52365}"
+for _ in $(seq 180); do
+    if curl -sf "http://127.0.0.1:$dash/api/version" > /dev/null \
+        && curl -sf "http://127.0.0.1:$agent/api/healthz" > /dev/null; then
         echo "Ray head up: job API at http://127.0.0.1:$dash (log: $state/head.log)"
         exit 0
     fi
