@@ -156,7 +156,9 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size)
-    result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=_text_streamer(decoder.tokenizer))
+    result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=_text_streamer(decoder.tokenizer),
+                              temperature=args.temperature, acceptance=args.acceptance, epsilon=args.epsilon,
+                              delta=args.delta, seed=args.seed)
     print(f"\n\n[{args.method}] {len(result.tokens)} tokens in {result.seconds:.2f} s "
           f"({len(result.tokens) / result.seconds:.1f} tok/s), {result.steps} steps, "
           f"{result.mean_accepted_per_step:.2f} tokens per step, tree size {result.tree_size}", file=sys.stderr)
@@ -265,12 +267,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", help="write the report as JSON here")
     bench.set_defaults(func=cmd_bench_insertion)
 
-    decode = sub.add_parser("decode", help="decode a prompt with a component (greedy, lossless), streaming")
+    decode = sub.add_parser("decode", help="decode a prompt with a component (greedy or sampled, lossless), streaming")
     decode.add_argument("--model", required=True, help="component directory (e.g. OUTPUT/calibrate/component)")
     decode.add_argument("--prompt", required=True)
     decode.add_argument("--max-new-tokens", type=int, default=128)
     decode.add_argument("--method", default="ppd", choices=["ppd", "ar"])
     decode.add_argument("--tree-size", type=int, help="default: the size profiled as fastest on this machine")
+    decode.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
+    decode.add_argument("--acceptance", default="speculative", choices=["speculative", "typical"],
+                        help="sampled decoding: speculative keeps the model's distribution exactly; typical "
+                             "(--epsilon, --delta) accepts more guesses")
+    decode.add_argument("--epsilon", type=float, default=0.09)
+    decode.add_argument("--delta", type=float, default=0.3)
+    decode.add_argument("--seed", type=int, help="fixes the draws of sampled decoding")
     decode.set_defaults(func=cmd_decode)
 
     prof = sub.add_parser("profile", help="measure forward latency per tree size here; print tau/L and the choice")

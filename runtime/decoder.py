@@ -1,4 +1,4 @@
-"""The bundled decoder: `Decoder.from_pretrained(component)` then `generate(...)`, greedy and lossless."""
+"""The bundled decoder: `Decoder.from_pretrained(component)` then `generate(...)`, greedy or sampled, lossless."""
 
 import logging
 import time
@@ -11,6 +11,7 @@ import torch
 from ppdkit.models.artifact import read_component
 from ppdkit.models.loading import load_base_model
 
+from .acceptance import Sampling, pick
 from .llama import LeanLlama
 from .ppd import PromptTokenSet, ppd_step, prefill
 from .profile import profile_trees
@@ -88,8 +89,17 @@ class Decoder:
 
     @torch.inference_mode()
     def generate(self, prompt: str | list[int], max_new_tokens: int = 128, method: str = "ppd",
-                 stream: Callable[[list[int]], None] | None = None) -> GenerateResult:
-        """Greedy decoding of `prompt` (text is wrapped in the chat template; ids are used as they are)."""
+                 stream: Callable[[list[int]], None] | None = None, temperature: float = 0.0,
+                 acceptance: str = "speculative", epsilon: float = 0.09, delta: float = 0.3,
+                 seed: int | None = None) -> GenerateResult:
+        """Decode `prompt` (text is wrapped in the chat template; ids are used as they are).
+
+        temperature 0 is greedy decoding, token for token the base model's own. Above 0 tokens are
+        sampled; `acceptance` "speculative" keeps the base model's distribution exactly, "typical"
+        (epsilon, delta) accepts more guesses at the cost of that guarantee. `seed` fixes the draws.
+        """
+        sampling = Sampling(temperature, acceptance, epsilon, delta)
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
         if method == "ppd" and (self.prompts is None or not self.layouts):
@@ -117,21 +127,22 @@ class Decoder:
         if method == "ar":
             hidden = self.model.forward(self.model.embed_ids(ids), torch.arange(len(ids)), cache, None)
             cache.commit(None, len(ids))
-            token = int(self.model.logits(hidden[-1]).argmax())
+            token = pick(self.model.logits(hidden[-1]), sampling, generator)
             per_step.append(1)
             while not emit([token]):
                 hidden = self.model.forward(self.model.embed_ids(torch.tensor([token])),
                                             torch.tensor([cache.length]), cache, None)
                 cache.commit(None, 1)
-                token = int(self.model.logits(hidden[-1]).argmax())
+                token = pick(self.model.logits(hidden[-1]), sampling, generator)
                 per_step.append(1)
         else:
-            root, guesses = prefill(self.model, cache, ids, self.prompts, self.ranks)
+            root, guesses = prefill(self.model, cache, ids, self.prompts, self.ranks, sampling, generator)
             state = self.prompts.k
             per_step.append(1)
             done = emit([root])
             while not done:
-                step = ppd_step(self.model, cache, self.prompts, self.layouts[state], root, guesses, self.ranks)
+                step = ppd_step(self.model, cache, self.prompts, self.layouts[state], root, guesses, self.ranks,
+                                sampling, generator)
                 per_step.append(len(step.accepted) + 1)
                 done = emit(step.accepted + [step.next_token])
                 root, guesses, state = step.next_token, step.guesses, step.state

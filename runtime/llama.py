@@ -1,38 +1,45 @@
 """A lean forward for Llama-family models, batch 1, on a preallocated KV cache with arbitrary masks.
 
-The weights are taken from a Hugging Face model (fused: one QKV and one gate/up matmul per layer),
-the rotary tables are computed once by the model's own rotary module, and attention is one SDPA call
-per layer with a boolean mask, so a token tree (any 4-D visibility pattern) costs the same code as a
-single token. No Ray, DeepSpeed or MLflow is imported anywhere in runtime/.
+The weights are taken from a Hugging Face model, fused (one QKV and one gate/up matmul per layer) and
+prepacked for oneDNN (runtime/linear.py). Everything that depends only on the positions and the mask
+(rotary tables, the additive attention bias) is computed once per forward, not once per layer, and
+grouped-query attention multiplies each key/value head by its group of query heads directly instead
+of repeating keys and values: on a CPU the per-op overhead, not the arithmetic, is what a small model
+pays for. A token tree (any visibility pattern) costs the same code as a single token. No Ray,
+DeepSpeed or MLflow is imported anywhere in runtime/.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from .kv_cache import KVCache
+from .linear import Linear
 
 
 @dataclass
 class _Layer:
     ln1: torch.Tensor  # [H]
-    wqkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
-    wo: torch.Tensor  # [H, Hq D]
+    qkv: Linear  # H -> (Hq + 2 Hkv) D
+    o: Linear  # Hq D -> H
     ln2: torch.Tensor  # [H]
-    w_gate_up: torch.Tensor  # [2 I, H]
-    w_down: torch.Tensor  # [H, I]
+    gate_up: Linear  # H -> 2 I
+    down: Linear  # I -> H
 
 
 class LeanLlama:
-    def __init__(self, hf_model, max_positions: int = 4096):
+    def __init__(self, hf_model, max_positions: int = 4096, pack: bool = True):
         cfg = hf_model.config
         if getattr(cfg, "model_type", "llama") not in ("llama", "mistral", "qwen2"):
             raise ValueError(f"the lean runtime supports Llama-family models, not {cfg.model_type!r}")
         sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
+        if any(k.endswith("_proj.bias") for k in sd):
+            raise ValueError("the lean runtime does not support attention or MLP biases")
         self.dtype = next(hf_model.parameters()).dtype
         self.hidden = cfg.hidden_size
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.group = self.heads // self.kv_heads  # query heads per key/value head
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = cfg.rms_norm_eps
         self.vocab_size = cfg.vocab_size
@@ -41,20 +48,18 @@ class LeanLlama:
         self.layers = [
             _Layer(
                 ln1=sd[p.format(i) + "input_layernorm.weight"],
-                wqkv=torch.cat([sd[p.format(i) + f"self_attn.{x}_proj.weight"] for x in "qkv"]).contiguous(),
-                wo=sd[p.format(i) + "self_attn.o_proj.weight"],
+                qkv=Linear(torch.cat([sd[p.format(i) + f"self_attn.{x}_proj.weight"] for x in "qkv"]), pack),
+                o=Linear(sd[p.format(i) + "self_attn.o_proj.weight"], pack),
                 ln2=sd[p.format(i) + "post_attention_layernorm.weight"],
-                w_gate_up=torch.cat([sd[p.format(i) + "mlp.gate_proj.weight"],
-                                     sd[p.format(i) + "mlp.up_proj.weight"]]).contiguous(),
-                w_down=sd[p.format(i) + "mlp.down_proj.weight"],
+                gate_up=Linear(torch.cat([sd[p.format(i) + "mlp.gate_proj.weight"],
+                                          sd[p.format(i) + "mlp.up_proj.weight"]]), pack),
+                down=Linear(sd[p.format(i) + "mlp.down_proj.weight"], pack),
             )
             for i in range(cfg.num_hidden_layers)
         ]
-        if any(k.endswith("_proj.bias") for k in sd):
-            raise ValueError("the lean runtime does not support attention or MLP biases")
         self.embed = sd["model.embed_tokens.weight"]
         self.norm = sd["model.norm.weight"]
-        self.head = sd.get("lm_head.weight", self.embed)  # tied embeddings share one matrix
+        self.head = Linear(sd.get("lm_head.weight", self.embed), pack)  # tied embeddings share one matrix
         positions = torch.arange(max_positions)[None]
         probe = torch.zeros(1, dtype=self.dtype)
         cos, sin = hf_model.model.rotary_emb(probe, positions)  # the model's own rope (any scaling type)
@@ -68,13 +73,6 @@ class LeanLlama:
         xf = x.float()  # in float32 whatever the dtype, as transformers does, so the outputs agree
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [heads, T, D] rotated by positions [T]."""
-        cos, sin = self.cos[positions], self.sin[positions]  # [T, D]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
-
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 mask: torch.Tensor | None) -> torch.Tensor:
         """x [T, H] input embeddings at `positions` [T] -> final hidden states [T, H].
@@ -86,34 +84,49 @@ class LeanLlama:
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
         cache.reserve(t)
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        hq, hkv, d, g = self.heads, self.kv_heads, self.head_dim, self.group
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
+        bias = _attention_bias(mask, cache.length, t, g, self.dtype)  # [g T, S] or None
+        scale = 1.0 / math.sqrt(d)
         for i, layer in enumerate(self.layers):
-            h = self._rms(x, layer.ln1)
-            qkv = F.linear(h, layer.wqkv)  # [T, (Hq + 2Hkv) D]
-            q = qkv[:, :q_size].view(t, self.heads, self.head_dim).transpose(0, 1)  # [Hq, T, D]
-            k = qkv[:, q_size:q_size + kv_size].view(t, self.kv_heads, self.head_dim).transpose(0, 1)
-            v = qkv[:, q_size + kv_size:].view(t, self.kv_heads, self.head_dim).transpose(0, 1)
-            q, k = self._rope(q, positions), self._rope(k, positions)
+            qkv = layer.qkv(self._rms(x, layer.ln1))  # [T, (Hq + 2 Hkv) D]
+            qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
+            q = qk[:, :hq].reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # [Hkv, g T, D]
+            k = qk[:, hq:].transpose(0, 1)  # [Hkv, T, D]
+            v = qkv[:, (hq + hkv) * d:].view(t, hkv, d).transpose(0, 1)  # [Hkv, T, D]
             keys, values = cache.write(i, k, v)  # [Hkv, S, D]
-            if mask is None and t == 1:
-                attn = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+            if bias is None:
+                scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)  # [Hkv, g T, S]
             else:
-                m = mask if mask is not None else _causal(cache.length, t)
-                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=m, enable_gqa=True)
-            x = x + F.linear(attn.transpose(0, 1).reshape(t, q_size), layer.wo)
-            h = self._rms(x, layer.ln2)
-            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+                scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=scale)
+            attn = torch.bmm(scores.softmax(-1), values)  # [Hkv, g T, D]
+            attn = attn.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d)
+            x = x + layer.o(attn)
+            gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
+            x = x + layer.down(torch.nn.functional.silu(gate) * up)
         return self._rms(x, self.norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[T, H] -> [T, V]."""
-        return F.linear(hidden, self.head)
+        """[..., H] -> [..., V]."""
+        return self.head(hidden)
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed[ids]
 
 
-def _causal(length: int, t: int) -> torch.Tensor:
-    """[t, length + t]: every new token sees the cache and the new tokens up to itself."""
-    return torch.ones(t, length + t, dtype=torch.bool).tril(diagonal=length)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, x [T, heads, D] with cos/sin [T, 1, D] (the half-split convention of Llama)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def _attention_bias(mask: torch.Tensor | None, length: int, t: int, group: int,
+                    dtype: torch.dtype) -> torch.Tensor | None:
+    """The additive bias [group * t, length + t] of a visibility mask (None: causal), one row per query
+    head of a group, in the order the grouped queries are laid out; None when nothing is masked."""
+    if mask is None:
+        if t == 1:
+            return None  # one new token sees everything
+        mask = torch.ones(t, length + t, dtype=torch.bool).tril(diagonal=length)
+    bias = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+    return bias.repeat(group, 1)

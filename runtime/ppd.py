@@ -1,12 +1,14 @@
-"""Parallel prompt decoding, greedy: guesses from prompt tokens, verified in the same forward.
+"""Parallel prompt decoding: guesses from prompt tokens, verified in the same forward.
 
 One step feeds the tree of the current state: the root (the token decoded last), the guess nodes, and
 prompt-token slots behind every node. From one forward:
-- each guess is accepted when it equals the base model's greedy token at its parent (exact match);
-- the deepest accepted node's own greedy token is the next root (always correct);
+- the acceptance rule (runtime/acceptance.py) keeps a path of guesses: for greedy decoding, each
+  guess that equals the base model's greedy token at its parent (exact match);
+- the token after the deepest kept node, chosen by the base model there, is the next root;
 - that node's prompt tokens give the next step's guesses, and their count its state.
-The KV cache keeps the root and the accepted guesses, in order; everything else is dropped in place.
-Every emitted token is the base model's greedy token for exactly the emitted prefix: lossless.
+The KV cache keeps the root and the kept guesses, in order; everything else is dropped in place.
+With exact matching every emitted token is the base model's greedy token for exactly the emitted
+prefix: lossless.
 """
 
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ import torch
 
 from ppdkit.models.prompt_tokens import aggregate_epts, ept_mask
 
+from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
 from .llama import LeanLlama
 from .tree_layout import TreeLayout
@@ -36,8 +39,8 @@ def guesses_from(model: LeanLlama, hidden: torch.Tensor, prompts: PromptTokenSet
     return model.logits(per_token).topk(ranks, dim=-1).indices
 
 
-def prefill(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: PromptTokenSet,
-            ranks: int) -> tuple[int, torch.Tensor]:
+def prefill(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: PromptTokenSet, ranks: int,
+            sampling: Sampling = Sampling(), generator: torch.Generator | None = None) -> tuple[int, torch.Tensor]:
     """Read the prompt [P] with all k prompt tokens behind its last token: (first token, guesses [k, ranks])."""
     p, kn = len(ids), prompts.k * prompts.n
     mask = torch.zeros(p + kn, p + kn, dtype=torch.bool)
@@ -48,7 +51,7 @@ def prefill(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: Prompt
     positions = torch.cat([torch.arange(p), p - 1 + torch.arange(prompts.k).repeat_interleave(prompts.n) + 1])
     x = torch.cat([model.embed_ids(ids), prompts.embeddings.to(model.dtype)])
     hidden = model.forward(x, cache.length + positions, cache, mask)
-    first = int(model.logits(hidden[p - 1]).argmax())
+    first = pick(model.logits(hidden[p - 1]), sampling, generator)
     guesses = guesses_from(model, hidden[p:], prompts, prompts.k, ranks)
     cache.commit(torch.arange(p), p + kn)
     return first, guesses
@@ -57,13 +60,14 @@ def prefill(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: Prompt
 @dataclass
 class StepResult:
     accepted: list[int]  # verified guess tokens, in order
-    next_token: int  # the base model's greedy token after them (the next root)
+    next_token: int  # the base model's token after them, greedy or sampled (the next root)
     guesses: torch.Tensor  # [state, ranks] for the next step
     state: int
 
 
 def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: TreeLayout, root: int,
-             guesses: torch.Tensor, ranks: int) -> StepResult:
+             guesses: torch.Tensor, ranks: int, sampling: Sampling = Sampling(),
+             generator: torch.Generator | None = None) -> StepResult:
     node_tokens = torch.empty(tree.nodes, dtype=torch.long)
     node_tokens[0] = root
     node_tokens[1:] = guesses[tree.depths[1:] - 1, tree.ranks[1:]]
@@ -71,18 +75,9 @@ def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: Tr
     mask = torch.cat([torch.ones(tree.size, cache.length, dtype=torch.bool), tree.mask], dim=1)
     positions = cache.length + tree.offsets
     hidden = model.forward(x, positions, cache, mask)
-    greedy = model.logits(hidden[:tree.nodes]).argmax(-1)  # [N]
-    matches = (node_tokens[1:] == greedy[tree.parents[1:]]).tolist()
-    accepted = [True] + [False] * (tree.nodes - 1)
-    final = 0
-    parents, depths = tree.parents.tolist(), tree.depths.tolist()
-    for node in range(1, tree.nodes):  # parents come before children
-        if matches[node - 1] and accepted[parents[node]]:
-            accepted[node] = True
-            if depths[node] > depths[final]:
-                final = node
+    final, next_token = choose(node_tokens, model.logits(hidden[:tree.nodes]), tree.links, sampling, generator)
     path = tree.paths[final]
     count = tree.prompts[final]
     new_guesses = guesses_from(model, hidden[tree.node_slots[final]], prompts, count, ranks)
     cache.commit(path, tree.size)
-    return StepResult(node_tokens[path[1:]].tolist(), int(greedy[final]), new_guesses, count)
+    return StepResult(node_tokens[path[1:]].tolist(), next_token, new_guesses, count)

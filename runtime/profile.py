@@ -14,6 +14,9 @@ from ppdkit.models.paths import cache_dir
 from .llama import LeanLlama
 
 
+RUNTIME_REVISION = 2  # bumped when the forward's cost changes, so profiles cached before are measured again
+
+
 def machine_key() -> str:
     return f"{platform.node()}-{platform.machine()}-{os.cpu_count()}cpu-{torch.get_num_threads()}threads"
 
@@ -39,7 +42,7 @@ def measure_latency(model: LeanLlama, size: int, context: int = 256, repeats: in
 def profile_trees(model: LeanLlama, taus: dict[int, float], fingerprint: str, refresh: bool = False,
                   context: int = 256) -> dict:
     """{"rows": [{size, tau, latency_ms, tokens_per_s}], "chosen": size}; cached per machine and model."""
-    path = cache_dir() / "profiles" / f"{fingerprint.split(':')[-1][:16]}-{machine_key()}.json"
+    path = cache_dir() / "profiles" / f"{fingerprint.split(':')[-1][:16]}-{machine_key()}-r{RUNTIME_REVISION}.json"
     key = sorted(taus)
     if path.is_file() and not refresh:
         saved = json.loads(path.read_text())

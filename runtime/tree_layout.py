@@ -9,6 +9,7 @@ import torch
 
 from ppdkit.models.prompt_tokens import ept_mask
 
+from .acceptance import TreeLinks
 from .tree import TreeState
 
 
@@ -24,6 +25,7 @@ class TreeLayout:
     node_slots: tuple[torch.Tensor, ...]  # per node: its prompt slots' input indices [prompts * n]
     prompts: tuple[int, ...]
     paths: tuple[torch.Tensor, ...]  # per node: input indices of root .. node
+    links: TreeLinks  # parents, depths and children as lists, for the acceptance rules
 
     @property
     def size(self) -> int:
@@ -54,4 +56,5 @@ def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
         start += c * epts
     return TreeLayout(n_nodes, torch.tensor(state.parents), torch.tensor(state.depths), torch.tensor(state.ranks),
                       offsets, mask, torch.cat(slot_embedding), tuple(node_slots), tuple(state.prompts),
-                      tuple(torch.tensor(p) for p in paths))
+                      tuple(torch.tensor(p) for p in paths),
+                      TreeLinks.of(list(state.parents), list(state.depths), list(state.ranks)))

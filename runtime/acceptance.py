@@ -1,0 +1,136 @@
+"""Which guesses of a verified tree are kept, and the token that follows them (papers/000 4.5.2-4.5.3).
+
+Every rule reads the base model's logits at each tree node [N, V] (the distribution of the token after
+that node) and returns the deepest kept node plus the next token, drawn at that node:
+- exact: greedy decoding; a guess is kept when it is the greedy token of its parent. Lossless.
+- speculative: sampled decoding, standard speculative sampling with the guesses as deterministic
+  drafts (a point-mass draft q = 1[x = guess]): at a node the children are tried in rank order, each
+  kept with probability p(guess) / (mass left), and a rejected guess's mass is removed from p; when no
+  child is kept the token is drawn from what is left. Every emitted token is then distributed exactly
+  as the base model's sample: lossless in distribution.
+- typical: typical acceptance (Medusa's rule, used by PPD): a guess is kept when
+  p(guess) > min(epsilon, delta * exp(-H(p))) at its parent; the deepest such path wins and the next
+  token is sampled at its end. Faster at high temperatures, not distribution-preserving.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+ACCEPTANCE_RULES = ("speculative", "typical")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0  # 0: greedy
+    acceptance: str = "speculative"  # for temperature > 0: speculative | typical
+    epsilon: float = 0.09  # typical acceptance: hard probability threshold
+    delta: float = 0.3  # typical acceptance: entropy-scaled threshold factor
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), not {self.temperature}")
+        if self.acceptance not in ACCEPTANCE_RULES:
+            raise ValueError(f"unknown acceptance {self.acceptance!r}; use one of {ACCEPTANCE_RULES}")
+        if not (0 < self.epsilon <= 1 and 0 < self.delta <= 1):
+            raise ValueError(f"typical acceptance needs 0 < epsilon, delta <= 1 (got {self.epsilon}, {self.delta})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class TreeLinks:
+    """The shape of a tree's nodes, as lists (walked in Python, a few dozen nodes)."""
+
+    parents: list[int]  # [N], -1 for the root; parents come before children
+    depths: list[int]  # [N]
+    children: list[list[int]]  # per node, in rank order
+
+    @classmethod
+    def of(cls, parents: list[int], depths: list[int], ranks: list[int]) -> "TreeLinks":
+        children: list[list[int]] = [[] for _ in parents]
+        for node in sorted(range(1, len(parents)), key=lambda c: ranks[c]):
+            children[parents[node]].append(node)
+        return cls(parents, depths, children)
+
+
+def next_token_distribution(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[..., V] logits -> [..., V] probabilities at this temperature (> 0)."""
+    return torch.softmax(logits.double() / temperature, dim=-1)  # float64: exact enough to sample from
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> int:
+    """The next token from one position's logits [V]: greedy, or drawn at the temperature."""
+    if sampling.greedy:
+        return int(logits.argmax())
+    return draw(next_token_distribution(logits, sampling.temperature), generator)
+
+
+def choose(tokens: torch.Tensor, logits: torch.Tensor, links: TreeLinks, sampling: Sampling,
+           generator: torch.Generator | None = None) -> tuple[int, int]:
+    """tokens [N] (node 0 the root), logits [N, V] -> (deepest kept node, next token)."""
+    if sampling.greedy:
+        return _exact(tokens, logits, links)
+    probs = next_token_distribution(logits, sampling.temperature)  # [N, V]
+    if sampling.acceptance == "typical":
+        return _typical(tokens, probs, links, sampling, generator)
+    return _speculative(tokens, probs, links, generator)
+
+
+def _deepest(kept: list[bool], links: TreeLinks) -> int:
+    """The deepest node whose whole path is kept (the first such in node order on ties)."""
+    path_ok = [True] + [False] * (len(kept) - 1)
+    final = 0
+    for node in range(1, len(kept)):
+        if kept[node] and path_ok[links.parents[node]]:
+            path_ok[node] = True
+            if links.depths[node] > links.depths[final]:
+                final = node
+    return final
+
+
+def _exact(tokens: torch.Tensor, logits: torch.Tensor, links: TreeLinks) -> tuple[int, int]:
+    greedy = logits.argmax(-1)  # [N]
+    parents = torch.tensor(links.parents[1:])
+    kept = [True] + (tokens[1:] == greedy[parents]).tolist()
+    final = _deepest(kept, links)
+    return final, int(greedy[final])
+
+
+def typical_threshold(probs: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:
+    """[..., V] -> [...]: min(epsilon, delta * exp(-H(p))). The most likely token always clears it,
+    since exp(-H(p)) <= max p."""
+    entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+    return torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
+
+
+def _typical(tokens: torch.Tensor, probs: torch.Tensor, links: TreeLinks, sampling: Sampling,
+             generator: torch.Generator | None) -> tuple[int, int]:
+    parents = torch.tensor(links.parents[1:])
+    threshold = typical_threshold(probs, sampling.epsilon, sampling.delta)  # [N]
+    p_guess = probs[parents, tokens[1:]]  # [N - 1]: each guess's probability at its parent
+    kept = [True] + (p_guess > threshold[parents]).tolist()
+    final = _deepest(kept, links)
+    return final, draw(probs[final], generator)
+
+
+def _speculative(tokens: torch.Tensor, probs: torch.Tensor, links: TreeLinks,
+                 generator: torch.Generator | None) -> tuple[int, int]:
+    node = 0
+    while True:
+        left = probs[node].clone()  # [V] the target distribution, minus the drafts rejected so far
+        for child in links.children[node]:
+            token = int(tokens[child])
+            mass = float(left[token])
+            if mass > 0 and float(torch.rand((), generator=generator, dtype=torch.float64)) * float(left.sum()) < mass:
+                node = child
+                break
+            left[token] = 0.0
+        else:
+            return node, draw(left / left.sum(), generator)
