@@ -74,10 +74,14 @@ def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: Tr
     x = torch.cat([model.embed_ids(node_tokens), prompts.embeddings.to(model.dtype)[tree.slot_embedding]])
     mask = torch.cat([torch.ones(tree.size, cache.length, dtype=torch.bool), tree.mask], dim=1)
     positions = cache.length + tree.offsets
-    hidden = model.forward(x, positions, cache, mask)
-    final, next_token = choose(node_tokens, model.logits(hidden[:tree.nodes]), tree.links, sampling, generator)
+    hidden = model.forward(x, positions, cache, mask)  # [T, H]
+    # One LM-head call for the nodes and every node's prompt tokens (EPTs aggregated first): the head
+    # reads its 28M weights once however many rows it gets.
+    weights = None if prompts.weights is None else prompts.weights[tree.slot_distances]  # [sum c, n]
+    slots = aggregate_epts(hidden[tree.nodes:], len(tree.slot_distances), prompts.n, weights)  # [sum c, H]
+    logits = model.logits(torch.cat([hidden[:tree.nodes], slots]))  # [N + sum c, V]
+    final, next_token = choose(node_tokens, logits[:tree.nodes], tree.links, sampling, generator)
     path = tree.paths[final]
-    count = tree.prompts[final]
-    new_guesses = guesses_from(model, hidden[tree.node_slots[final]], prompts, count, ranks)
+    new_guesses = logits[tree.guess_rows[final]].topk(ranks, dim=-1).indices  # [count, ranks]
     cache.commit(path, tree.size)
-    return StepResult(node_tokens[path[1:]].tolist(), next_token, new_guesses, count)
+    return StepResult(node_tokens[path[1:]].tolist(), next_token, new_guesses, tree.prompts[final])

@@ -66,11 +66,14 @@ def test_pruned_cache_equals_a_cache_built_from_the_kept_tokens(tiny):
     assert torch.allclose(cache.v[:, :, :cache.length], fresh.v[:, :, :fresh.length], atol=1e-12)
 
 
-@pytest.mark.parametrize("k,n,mask", [(3, 1, "ensemble"), (3, 2, "ensemble"), (2, 2, "decoder"), (3, 2, "encoder")])
-def test_ppd_with_random_prompt_tokens_is_plain_greedy(tiny, k, n, mask):
+@pytest.mark.parametrize("k,n,mask,weighted", [(3, 1, "ensemble", False), (3, 2, "ensemble", False),
+                                               (3, 2, "ensemble", True), (2, 2, "decoder", False),
+                                               (3, 2, "encoder", False)])
+def test_ppd_with_random_prompt_tokens_is_plain_greedy(tiny, k, n, mask, weighted):
     model, tok = tiny
     torch.manual_seed(k * 10 + n)
-    prompts = PromptTokenSet(torch.randn(k * n, 64, dtype=torch.float64), None, k, n, mask)
+    weights = torch.softmax(torch.randn(k, n, dtype=torch.float64), -1) if weighted else None
+    prompts = PromptTokenSet(torch.randn(k * n, 64, dtype=torch.float64), weights, k, n, mask)
     decoder = Decoder(model, tok, prompts, best_tree_for_size(P[:k], 8 + 8 * n, epts=n))
     for seed in range(12):
         ids = _prompt(seed)
