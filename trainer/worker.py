@@ -67,19 +67,7 @@ def micro_batch_rows(order: list[int], step_in_epoch: int, micro: int, cfg, rank
     return [order[(start + j) % len(order)] for j in range(cfg.micro_batch)]
 
 
-def _show_progress_lines() -> None:
-    """A Ray worker starts with logging unconfigured, which would drop the step lines: send ppdkit's
-    INFO records to the worker's stderr, which Ray forwards to the driver."""
-    logger = logging.getLogger("ppdkit")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-
-
 def train_loop_per_worker(config: dict) -> None:
-    _show_progress_lines()
     _setup_deepspeed_cpu()
     import deepspeed
 
