@@ -131,3 +131,24 @@ def test_runtime_imports_no_ray_deepspeed_or_mlflow(tmp_path, tiny_dir):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_float32_forward_on_prepacked_weights_agrees_with_transformers():
+    """float32 takes the oneDNN path (prepacked weights); only summation order may differ."""
+    model, tok = build_tiny_llama()
+    model = model.float().eval()
+    lean = LeanLlama(model, 256)
+    assert all(linear.packed for layer in lean.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    ids = torch.tensor(_prompt(4, 40))
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0]
+    cache = lean.new_cache(64)
+    ours = lean.logits(lean.forward(lean.embed_ids(ids), torch.arange(len(ids)), cache, None))
+    assert torch.allclose(ours, ref, atol=1e-4, rtol=0)
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+    prompts = PromptTokenSet(torch.randn(3, 64), None, 3, 1, "ensemble")
+    decoder = Decoder(model, tok, prompts, best_tree_for_size(P, 16))
+    for seed in range(4):
+        ids = _prompt(seed)
+        ppd = decoder.generate(ids, 24, "ppd").tokens
+        assert ppd == _hf_greedy(model, ids, 24)[:len(ppd)]
