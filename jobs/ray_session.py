@@ -2,6 +2,7 @@
 
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -39,11 +40,37 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
                 "ray.address to run on an embedded local Ray"
             ) from None
     else:
-        # address="local": a new instance, even when `ray start` left a cluster (or its stale address) here
-        ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 object_store_memory=cfg.object_store_mb * 2**20, log_to_driver=True)
-        log.info("Ray: embedded local instance with %s CPUs", ray.cluster_resources().get("CPU"))
+        start_local_ray(cfg.num_cpus, cfg.object_store_mb)
+        log.info("Ray: embedded local instance with %s CPUs, dashboard %s", ray.cluster_resources().get("CPU"),
+                 os.environ[API_SERVER_VARIABLE])
     try:
         yield
     finally:
         ray.shutdown()
+        if not address:
+            os.environ.pop(API_SERVER_VARIABLE, None)
+
+
+API_SERVER_VARIABLE = "RAY_API_SERVER_ADDRESS"
+
+
+def start_local_ray(num_cpus: int | None, object_store_mb: int, log_to_driver: bool = True) -> None:
+    """A new Ray instance for this process on 127.0.0.1 (address="local": never a `ray start` cluster
+    or its stale address), with its own dashboard on a free port.
+
+    Ray's state API finds its cluster by auto-detection unless told. Ray Train's placement-group
+    cleaner polls it to see whether a run's controller still lives; with another Ray on the machine it
+    asks that one, does not find the controller, and removes the running job's placement group: the
+    training dies. RAY_API_SERVER_ADDRESS, inherited by every process of the new instance, pins the
+    state API to this instance's own dashboard.
+    """
+    keep_local_ray_on_loopback()
+    import ray
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ[API_SERVER_VARIABLE] = f"http://127.0.0.1:{port}"
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=port, _node_ip_address="127.0.0.1", object_store_memory=object_store_mb * 2**20,
+             log_to_driver=log_to_driver)

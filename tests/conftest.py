@@ -38,10 +38,12 @@ def ray_local():
     """One real local Ray for the whole session (starting one costs seconds and 1.7 GB)."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=512 * 2**20,
-             _node_ip_address="127.0.0.1", log_to_driver=False)
+    from ppdkit.jobs.ray_session import API_SERVER_VARIABLE, start_local_ray
+
+    start_local_ray(num_cpus=2, object_store_mb=512, log_to_driver=False)
     yield ray
     ray.shutdown()
+    os.environ.pop(API_SERVER_VARIABLE, None)
 
 
 @pytest.fixture
