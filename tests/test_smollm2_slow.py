@@ -76,3 +76,23 @@ def test_demo_job_runs_and_its_mlflow_run_is_listed(tmp_path):
                             timeout=300)
     assert listed.returncode == 0, listed.stderr
     assert saved["run_id"] in listed.stdout
+
+
+def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
+    """The component the project's recipe trained (models/components/): the right base model, the
+    base model's own greedy tokens (or a floating-point near-tie), and more than one token per step."""
+    from conftest import REPO
+
+    from ppdkit.jobs.bench import divergence, load_prompts, run_method
+    from ppdkit.runtime.decoder import Decoder
+
+    decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-ppd", tree_size=16)
+    tokens = steps = 0
+    for prompt in load_prompts("mt-bench", 3):
+        ids = decoder.encode_chat(prompt)
+        ppd = decoder.generate(ids, 48, "ppd")
+        greedy, _ = run_method(decoder, "hf-greedy", ids, 48)
+        if ppd.tokens != greedy:
+            assert divergence(decoder, ids, ppd.tokens, greedy)["near_tie"], prompt
+        tokens, steps = tokens + len(ppd.tokens), steps + ppd.steps
+    assert tokens / steps > 1.3
