@@ -23,8 +23,10 @@ class _Progress:
 def _advance(state: _Progress, tokenizer, max_length: int) -> bool:
     """Copy turns up to the next assistant turn; True if one is waiting to be generated."""
     msgs = state.conv.messages
-    while state.next_index < len(msgs) and msgs[state.next_index]["role"] != "assistant":
-        state.messages.append(dict(msgs[state.next_index]))
+    while state.next_index < len(msgs) and (msgs[state.next_index]["role"] != "assistant" or not state.messages):
+        if msgs[state.next_index]["role"] != "assistant":
+            state.messages.append(dict(msgs[state.next_index]))
+        # else: an assistant turn with nothing before it (ShareGPT has some) has no prompt to answer: dropped
         state.next_index += 1
     if state.next_index >= len(msgs):
         state.done = True

@@ -144,3 +144,17 @@ def test_4bit_teacher_with_self_distillation(data_dir, tmp_path):
         total += len(nxt)
     assert changed > 0 and total >= 20
     assert agree / total > 0.95, (agree, total)
+
+
+def test_regeneration_drops_an_assistant_turn_with_no_prompt_before_it():
+    from ppdkit.data_pipeline.conversations import Conversation
+    from ppdkit.data_pipeline.regenerate import regenerate_conversations
+
+    base = load_base_model("tiny-llama", quantization="none")
+    conv = Conversation("c", ({"role": "assistant", "content": "hello, how can I help?"},
+                              {"role": "user", "content": "add two and two"},
+                              {"role": "assistant", "content": "four"}))
+    [new] = regenerate_conversations(base.model, base.tokenizer, [conv], max_new_tokens=4, max_length=64,
+                                     temperature=0.0, seed=0, batch_size=2)
+    assert [m["role"] for m in new.messages] == ["user", "assistant"]
+    assert new.messages[0]["content"] == "add two and two" and new.messages[1]["content"] != "four"
