@@ -1,12 +1,12 @@
 """A lean forward for Llama-family models, batch 1, on a preallocated KV cache with arbitrary masks.
 
 The weights are taken from a Hugging Face model, fused (one QKV and one gate/up matmul per layer) and
-prepacked for oneDNN (runtime/linear.py). Everything that depends only on the positions and the mask
-(rotary tables, the additive attention bias) is computed once per forward, not once per layer, and
-grouped-query attention multiplies each key/value head by its group of query heads directly instead
-of repeating keys and values: on a CPU the per-op overhead, not the arithmetic, is what a small model
-pays for. A token tree (any visibility pattern) costs the same code as a single token. No Ray,
-DeepSpeed or MLflow is imported anywhere in runtime/.
+prepacked for oneDNN (runtime/linear.py): reading the weights is most of a decoding step's cost.
+Everything that depends only on the positions and the mask (rotary tables, the additive attention
+bias) is computed once per forward, not once per layer, and grouped-query attention multiplies each
+key/value head by its group of query heads directly instead of repeating keys and values. A token
+tree (any visibility pattern) costs the same code as a single token. No Ray, DeepSpeed or MLflow is
+imported anywhere in runtime/.
 """
 
 import math

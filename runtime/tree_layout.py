@@ -16,13 +16,11 @@ from .tree import TreeState
 @dataclass(frozen=True)
 class TreeLayout:
     nodes: int
-    parents: torch.Tensor  # [N] (-1 for the root)
     depths: torch.Tensor  # [N]
     ranks: torch.Tensor  # [N]
     offsets: torch.Tensor  # [T] position of each input token relative to the root's
     mask: torch.Tensor  # [T, T] bool: may row attend to column (within the tree)
     slot_embedding: torch.Tensor  # [T - N] which prompt embedding (distance-major, then EPT) fills each slot
-    node_slots: tuple[torch.Tensor, ...]  # per node: its prompt slots' input indices [prompts * n]
     slot_distances: torch.Tensor  # [sum of prompts] the distance index of each node's prompt tokens, node-major
     guess_rows: tuple[torch.Tensor, ...]  # per node: its prompt tokens' rows among [nodes, aggregated slots]
     prompts: tuple[int, ...]
@@ -42,7 +40,7 @@ def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
     total = n_nodes + sum(state.prompts) * epts
     mask = torch.zeros(total, total, dtype=torch.bool)
     offsets = torch.zeros(total, dtype=torch.long)
-    slot_embedding, node_slots, slot_distances, guess_rows = [], [], [], []
+    slot_embedding, slot_distances, guess_rows = [], [], []
     for node in range(n_nodes):
         mask[node, paths[node]] = True
         offsets[node] = state.depths[node]
@@ -50,7 +48,6 @@ def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
     for node in range(n_nodes):
         c = state.prompts[node]
         slots = torch.arange(start, start + c * epts)
-        node_slots.append(slots)
         mask[slots[:, None], torch.tensor(paths[node])[None, :]] = True  # the node's own path
         mask[slots[:, None], slots[None, :]] = ept_mask(c, epts, mask_kind)  # its prompt tokens, per EPT mask
         offsets[slots] = state.depths[node] + torch.arange(c).repeat_interleave(epts) + 1
@@ -58,8 +55,7 @@ def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
         guess_rows.append(n_nodes + len(slot_distances) + torch.arange(c))
         slot_distances.extend(range(c))
         start += c * epts
-    return TreeLayout(n_nodes, torch.tensor(state.parents), torch.tensor(state.depths), torch.tensor(state.ranks),
-                      offsets, mask, torch.cat(slot_embedding), tuple(node_slots), torch.tensor(slot_distances),
-                      tuple(guess_rows), tuple(state.prompts),
-                      tuple(torch.tensor(p) for p in paths),
+    return TreeLayout(n_nodes, torch.tensor(state.depths), torch.tensor(state.ranks), offsets, mask,
+                      torch.cat(slot_embedding), torch.tensor(slot_distances), tuple(guess_rows),
+                      tuple(state.prompts), tuple(torch.tensor(p) for p in paths),
                       TreeLinks.of(list(state.parents), list(state.depths), list(state.ranks)))
