@@ -30,33 +30,33 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
         yield
         return
     address = cfg.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        log.info("Ray: connecting to %s", address)
-        try:
-            ray.init(address=address, log_to_driver=True)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise ConnectionError(
-                f"cannot reach a Ray cluster at {address!r} ({e}); start one (`ray start --head`) or drop "
-                "ray.address to run on an embedded local Ray"
-            ) from None
-    else:
-        start_local_ray(cfg.num_cpus, cfg.object_store_mb)
-        log.info("Ray: embedded local instance with %s CPUs, dashboard %s", ray.cluster_resources().get("CPU"),
-                 os.environ[API_SERVER_VARIABLE])
+    if not address:
+        with local_ray(cfg.num_cpus, cfg.object_store_mb):
+            log.info("Ray: embedded local instance with %s CPUs, dashboard %s", ray.cluster_resources().get("CPU"),
+                     os.environ[API_SERVER_VARIABLE])
+            yield
+        return
+    log.info("Ray: connecting to %s", address)
+    try:
+        ray.init(address=address, log_to_driver=True)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise ConnectionError(
+            f"cannot reach a Ray cluster at {address!r} ({e}); start one (`ray start --head`) or drop "
+            "ray.address to run on an embedded local Ray"
+        ) from None
     try:
         yield
     finally:
         ray.shutdown()
-        if not address:
-            os.environ.pop(API_SERVER_VARIABLE, None)
 
 
 API_SERVER_VARIABLE = "RAY_API_SERVER_ADDRESS"
 
 
-def start_local_ray(num_cpus: int | None, object_store_mb: int, log_to_driver: bool = True) -> None:
+@contextmanager
+def local_ray(num_cpus: int | None, object_store_mb: int, log_to_driver: bool = True) -> Iterator[None]:
     """A new Ray instance for this process on 127.0.0.1 (address="local": never a `ray start` cluster
-    or its stale address), with its own dashboard on a free port.
+    or its stale address), with its own dashboard on a free port; shut down on exit.
 
     Ray's state API finds its cluster by auto-detection unless told. Ray Train's placement-group
     cleaner polls it to see whether a run's controller still lives; with another Ray on the machine it
@@ -70,7 +70,16 @@ def start_local_ray(num_cpus: int | None, object_store_mb: int, log_to_driver: b
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    before = os.environ.get(API_SERVER_VARIABLE)
     os.environ[API_SERVER_VARIABLE] = f"http://127.0.0.1:{port}"
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=port, _node_ip_address="127.0.0.1", object_store_memory=object_store_mb * 2**20,
-             log_to_driver=log_to_driver)
+    try:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+                 dashboard_port=port, _node_ip_address="127.0.0.1", object_store_memory=object_store_mb * 2**20,
+                 log_to_driver=log_to_driver)
+        yield
+    finally:
+        ray.shutdown()
+        if before is None:
+            os.environ.pop(API_SERVER_VARIABLE, None)
+        else:
+            os.environ[API_SERVER_VARIABLE] = before

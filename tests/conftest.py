@@ -38,12 +38,10 @@ def ray_local():
     """One real local Ray for the whole session (starting one costs seconds and 1.7 GB)."""
     import ray
 
-    from ppdkit.jobs.ray_session import API_SERVER_VARIABLE, start_local_ray
+    from ppdkit.jobs.ray_session import local_ray
 
-    start_local_ray(num_cpus=2, object_store_mb=512, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    os.environ.pop(API_SERVER_VARIABLE, None)
+    with local_ray(num_cpus=2, object_store_mb=512, log_to_driver=False):
+        yield ray
 
 
 @pytest.fixture
