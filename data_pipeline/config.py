@@ -25,8 +25,10 @@ class TeacherConfig(Section):
     top_k: int = Field(64, ge=1, description="log-probabilities kept per position (plus the mass outside them)")
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="storage of the top-k log-probabilities")
     rows_per_shard: int = Field(32, ge=1, description="sequences per shard file (the unit of resume and retry)")
-    batch_size: int = Field(4, ge=1, description="sequences per forward (and per generate batch)")
+    batch_size: int = Field(4, ge=1, description="sequences per teacher forward")
     regenerate: bool = Field(False, description="self-distillation: the base model rewrites the assistant turns first")
+    generate_batch: int = Field(32, ge=1, description="conversations regenerated together (batched decoding is ~8x "
+                                "faster per token than batches of 4 on CPU)")
     max_new_tokens: int = Field(256, ge=1, description="tokens per regenerated assistant turn")
     temperature: float = Field(0.0, ge=0.0, description="0: greedy regeneration; > 0: sampled")
     seed: int = 0

@@ -128,7 +128,7 @@ class TeacherWorker:
                 report.skip(f"row {r.get('row')}", f"no usable messages to regenerate from ({e.__class__.__name__})")
         new = regenerate_conversations(self.base.model, self.base.tokenizer, convs, max_new_tokens=cfg.max_new_tokens,
                                        max_length=max_length, temperature=cfg.temperature, seed=seed,
-                                       batch_size=cfg.batch_size)
+                                       batch_size=cfg.generate_batch)
         out = []
         for r, conv in zip(usable, new):
             try:
@@ -158,7 +158,8 @@ def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_
             "fingerprint": worker_info["fingerprint"], "vocab_size": worker_info["vocab_size"], "tokenizer": worker_info["tokenizer"],
             "top_k": cfg.top_k, "dtype": cfg.dtype, "rows_per_shard": cfg.rows_per_shard,
             "batch_size": cfg.batch_size, "regenerate": cfg.regenerate,
-            "generation": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": cfg.seed}
+            "generation": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": cfg.seed,
+                           "batch": cfg.generate_batch}
             if cfg.regenerate else None, "max_length": data.max_length}
 
 

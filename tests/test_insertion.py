@@ -83,3 +83,39 @@ def test_ordinary_tokens_keep_the_base_models_outputs(tiny):
         with_prompts = tiny(inputs_embeds=x, attention_mask=batch.mask(x.dtype), position_ids=batch.position_ids).logits
         plain = tiny(seq.input_ids[None]).logits
     assert torch.allclose(with_prompts[0, :20], plain[0], atol=1e-10)
+
+
+def test_groups_after_a_padding_gap_see_only_their_prefix():
+    lay = build_layout(seq_len=3, insert_after=[2], k=2, n=1, mask="ensemble", groups_start=5)
+    assert lay.group_slots.tolist() == [[5, 6]]
+    assert lay.position_ids.tolist() == [0, 1, 2, 0, 0, 3, 4]
+    a = lay.allowed.int()
+    assert a[3].tolist() == [0, 0, 0, 1, 0, 0, 0]  # padding attends to itself only
+    assert a[6].tolist() == [1, 1, 1, 0, 0, 1, 1]
+    with pytest.raises(ValueError, match="overlap"):
+        build_layout(seq_len=4, insert_after=[1], k=2, n=1, mask="ensemble", groups_start=3)
+
+
+def test_two_pass_gradient_equals_one_full_forward(tiny):
+    """The student runs the ordinary tokens without autograd; the gradient must not change by it."""
+    k, n, vocab = 2, 2, tiny.config.vocab_size
+    seqs = [_sequence(26, vocab, 8), _sequence(19, vocab, 9)]
+    batch = collate(seqs, k, n, groups=4, mask="ensemble", rng=random.Random(3))
+    start = init_from_token_embeddings(tiny.get_input_embeddings(), k, n, seed=5).double().reshape(k * n, -1)
+    target = torch.randn(2, 4, k, vocab, dtype=torch.float64)
+
+    emb = start.clone().requires_grad_(True)
+    (student_logprobs(tiny, emb, None, k, n, batch) * target).sum().backward()
+
+    ref_emb = start.clone().requires_grad_(True)
+    x = torch.where((batch.ept_slot >= 0)[..., None], ref_emb[batch.ept_slot.clamp_min(0)],
+                    tiny.get_input_embeddings()(batch.input_ids))
+    hidden = tiny.get_decoder()(inputs_embeds=x, attention_mask=batch.mask(x.dtype),
+                                position_ids=batch.position_ids).last_hidden_state
+    per_token = hidden[torch.arange(2)[:, None, None], batch.group_slots].reshape(2, 4, k, n, -1).mean(3)
+    ref = torch.log_softmax(tiny.get_output_embeddings()(per_token), -1)
+    (ref * target).sum().backward()
+    assert emb.grad.abs().max() > 0
+    # HF's attention takes its softmax in float32 even for a float64 model, so shapes that differ by a
+    # pass round differently at ~1e-7; a wrong prefix or mask would differ at order 1.
+    assert torch.allclose(emb.grad, ref_emb.grad, rtol=1e-5, atol=1e-5), (emb.grad - ref_emb.grad).abs().max()

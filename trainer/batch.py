@@ -13,6 +13,7 @@ from .insertion import additive_mask, build_layout, draw_insertion_points
 
 @dataclass
 class TrainBatch:
+    ordinary_len: int  # columns [0, ordinary_len) hold the ordinary tokens (padded), the groups follow
     input_ids: torch.Tensor  # [B, L] ordinary token ids (0 at EPT slots and padding)
     ept_slot: torch.Tensor  # [B, L] which of the k*n EPT embeddings sits here, -1 for other tokens
     position_ids: torch.Tensor  # [B, L]
@@ -50,7 +51,9 @@ def collate(seqs: list[ShardSequence], k: int, n: int, groups: int, mask: MaskKi
 def collate_at(seqs: list[ShardSequence], k: int, n: int, mask: MaskKind, points: list[list[int]]) -> TrainBatch:
     """A batch with the given insertion points (points[b] for sequence b)."""
     kn = k * n
-    layouts = [build_layout(len(seq.input_ids), chosen, k, n, mask) for seq, chosen in zip(seqs, points)]
+    ordinary_len = max(len(seq.input_ids) for seq in seqs)
+    layouts = [build_layout(len(seq.input_ids), chosen, k, n, mask, groups_start=ordinary_len)
+               for seq, chosen in zip(seqs, points)]
     b, g_max = len(seqs), max(1, max(len(p) for p in points))
     l_max = max(len(lay.position_ids) for lay in layouts)
     top_k = seqs[0].topk_ids.shape[-1]
@@ -84,5 +87,5 @@ def collate_at(seqs: list[ShardSequence], k: int, n: int, mask: MaskKind, points
                 teacher_logp[i, g, d] = seq.topk_logprobs[e]
                 teacher_rest[i, g, d] = seq.rest_mass[e]
                 next_tokens[i, g, d] = seq.input_ids[t + 2 + d]
-    return TrainBatch(input_ids, ept_slot, position_ids, attention, group_slots, group_valid, teacher_ids,
+    return TrainBatch(ordinary_len, input_ids, ept_slot, position_ids, attention, group_slots, group_valid, teacher_ids,
                       teacher_logp, teacher_rest, target_valid, next_tokens)

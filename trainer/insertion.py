@@ -7,7 +7,9 @@ insertion after position t_g:
 - its EPTs see each other as the EPT mask says, never another group,
 - its position ids continue from the insertion point: the EPTs of prompt token i sit at t_g + i,
 - ordinary tokens see only earlier ordinary tokens, so their outputs are the base model's own.
-One forward thus supervises G insertion points for the price of T + G*k*n tokens.
+One forward thus supervises G insertion points for the price of T + G*k*n tokens. In a batch the
+groups start at a common column (after the longest sequence), so the ordinary tokens can run first
+without gradient and the groups second on their cache (see `student.student_forward`).
 """
 
 import random
@@ -25,20 +27,29 @@ class InsertionLayout:
     group_slots: torch.Tensor  # [G, k*n] int64: where each group's EPTs sit in the L tokens
 
 
-def build_layout(seq_len: int, insert_after: list[int], k: int, n: int, mask: MaskKind) -> InsertionLayout:
-    """The token layout and attention of one sequence with one EPT group per insertion point."""
+def build_layout(seq_len: int, insert_after: list[int], k: int, n: int, mask: MaskKind,
+                 groups_start: int | None = None) -> InsertionLayout:
+    """The token layout and attention of one sequence with one EPT group per insertion point.
+
+    The groups follow the sequence at column `groups_start` (default: right after it); columns in
+    between are padding that attends to itself only.
+    """
     kn, groups = k * n, len(insert_after)
-    length = seq_len + groups * kn
-    allowed = torch.zeros(length, length, dtype=torch.bool)
+    groups_start = seq_len if groups_start is None else groups_start
+    if groups_start < seq_len:
+        raise ValueError(f"groups_start {groups_start} would overlap a sequence of {seq_len} tokens")
+    length = groups_start + groups * kn
+    allowed = torch.eye(length, dtype=torch.bool)
     allowed[:seq_len, :seq_len] = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()  # causal ordinary tokens
     within = ept_mask(k, n, mask)  # [kn, kn]
     distance = torch.arange(kn) // n + 1  # [kn]: prompt token i = 1..k of each slot
-    position_ids = torch.cat([torch.arange(seq_len), torch.zeros(groups * kn, dtype=torch.long)])
+    position_ids = torch.zeros(length, dtype=torch.long)
+    position_ids[:seq_len] = torch.arange(seq_len)
     slots = torch.zeros(groups, kn, dtype=torch.long)
     for g, t in enumerate(insert_after):
         if not 0 <= t < seq_len:
             raise ValueError(f"insertion point {t} outside a sequence of {seq_len} tokens")
-        start = seq_len + g * kn
+        start = groups_start + g * kn
         slots[g] = torch.arange(start, start + kn)
         allowed[start:start + kn, :t + 1] = True  # the prefix up to the insertion point
         allowed[start:start + kn, start:start + kn] = within

@@ -19,14 +19,27 @@ def student_logprobs(base_model, embeddings: torch.Tensor, ept_weights: torch.Te
 
 def student_forward(base_model, embeddings: torch.Tensor, ept_weights: torch.Tensor | None, k: int, n: int,
                     batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(group log-probabilities [B, G, k, V], final hidden states of every input token [B, L, H])."""
+    """(group log-probabilities [B, G, k, V], final hidden states of every input token [B, L, H]).
+
+    Two passes over one attention layout: the ordinary tokens first, without autograd (they never see
+    a prompt token, so no gradient can flow through them), then the groups on their key/value cache.
+    The backward pass thus covers the G*k*n group tokens, not the whole sequence.
+    """
+    t = batch.ordinary_len
+    decoder = base_model.get_decoder()
     tokens = base_model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
-    epts = embeddings.to(tokens.dtype)[batch.ept_slot.clamp_min(0)]  # [B, L, H]
-    x = torch.where((batch.ept_slot >= 0)[..., None], epts, tokens)  # [B, L, H]
-    hidden = base_model.get_decoder()(inputs_embeds=x, attention_mask=batch.mask(x.dtype),
-                                      position_ids=batch.position_ids).last_hidden_state  # [B, L, H]
-    rows = torch.arange(hidden.shape[0])[:, None, None]
-    per_ept = hidden[rows, batch.group_slots]  # [B, G, k*n, H]
+    mask = batch.mask(tokens.dtype)  # [B, 1, L, L]
+    with torch.no_grad():
+        prefix = decoder(inputs_embeds=tokens[:, :t], attention_mask=mask[:, :, :t, :t],
+                         position_ids=batch.position_ids[:, :t], use_cache=True)  # hidden [B, T, H]
+    slots = batch.ept_slot[:, t:]  # [B, L-T]
+    epts = embeddings.to(tokens.dtype)[slots.clamp_min(0)]  # [B, L-T, H]
+    x = torch.where((slots >= 0)[..., None], epts, tokens[:, t:])  # [B, L-T, H]
+    groups = decoder(inputs_embeds=x, attention_mask=mask[:, :, t:, :], position_ids=batch.position_ids[:, t:],
+                     past_key_values=prefix.past_key_values, use_cache=True).last_hidden_state  # [B, L-T, H]
+    rows = torch.arange(groups.shape[0])[:, None, None]
+    per_ept = groups[rows, batch.group_slots - t]  # [B, G, k*n, H]
     per_token = aggregate_epts(per_ept, k, n, ept_weights)  # [B, G, k, H]
     logits = base_model.get_output_embeddings()(per_token)  # [B, G, k, V]
+    hidden = torch.cat([prefix.last_hidden_state, groups.detach()], dim=1)  # [B, L, H]
     return torch.log_softmax(logits.float(), dim=-1), hidden
