@@ -99,10 +99,11 @@ def test_groups_after_a_padding_gap_see_only_their_prefix():
 def test_two_pass_gradient_equals_one_full_forward(tiny):
     """The student runs the ordinary tokens without autograd; the gradient must not change by it."""
     k, n, vocab = 2, 2, tiny.config.vocab_size
-    seqs = [_sequence(26, vocab, 8), _sequence(19, vocab, 9)]
+    seqs = [_sequence(26, vocab, 8), _sequence(6, vocab, 9)]  # the short one has fewer points than groups
     batch = collate(seqs, k, n, groups=4, mask="ensemble", rng=random.Random(3))
+    assert not batch.group_valid.all()  # padding groups take part (and must not break the two passes)
     start = init_from_token_embeddings(tiny.get_input_embeddings(), k, n, seed=5).double().reshape(k * n, -1)
-    target = torch.randn(2, 4, k, vocab, dtype=torch.float64)
+    target = torch.randn(2, 4, k, vocab, dtype=torch.float64) * batch.group_valid[..., None, None]
 
     emb = start.clone().requires_grad_(True)
     (student_logprobs(tiny, emb, None, k, n, batch) * target).sum().backward()

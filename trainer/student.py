@@ -38,7 +38,8 @@ def student_forward(base_model, embeddings: torch.Tensor, ept_weights: torch.Ten
     groups = decoder(inputs_embeds=x, attention_mask=mask[:, :, t:, :], position_ids=batch.position_ids[:, t:],
                      past_key_values=prefix.past_key_values, use_cache=True).last_hidden_state  # [B, L-T, H]
     rows = torch.arange(groups.shape[0])[:, None, None]
-    per_ept = groups[rows, batch.group_slots - t]  # [B, G, k*n, H]
+    # a sequence with fewer groups than the batch pads with slot 0: clamped here, masked by group_valid later
+    per_ept = groups[rows, (batch.group_slots - t).clamp_min(0)]  # [B, G, k*n, H]
     per_token = aggregate_epts(per_ept, k, n, ept_weights)  # [B, G, k, H]
     logits = base_model.get_output_embeddings()(per_token)  # [B, G, k, V]
     hidden = torch.cat([prefix.last_hidden_state, groups.detach()], dim=1)  # [B, L, H]
