@@ -18,7 +18,7 @@ from ppdkit.data_pipeline.readers import read_conversations
 from ppdkit.runtime.decoder import Decoder
 
 log = logging.getLogger(__name__)
-ALL_METHODS = ("hf-greedy", "hf-pld", "ar", "ppd")
+ALL_METHODS = ("hf-greedy", "hf-pld", "ar", "ppd", "ppd-lookup")
 NEAR_TIE = 1e-4
 
 

@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--model", required=True, help="component directory (e.g. OUTPUT/calibrate/component)")
     decode.add_argument("--prompt", required=True)
     decode.add_argument("--max-new-tokens", type=int, default=128)
-    decode.add_argument("--method", default="ppd", choices=["ppd", "ar"])
+    decode.add_argument("--method", default="ppd", choices=["ppd", "ppd-lookup", "ar"])
     decode.add_argument("--tree-size", type=int, help="default: the size profiled as fastest on this machine")
     decode.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
     decode.add_argument("--acceptance", default="speculative", choices=["speculative", "typical"],
@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dec.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
     bench_dec.add_argument("--limit", type=int, default=10)
     bench_dec.add_argument("--max-new-tokens", type=int, default=128)
-    bench_dec.add_argument("--methods", default="hf-greedy,hf-pld,ar,ppd")
+    bench_dec.add_argument("--methods", default="hf-greedy,hf-pld,ar,ppd,ppd-lookup")
     bench_dec.add_argument("--tree-size", type=int)
     bench_dec.add_argument("--out", help="write the report as JSON here")
     bench_dec.set_defaults(func=cmd_bench)

@@ -97,7 +97,7 @@ def _deepest(kept: list[bool], links: TreeLinks) -> int:
 
 def _exact(tokens: torch.Tensor, logits: torch.Tensor, links: TreeLinks) -> tuple[int, int]:
     greedy = logits.argmax(-1)  # [N]
-    parents = torch.tensor(links.parents[1:])
+    parents = torch.tensor(links.parents[1:], dtype=torch.long)  # long even when the tree is the root alone
     kept = [True] + (tokens[1:] == greedy[parents]).tolist()
     final = _deepest(kept, links)
     return final, int(greedy[final])
@@ -112,7 +112,7 @@ def typical_threshold(probs: torch.Tensor, epsilon: float, delta: float) -> torc
 
 def _typical(tokens: torch.Tensor, probs: torch.Tensor, links: TreeLinks, sampling: Sampling,
              generator: torch.Generator | None) -> tuple[int, int]:
-    parents = torch.tensor(links.parents[1:])
+    parents = torch.tensor(links.parents[1:], dtype=torch.long)  # long even when the tree is the root alone
     threshold = typical_threshold(probs, sampling.epsilon, sampling.delta)  # [N]
     p_guess = probs[parents, tokens[1:]]  # [N - 1]: each guess's probability at its parent
     kept = [True] + (p_guess > threshold[parents]).tolist()

@@ -13,13 +13,15 @@ from ppdkit.models.loading import load_base_model
 
 from .acceptance import Sampling, pick
 from .llama import LeanLlama
+from .lookup import continuation, root_only, with_lookup_chain
 from .ppd import PromptTokenSet, ppd_step, prefill
 from .profile import profile_trees
 from .tree import DynamicTree
 from .tree_layout import TreeLayout, layout_tree
 
 log = logging.getLogger(__name__)
-METHODS = ("ppd", "ar")
+METHODS = ("ppd", "ppd-lookup", "ar")  # ppd-lookup: PPD's tree plus a context-lookup chain (runtime/lookup.py)
+LOOKUP_LENGTH = 3  # nodes of the lookup chain, one per distance the prompt tokens guess
 
 
 @dataclass
@@ -51,9 +53,15 @@ class Decoder:
     def set_tree(self, tree: DynamicTree | None) -> None:
         self.tree = tree
         self.layouts: dict[int, TreeLayout] = {}
+        self.lookup_layouts: dict[int, TreeLayout] = {}  # the same states, each with the lookup chain
         self.ranks = 1
         if tree is not None and self.prompts is not None:
-            self.layouts = {k: layout_tree(s, self.prompts.n, self.prompts.mask_kind) for k, s in tree.states.items()}
+            n, kind = self.prompts.n, self.prompts.mask_kind
+            # state 0: the last step ended on a lookup node, which has no prompt tokens behind it
+            states = {0: root_only(self.prompts.k), **tree.states}
+            self.layouts = {k: layout_tree(s, n, kind) for k, s in states.items()}
+            self.lookup_layouts = {k: layout_tree(with_lookup_chain(s, LOOKUP_LENGTH), n, kind)
+                                   for k, s in states.items()}
             self.ranks = 1 + max(max(s.ranks) for s in tree.states.values())
 
     @classmethod
@@ -102,11 +110,10 @@ class Decoder:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
-        if method == "ppd" and (self.prompts is None or not self.layouts):
+        if method.startswith("ppd") and (self.prompts is None or not self.layouts):
             raise ValueError("ppd needs prompt tokens and calibrated trees: load a component with trees.json")
         ids = torch.tensor(self.encode_chat(prompt) if isinstance(prompt, str) else prompt, dtype=torch.long)
-        cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + (max(l.size for l in self.layouts.values())
-                                                                          if self.layouts else 0))
+        cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + self._tree_size("ppd-lookup"))
         started = time.perf_counter()
         out: list[int] = []
         per_step: list[int] = []
@@ -140,16 +147,27 @@ class Decoder:
             state = self.prompts.k
             per_step.append(1)
             done = emit([root])
+            text = ids.tolist()  # prompt + output so far, for the context lookup
             while not done:
-                step = ppd_step(self.model, cache, self.prompts, self.layouts[state], root, guesses, self.ranks,
-                                sampling, generator)
+                layout, chain = self.layouts[state], []
+                if method == "ppd-lookup":
+                    chain = continuation(text + out, LOOKUP_LENGTH)
+                    if chain:  # a short match is padded: a wrong guess costs a row, never a wrong token
+                        layout = self.lookup_layouts[state]
+                        chain = chain + chain[-1:] * (LOOKUP_LENGTH - len(chain))
+                step = ppd_step(self.model, cache, self.prompts, layout, root, guesses, self.ranks,
+                                sampling, generator, chain)
                 per_step.append(len(step.accepted) + 1)
                 done = emit(step.accepted + [step.next_token])
                 root, guesses, state = step.next_token, step.guesses, step.state
         out = out[:max_new_tokens]
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
-                              max((l.size for l in self.layouts.values()), default=1) if method == "ppd" else 1,
+                              self._tree_size(method),
                               time.perf_counter() - started)
+
+    def _tree_size(self, method: str) -> int:
+        layouts = {"ppd": self.layouts, "ppd-lookup": self.lookup_layouts}.get(method, {})
+        return max((layout.size for layout in layouts.values()), default=1)
 
     def _eos_ids(self) -> set[int]:
         eos = self.model.eos_token_id

@@ -67,10 +67,15 @@ class StepResult:
 
 def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: TreeLayout, root: int,
              guesses: torch.Tensor, ranks: int, sampling: Sampling = Sampling(),
-             generator: torch.Generator | None = None) -> StepResult:
+             generator: torch.Generator | None = None, chain: list[int] = ()) -> StepResult:
+    """One verify-and-guess forward; `chain` fills the tree's context-lookup nodes (tree.lookup of them)."""
+    if len(chain) != tree.lookup:
+        raise ValueError(f"the tree has {tree.lookup} lookup nodes, {len(chain)} tokens were given")
+    guessed = tree.nodes - tree.lookup
     node_tokens = torch.empty(tree.nodes, dtype=torch.long)
     node_tokens[0] = root
-    node_tokens[1:] = guesses[tree.depths[1:] - 1, tree.ranks[1:]]
+    node_tokens[1:guessed] = guesses[tree.depths[1:guessed] - 1, tree.ranks[1:guessed]]
+    node_tokens[guessed:] = torch.tensor(list(chain), dtype=torch.long)
     x = torch.cat([model.embed_ids(node_tokens), prompts.embeddings.to(model.dtype)[tree.slot_embedding]])
     mask = torch.cat([torch.ones(tree.size, cache.length, dtype=torch.bool), tree.mask], dim=1)
     positions = cache.length + tree.offsets

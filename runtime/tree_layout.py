@@ -10,6 +10,7 @@ import torch
 from ppdkit.models.prompt_tokens import ept_mask
 
 from .acceptance import TreeLinks
+from .lookup import LOOKUP_RANK
 from .tree import TreeState
 
 
@@ -26,6 +27,7 @@ class TreeLayout:
     prompts: tuple[int, ...]
     paths: tuple[torch.Tensor, ...]  # per node: input indices of root .. node
     links: TreeLinks  # parents, depths and children as lists, for the acceptance rules
+    lookup: int = 0  # the last `lookup` nodes are a context-lookup chain (runtime/lookup.py), not guesses
 
     @property
     def size(self) -> int:
@@ -49,13 +51,15 @@ def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
         c = state.prompts[node]
         slots = torch.arange(start, start + c * epts)
         mask[slots[:, None], torch.tensor(paths[node])[None, :]] = True  # the node's own path
-        mask[slots[:, None], slots[None, :]] = ept_mask(c, epts, mask_kind)  # its prompt tokens, per EPT mask
+        if c:
+            mask[slots[:, None], slots[None, :]] = ept_mask(c, epts, mask_kind)  # its prompt tokens, per EPT mask
         offsets[slots] = state.depths[node] + torch.arange(c).repeat_interleave(epts) + 1
-        slot_embedding.append(torch.arange(c * epts))  # distance j's EPTs are embeddings j*n .. j*n+n-1
+        slot_embedding.append(torch.arange(c * epts, dtype=torch.long))  # distance j's EPTs are embeddings j*n .. j*n+n-1
         guess_rows.append(n_nodes + len(slot_distances) + torch.arange(c))
         slot_distances.extend(range(c))
         start += c * epts
     return TreeLayout(n_nodes, torch.tensor(state.depths), torch.tensor(state.ranks), offsets, mask,
                       torch.cat(slot_embedding), torch.tensor(slot_distances), tuple(guess_rows),
                       tuple(state.prompts), tuple(torch.tensor(p) for p in paths),
-                      TreeLinks.of(list(state.parents), list(state.depths), list(state.ranks)))
+                      TreeLinks.of(list(state.parents), list(state.depths), list(state.ranks)),
+                      sum(r == LOOKUP_RANK for r in state.ranks))

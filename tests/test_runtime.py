@@ -8,6 +8,7 @@ import torch
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.llama import LeanLlama
+from ppdkit.runtime.lookup import continuation
 from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
 from ppdkit.runtime.tree import best_tree_for_size
 from ppdkit.runtime.tree_layout import layout_tree
@@ -152,3 +153,31 @@ def test_float32_forward_on_prepacked_weights_agrees_with_transformers():
         ids = _prompt(seed)
         ppd = decoder.generate(ids, 24, "ppd").tokens
         assert ppd == _hf_greedy(model, ids, 24)[:len(ppd)]
+
+
+def test_context_lookup_by_hand():
+    assert continuation([5, 6, 7, 8, 5, 6], 3) == [7, 8, 5]  # the 2-gram (5, 6) occurred at 0
+    assert continuation([1, 2, 9, 1, 3, 9, 1], 2) == [3, 9]  # the latest (9, 1) wins
+    assert continuation([4, 5, 6, 4], 3) == [5, 6, 4]  # only the 1-gram matches
+    assert continuation([4, 5, 6, 7], 3) == []  # the last token never occurred before
+    assert continuation([3, 3], 3) == [3]  # the continuation stops at the text's end
+
+
+def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny):
+    """Repetitive prompts make the lookup chain right often: accepted chains, states 0, padding."""
+    model, tok = tiny
+    torch.manual_seed(7)
+    prompts = PromptTokenSet(torch.randn(3, 64, dtype=torch.float64), None, 3, 1, "ensemble")
+    decoder = Decoder(model, tok, prompts, best_tree_for_size(P, 12))
+    plain_steps = lookup_steps = 0
+    for seed in range(12):
+        ids = _prompt(seed, 6) * 4  # a pattern the model's greedy output tends to continue
+        with_lookup = decoder.generate(ids, 40, "ppd-lookup")
+        plain = decoder.generate(ids, 40, "ppd")
+        assert with_lookup.tokens == plain.tokens == _hf_greedy(model, ids, 40)[:len(plain.tokens)]
+        plain_steps += plain.steps
+        lookup_steps += with_lookup.steps
+    assert lookup_steps < plain_steps  # the chain was accepted, and that saved steps
+    for acceptance in ("speculative", "typical"):  # sampled: a chain that ends a step leaves no guesses (state 0)
+        sampled = decoder.generate(_prompt(1, 6) * 4, 40, "ppd-lookup", temperature=0.8, acceptance=acceptance, seed=3)
+        assert 0 < len(sampled.tokens) <= 40 and sampled.steps <= len(sampled.tokens)

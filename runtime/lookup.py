@@ -1,0 +1,38 @@
+"""Context lookup: a chain of guesses copied from where the current text's ending occurred before.
+
+The training-free drafters ppdkit draws on (papers/001 Self-Draft's context cache, papers/003 ANPD's
+n-grams of the live context) rest on one fact: text, above all code, repeats itself. Measured on
+SmolLM2-135M's own greedy answers, the continuation of the longest earlier match of the last 1-3
+tokens gives the next 1/2/3 tokens after the root in 27/20/17% of steps on MT-Bench and 64/56/51% on
+HumanEval. A PPD step adds that chain as one more branch under its root, so the guesses of both
+sources are verified in the same forward; acceptance stays exact, so decoding stays lossless.
+"""
+
+from .tree import TreeState
+
+LOOKUP_RANK = 1 << 20  # the chain's rank: after every prompt-token guess in rank order (sampling tries those first)
+
+
+def continuation(tokens: list[int], length: int, max_ngram: int = 3) -> list[int]:
+    """Up to `length` tokens that followed the latest earlier occurrence of the longest suffix of
+    `tokens` (longest first, max_ngram down to 1); [] when the last token never occurred before."""
+    end = len(tokens)
+    for n in range(min(max_ngram, end - 1), 0, -1):
+        suffix = tokens[end - n:]
+        for start in range(end - n - 1, -1, -1):  # latest occurrence first, never the suffix itself
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + length]
+    return []
+
+
+def with_lookup_chain(state: TreeState, length: int) -> TreeState:
+    """`state` plus a chain of `length` nodes under the root that carry no prompt tokens."""
+    first = len(state.parents)
+    parents = tuple([0] + [first + i for i in range(length - 1)])
+    return TreeState(state.parents + parents, state.depths + tuple(range(1, length + 1)),
+                     state.ranks + (LOOKUP_RANK,) * length, state.prompts + (0,) * length)
+
+
+def root_only(k: int) -> TreeState:
+    """The state after a step that ended on a lookup node: no guesses, the root's k prompt tokens."""
+    return TreeState((-1,), (0,), (-1,), (k,))
