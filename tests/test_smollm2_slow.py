@@ -87,12 +87,13 @@ def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-ppd", tree_size=16)
-    tokens = steps = 0
-    for prompt in load_prompts("mt-bench", 3):
-        ids = decoder.encode_chat(prompt)
-        ppd = decoder.generate(ids, 48, "ppd")
-        greedy, _ = run_method(decoder, "hf-greedy", ids, 48)
-        if ppd.tokens != greedy:
-            assert divergence(decoder, ids, ppd.tokens, greedy)["near_tie"], prompt
-        tokens, steps = tokens + len(ppd.tokens), steps + ppd.steps
-    assert tokens / steps > 1.3
+    for method in ("ppd", "ppd-lookup"):
+        tokens = steps = 0
+        for prompt in load_prompts("mt-bench", 3):
+            ids = decoder.encode_chat(prompt)
+            ppd = decoder.generate(ids, 48, method)
+            greedy, _ = run_method(decoder, "hf-greedy", ids, 48)
+            if ppd.tokens != greedy:
+                assert divergence(decoder, ids, ppd.tokens, greedy)["near_tie"], (method, prompt)
+            tokens, steps = tokens + len(ppd.tokens), steps + ppd.steps
+        assert tokens / steps > 1.3, method
