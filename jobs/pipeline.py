@@ -123,6 +123,7 @@ def _run_register(ctx: StageContext) -> dict[str, Any]:
             "fingerprint": calibrate_fingerprint(ctx), "tree_size": size,
             "tau": calibrate.get(f"tau_size{size}", max(v for k, v in calibrate.items() if k.startswith("tau_size"))),
             "speedup_vs_hf_greedy": evaluate.get("ppd_speedup"), "ar_speedup": evaluate.get("ar_speedup"),
+            "ppd_lookup_speedup": evaluate.get("ppd_lookup_speedup"),
             "identical_to_greedy": evaluate.get("ppd_identical_to_greedy"),
             **{k.removeprefix("best_"): v for k, v in train.items() if k.startswith("best_acc_top1_d")}}
     name = ctx.spec.tracking.registered_model or f"ppdkit-{Path(ctx.spec.base_model.name).name}"

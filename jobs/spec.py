@@ -25,7 +25,7 @@ class EvaluateConfig(Section):
     prompts: str = Field("mt-bench", description="mt-bench | humaneval | FILE.jsonl")
     limit: int = Field(5, ge=1)
     max_new_tokens: int = Field(128, ge=1)
-    methods: list[str] = Field(["hf-greedy", "ar", "ppd"], description="of hf-greedy, hf-pld, ar, ppd")
+    methods: list[str] = Field(["hf-greedy", "ar", "ppd"], description="of hf-greedy, hf-pld, ar, ppd, ppd-lookup")
 
 
 class JobSpec(Section):
