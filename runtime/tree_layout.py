@@ -54,7 +54,7 @@ def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
         if c:
             mask[slots[:, None], slots[None, :]] = ept_mask(c, epts, mask_kind)  # its prompt tokens, per EPT mask
         offsets[slots] = state.depths[node] + torch.arange(c).repeat_interleave(epts) + 1
-        slot_embedding.append(torch.arange(c * epts, dtype=torch.long))  # distance j's EPTs are embeddings j*n .. j*n+n-1
+        slot_embedding.append(torch.arange(c * epts))  # distance j's EPTs are embeddings j*n .. j*n+n-1
         guess_rows.append(n_nodes + len(slot_distances) + torch.arange(c))
         slot_distances.extend(range(c))
         start += c * epts

@@ -33,13 +33,12 @@ def guess_ranks(base_model, component, sequences, groups: int, micro_batch: int,
     with torch.no_grad():
         for i in tqdm(range(0, len(sequences), micro_batch), desc="calibrating", unit="batch"):
             batch = collate(sequences[i:i + micro_batch], k, n, groups, h["mask"], rng)
-            logp, hidden = student_forward(base_model, emb, weights, k, n, batch)  # [B, G, k, V], [B, L, H]
+            logp, hidden = student_forward(base_model, emb, weights, k, n, batch)  # [B, G, k, V], [B, T, H]
             # greedy token of the base at t + d (ordinary positions are untouched by prompt tokens)
             insert_at = batch.position_ids.gather(1, batch.group_slots[..., 0]) - 1  # [B, G]
             at = insert_at[..., None] + torch.arange(1, k + 1)  # [B, G, k]
-            length = batch.input_ids.shape[1]
             rows = torch.arange(len(at))[:, None, None]
-            greedy = head(hidden[rows, at.clamp(max=length - 1)]).argmax(-1)  # [B, G, k]
+            greedy = head(hidden[rows, at.clamp(max=hidden.shape[1] - 1)]).argmax(-1)  # [B, G, k]
             target_logp = logp.gather(-1, greedy[..., None])  # [B, G, k, 1]
             rank = (logp > target_logp).sum(-1)  # [B, G, k]
             valid = batch.group_valid[..., None] & batch.target_valid  # [B, G, k]

@@ -19,7 +19,7 @@ def student_logprobs(base_model, embeddings: torch.Tensor, ept_weights: torch.Te
 
 def student_forward(base_model, embeddings: torch.Tensor, ept_weights: torch.Tensor | None, k: int, n: int,
                     batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(group log-probabilities [B, G, k, V], final hidden states of every input token [B, L, H]).
+    """(group log-probabilities [B, G, k, V], final hidden states of the ordinary tokens [B, T, H]).
 
     Two passes over one attention layout: the ordinary tokens first, without autograd (they never see
     a prompt token, so no gradient can flow through them), then the groups on their key/value cache.
@@ -42,5 +42,4 @@ def student_forward(base_model, embeddings: torch.Tensor, ept_weights: torch.Ten
     per_ept = groups[rows, (batch.group_slots - t).clamp_min(0)]  # [B, G, k*n, H]
     per_token = aggregate_epts(per_ept, k, n, ept_weights)  # [B, G, k, H]
     logits = base_model.get_output_embeddings()(per_token)  # [B, G, k, V]
-    hidden = torch.cat([prefix.last_hidden_state, groups.detach()], dim=1)  # [B, L, H]
-    return torch.log_softmax(logits.float(), dim=-1), hidden
+    return torch.log_softmax(logits.float(), dim=-1), prefix.last_hidden_state
