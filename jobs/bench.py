@@ -58,11 +58,11 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
 
 
 def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
-              tree_size: int | None = None) -> dict:
+              tree_size: int | None = None, lookup_chains: int = 1) -> dict:
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}")
-    decoder = Decoder.from_pretrained(model, tree_size=tree_size)
+    decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains)
     prompts = [decoder.encode_chat(p) for p in load_prompts(prompts_source, limit)]
     order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy is the reference
     for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured

@@ -8,6 +8,8 @@ from importlib import resources
 from pathlib import Path
 
 log = logging.getLogger("ppdkit")
+LOOKUP_CHAINS_HELP = ("ppd-lookup: chains per step, the context's then the component's n-gram table's "
+                      "(default 1: extra rows cost more than they gain on a small CPU)")
 
 
 def demo_spec_path() -> Path:
@@ -155,7 +157,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
 def cmd_decode(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
 
-    decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size)
+    decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains)
     result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=_text_streamer(decoder.tokenizer),
                               temperature=args.temperature, acceptance=args.acceptance, epsilon=args.epsilon,
                               delta=args.delta, seed=args.seed)
@@ -191,7 +193,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     report = run_bench(args.model, args.prompts, args.limit, args.max_new_tokens, methods,
-                       args.tree_size)
+                       args.tree_size, args.lookup_chains)
     print_table(report)
     if args.out:
         write_report(report, Path(args.out))
@@ -273,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--max-new-tokens", type=int, default=128)
     decode.add_argument("--method", default="ppd", choices=["ppd", "ppd-lookup", "ar"])
     decode.add_argument("--tree-size", type=int, help="default: the size profiled as fastest on this machine")
+    decode.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     decode.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
     decode.add_argument("--acceptance", default="speculative", choices=["speculative", "typical"],
                         help="sampled decoding: speculative keeps the model's distribution exactly; typical "
@@ -294,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dec.add_argument("--max-new-tokens", type=int, default=128)
     bench_dec.add_argument("--methods", default="hf-greedy,hf-pld,ar,ppd,ppd-lookup")
     bench_dec.add_argument("--tree-size", type=int)
+    bench_dec.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     bench_dec.add_argument("--out", help="write the report as JSON here")
     bench_dec.set_defaults(func=cmd_bench)
 

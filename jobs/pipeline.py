@@ -80,6 +80,7 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     shutil.copytree(ctx.output / "train" / "component", component)
     (component / "trees.json").write_text(json.dumps(result, indent=2))
     ctx.tracker.log_artifact(component / "trees.json", "component")
+    ngram_figures = _write_ngram_table(ctx, component) if cfg.ngram_branches else {}
     from ppdkit.runtime.tree import DynamicTree
     from ppdkit.trainer.tree_plot import plot_tree
 
@@ -91,7 +92,22 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     k = len(result["acceptance"])
     figures = {f"p_top1_d{d + 1}": result["acceptance"][d][0] for d in range(k)}
     figures.update({f"tau_size{size}": tree["tau"] for size, tree in result["trees"].items()})
-    return {**figures, "insertions": result["insertions"], "component": str(component)}
+    return {**figures, **ngram_figures, "insertions": result["insertions"], "component": str(component)}
+
+
+def _write_ngram_table(ctx: StageContext, component) -> dict[str, Any]:
+    """The corpus n-gram table counted from the teacher cache's assistant text, into the component."""
+    from ppdkit.data_pipeline.ngram_cache import assistant_texts, build_ngram_table
+    from ppdkit.data_pipeline.teacher_cache import TeacherCache
+    from ppdkit.models.artifact import write_ngrams
+
+    cfg = ctx.spec.calibrate
+    cache = TeacherCache(ctx.output / "teacher")
+    table = build_ngram_table(assistant_texts(cache, "train"), cfg.ngram_max_n, cfg.ngram_branches,
+                              min_count=cfg.ngram_min_count)
+    path = write_ngrams(component, table.to_tensors())
+    ctx.tracker.log_artifact(path, "component")
+    return {"ngram_entries": len(table.entries), "ngram_bytes": path.stat().st_size}
 
 
 def _run_evaluate(ctx: StageContext) -> dict[str, Any]:

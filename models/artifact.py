@@ -1,7 +1,8 @@
 """The component artifact: the one contract between the trainer (writer) and the decoder (reader).
 
 A directory holding `component.json` (format version, method, hyperparameters, base model name and
-fingerprint, the run that made it), `weights.safetensors`, and method extras (PPD: `trees.json`).
+fingerprint, the run that made it), `weights.safetensors`, and method extras (PPD: `trees.json`, and
+optionally `ngrams.safetensors`, the corpus n-gram table of models/ngram_table.py).
 Loading checks every required key and refuses a component made for another base model.
 """
 
@@ -16,6 +17,7 @@ from safetensors.torch import load_file, save_file
 FORMAT_VERSION = 1
 REQUIRED = ("format_version", "method", "hyperparameters", "base_model", "run")
 REQUIRED_BASE = ("name", "fingerprint")
+NGRAMS_FILE = "ngrams.safetensors"
 
 
 class ArtifactError(ValueError):
@@ -31,6 +33,7 @@ class Component:
     run: dict[str, Any]
     tensors: dict[str, torch.Tensor]
     extras: dict[str, Any]  # other JSON files of the directory, by stem (e.g. "trees")
+    ngrams: dict[str, torch.Tensor] | None = None  # ngrams.safetensors, when the component has one
 
 
 def write_component(directory: Path, method: str, hyperparameters: dict, base_name: str, fingerprint: str,
@@ -45,6 +48,13 @@ def write_component(directory: Path, method: str, hyperparameters: dict, base_na
             "weights": sorted(tensors)}
     (directory / "component.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     return directory
+
+
+def write_ngrams(directory: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    """Add a corpus n-gram table (NgramTable.to_tensors()) to a component directory."""
+    path = Path(directory) / NGRAMS_FILE
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    return path
 
 
 def read_component(directory: Path, expect_fingerprint: str | None = None) -> Component:
@@ -68,5 +78,6 @@ def read_component(directory: Path, expect_fingerprint: str | None = None) -> Co
     if sorted(tensors) != sorted(meta.get("weights", tensors)):
         raise ArtifactError(f"{directory}/weights.safetensors does not hold the tensors component.json lists")
     extras = {p.stem: json.loads(p.read_text()) for p in directory.glob("*.json") if p.name != "component.json"}
+    ngrams = load_file(str(directory / NGRAMS_FILE)) if (directory / NGRAMS_FILE).is_file() else None
     return Component(directory, meta["method"], meta["hyperparameters"], meta["base_model"], meta["run"],
-                     tensors, extras)
+                     tensors, extras, ngrams)

@@ -10,18 +10,19 @@ import torch
 
 from ppdkit.models.artifact import read_component
 from ppdkit.models.loading import load_base_model
+from ppdkit.models.ngram_table import NgramTable
 
 from .acceptance import Sampling, pick
 from .llama import LeanLlama
-from .lookup import continuation, root_only, with_lookup_chain
+from .lookup import draft_chains, root_only, with_lookup_chains
 from .ppd import PromptTokenSet, ppd_step, prefill
 from .profile import profile_trees
 from .tree import DynamicTree
 from .tree_layout import TreeLayout, layout_tree
 
 log = logging.getLogger(__name__)
-METHODS = ("ppd", "ppd-lookup", "ar")  # ppd-lookup: PPD's tree plus a context-lookup chain (runtime/lookup.py)
-LOOKUP_LENGTH = 3  # nodes of the lookup chain, one per distance the prompt tokens guess
+METHODS = ("ppd", "ppd-lookup", "ar")  # ppd-lookup: PPD's tree plus lookup chains (runtime/lookup.py)
+LOOKUP_LENGTH = 3  # nodes of a lookup chain, one per distance the prompt tokens guess
 
 
 @dataclass
@@ -40,12 +41,18 @@ class GenerateResult:
 
 class Decoder:
     def __init__(self, hf_model, tokenizer, prompts: PromptTokenSet | None, tree: DynamicTree | None,
-                 max_length: int = 2048):
+                 max_length: int = 2048, ngrams: NgramTable | None = None, lookup_chains: int = 1):
         self.tokenizer = tokenizer
         self.hf_model = hf_model  # kept for the baselines and for divergence checks
         self.model = LeanLlama(hf_model, max_positions=max_length)
         self.max_length = max_length
         self.prompts = prompts
+        self.ngrams = ngrams  # the component's corpus n-gram table, for ppd-lookup
+        # ppd-lookup's chains per step: the context's first, then the table's. One by default: on a 2-core
+        # CPU the rows of more chains cost more time than their extra accepted tokens save (see README)
+        if lookup_chains < 1:
+            raise ValueError(f"lookup_chains must be at least 1 (the context's chain), not {lookup_chains}")
+        self.lookup_chains = lookup_chains
         self.fingerprint: str | None = None
         self.profile: dict | None = None
         self.set_tree(tree)
@@ -53,21 +60,22 @@ class Decoder:
     def set_tree(self, tree: DynamicTree | None) -> None:
         self.tree = tree
         self.layouts: dict[int, TreeLayout] = {}
-        self.lookup_layouts: dict[int, TreeLayout] = {}  # the same states, each with the lookup chain
+        self.lookup_layouts: dict[tuple[int, int], TreeLayout] = {}  # (state, chains): state plus lookup chains
         self.ranks = 1
         if tree is not None and self.prompts is not None:
             n, kind = self.prompts.n, self.prompts.mask_kind
             # state 0: the last step ended on a lookup node, which has no prompt tokens behind it
             states = {0: root_only(self.prompts.k), **tree.states}
             self.layouts = {k: layout_tree(s, n, kind) for k, s in states.items()}
-            self.lookup_layouts = {k: layout_tree(with_lookup_chain(s, LOOKUP_LENGTH), n, kind)
-                                   for k, s in states.items()}
+            self.lookup_layouts = {(k, c): layout_tree(with_lookup_chains(s, c, LOOKUP_LENGTH), n, kind)
+                                   for k, s in states.items() for c in range(1, self.lookup_chains + 1)}
             self.ranks = 1 + max(max(s.ranks) for s in tree.states.values())
 
     @classmethod
     def from_pretrained(cls, source: str | Path, dtype: str = "float32", tree_size: int | None = None,
-                        max_length: int = 2048) -> "Decoder":
-        """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens, trees."""
+                        max_length: int = 2048, lookup_chains: int = 1) -> "Decoder":
+        """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens,
+        trees and n-gram table. `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps."""
         if str(source).startswith("models:/"):
             from ppdkit.registry.models import resolve  # the registry (MLflow) only for registry URIs
 
@@ -80,7 +88,8 @@ class Decoder:
         emb = component.tensors["prompt_embeddings"]  # [k, n, H]
         prompts = PromptTokenSet(emb.reshape(-1, emb.shape[-1]).to(base.model.dtype),
                                  component.tensors.get("ept_weights"), h["num_prompt_tokens"], h["num_epts"], h["mask"])
-        decoder = cls(base.model, base.tokenizer, prompts, None, max_length)
+        ngrams = NgramTable.from_tensors(component.ngrams) if component.ngrams else None
+        decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
         decoder.fingerprint = base.fingerprint
         trees = component.extras.get("trees")
         if trees:
@@ -151,10 +160,10 @@ class Decoder:
             while not done:
                 layout, chain = self.layouts[state], []
                 if method == "ppd-lookup":
-                    chain = continuation(text + out, LOOKUP_LENGTH)
-                    if chain:  # a short match is padded: a wrong guess costs a row, never a wrong token
-                        layout = self.lookup_layouts[state]
-                        chain = chain + chain[-1:] * (LOOKUP_LENGTH - len(chain))
+                    chains = draft_chains(text + out, self.ngrams, self.lookup_chains, LOOKUP_LENGTH)
+                    if chains:
+                        layout = self.lookup_layouts[(state, len(chains))]
+                        chain = [t for c in chains for t in c]
                 step = ppd_step(self.model, cache, self.prompts, layout, root, guesses, self.ranks,
                                 sampling, generator, chain)
                 per_step.append(len(step.accepted) + 1)

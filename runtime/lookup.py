@@ -1,12 +1,15 @@
-"""Context lookup: a chain of guesses copied from where the current text's ending occurred before.
+"""Lookup drafting: chains of guesses copied from where the current text's ending occurred before, in
+the context itself or in a corpus (the component's n-gram table, models/ngram_table.py).
 
 The training-free drafters ppdkit draws on (papers/001 Self-Draft's context cache, papers/003 ANPD's
 n-grams of the live context) rest on one fact: text, above all code, repeats itself. Measured on
 SmolLM2-135M's own greedy answers, the continuation of the longest earlier match of the last 1-3
 tokens gives the next 1/2/3 tokens after the root in 27/20/17% of steps on MT-Bench and 64/56/51% on
-HumanEval. A PPD step adds that chain as one more branch under its root, so the guesses of both
-sources are verified in the same forward; acceptance stays exact, so decoding stays lossless.
+HumanEval. A PPD step adds such chains as more branches under its root, so the guesses of every
+source are verified in the same forward; acceptance stays exact, so decoding stays lossless.
 """
+
+from ppdkit.models.ngram_table import NgramTable
 
 from .tree import TreeState
 
@@ -25,12 +28,29 @@ def continuation(tokens: list[int], length: int, max_ngram: int = 3) -> list[int
     return []
 
 
-def with_lookup_chain(state: TreeState, length: int) -> TreeState:
-    """`state` plus a chain of `length` nodes under the root that carry no prompt tokens."""
-    first = len(state.parents)
-    parents = tuple([0] + [first + i for i in range(length - 1)])
-    return TreeState(state.parents + parents, state.depths + tuple(range(1, length + 1)),
-                     state.ranks + (LOOKUP_RANK,) * length, state.prompts + (0,) * length)
+def draft_chains(tokens: list[int], table: NgramTable | None, chains: int, length: int) -> list[list[int]]:
+    """Up to `chains` distinct chains of exactly `length` tokens: the context's continuation first, then
+    the table's for the same ending. A short chain is padded with its last token (a wrong guess costs a
+    row, never a wrong token)."""
+    found = [continuation(tokens, length)] + (table.continuations(tokens) if table is not None else [])
+    out: list[list[int]] = []
+    for chain in found:
+        chain = chain[:length]
+        chain = chain + chain[-1:] * (length - len(chain))
+        if chain and chain not in out:
+            out.append(chain)
+    return out[:chains]
+
+
+def with_lookup_chains(state: TreeState, chains: int, length: int) -> TreeState:
+    """`state` plus `chains` chains of `length` nodes under the root that carry no prompt tokens."""
+    parents, depths = list(state.parents), list(state.depths)
+    for _ in range(chains):
+        first = len(parents)
+        parents += [0] + [first + i for i in range(length - 1)]
+        depths += range(1, length + 1)
+    added = chains * length
+    return TreeState(tuple(parents), tuple(depths), state.ranks + (LOOKUP_RANK,) * added, state.prompts + (0,) * added)
 
 
 def root_only(k: int) -> TreeState:

@@ -68,7 +68,7 @@ class StepResult:
 def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: TreeLayout, root: int,
              guesses: torch.Tensor, ranks: int, sampling: Sampling = Sampling(),
              generator: torch.Generator | None = None, chain: list[int] = ()) -> StepResult:
-    """One verify-and-guess forward; `chain` fills the tree's context-lookup nodes (tree.lookup of them)."""
+    """One verify-and-guess forward; `chain` fills the tree's lookup nodes (tree.lookup of them, chain after chain)."""
     if len(chain) != tree.lookup:
         raise ValueError(f"the tree has {tree.lookup} lookup nodes, {len(chain)} tokens were given")
     guessed = tree.nodes - tree.lookup

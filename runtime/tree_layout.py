@@ -27,7 +27,7 @@ class TreeLayout:
     prompts: tuple[int, ...]
     paths: tuple[torch.Tensor, ...]  # per node: input indices of root .. node
     links: TreeLinks  # parents, depths and children as lists, for the acceptance rules
-    lookup: int = 0  # the last `lookup` nodes are a context-lookup chain (runtime/lookup.py), not guesses
+    lookup: int = 0  # the last `lookup` nodes are lookup chains (runtime/lookup.py), not guesses
 
     @property
     def size(self) -> int:

@@ -107,10 +107,12 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     assert component["method"] == "ept" and component["run"]["mlflow_run_id"] == run.info.run_id
     trees = json.loads((out / "calibrate" / "component" / "trees.json").read_text())
     assert set(trees["trees"]) == {"6", "12"} and len(trees["acceptance"]) == 3
+    assert (out / "calibrate" / "component" / "ngrams.safetensors").is_file()
     bench = json.loads((out / "evaluate" / "bench.json").read_text())
     assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "ppd"}
     assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
-    for key in ("calibrate.tau_size6", "evaluate.ppd_speedup", "evaluate.ar_identical_to_greedy"):
+    for key in ("calibrate.tau_size6", "calibrate.ngram_entries", "evaluate.ppd_speedup",
+                "evaluate.ar_identical_to_greedy"):
         assert key in run.data.metrics, key
     # registered, promoted, and loadable by alias
     registered = json.loads((out / "register" / "summary.json").read_text())
@@ -123,7 +125,10 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@champion")
-    assert decoder.generate([5, 6, 7, 8], 6, "ppd").tokens == decoder.generate([5, 6, 7, 8], 6, "ar").tokens
+    assert decoder.ngrams is not None and decoder.ngrams.entries  # the registered version carries its table
+    reference = decoder.generate([5, 6, 7, 8], 6, "ar").tokens
+    assert decoder.generate([5, 6, 7, 8], 6, "ppd").tokens == reference
+    assert decoder.generate([5, 6, 7, 8], 6, "ppd-lookup").tokens == reference
     # More workers change how the stage runs, not what it wrote: the finished stage is kept.
     assert main(["run", str(spec_file), "--output", str(out), "teacher.workers=2", "--stages", "data,teacher"]) == 0
     assert json.loads((out / "teacher" / "summary.json").read_text())["compute_seconds"] == teacher["compute_seconds"]

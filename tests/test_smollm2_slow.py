@@ -86,7 +86,9 @@ def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
     from ppdkit.jobs.bench import divergence, load_prompts, run_method
     from ppdkit.runtime.decoder import Decoder
 
-    decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-ppd", tree_size=16)
+    decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-ppd", tree_size=16,
+                                      lookup_chains=4)  # ppd-lookup: the context's chain and the n-gram table's
+    assert decoder.ngrams is not None and len(decoder.ngrams.entries) > 10_000
     for method in ("ppd", "ppd-lookup"):
         tokens = steps = 0
         for prompt in load_prompts("mt-bench", 3):

@@ -48,3 +48,7 @@ class CalibrateConfig(Section):
     sequences: int = Field(64, ge=1, description="held-out sequences measured")
     groups_per_sequence: int = Field(16, ge=1)
     micro_batch: int = Field(4, ge=1)
+    # the corpus n-gram table (data_pipeline/ngram_cache.py) the component carries for ppd-lookup
+    ngram_branches: int = Field(3, ge=0, le=16, description="continuations kept per n-gram; 0: no table")
+    ngram_max_n: int = Field(3, ge=1, le=8, description="longest n-gram counted")
+    ngram_min_count: int = Field(2, ge=1, description="n-grams seen fewer times are dropped")

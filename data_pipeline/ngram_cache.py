@@ -1,0 +1,46 @@
+"""The corpus n-gram cache: counted from the assistant text of the teacher cache (with self-distillation,
+the base model's own answers), the text the decoder will meet again.
+
+Measured on SmolLM2-135M's greedy answers (40 MT-Bench / 40 HumanEval prompts, 128 tokens): a chain
+copied from the context alone gives 1.40 / 1.92 tokens per step; adding the table's 3 most frequent
+continuations of the last 1-3 tokens (counted over 512 regenerated ShareGPT conversations) gives
+1.68 / 2.28. The table alone gives 1.18 / 1.17: it helps where the context has nothing to copy.
+"""
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+
+from ppdkit.models.ngram_table import Key, NgramTable
+
+from .teacher_cache import TeacherCache
+
+
+def assistant_texts(cache: TeacherCache, split: str = "train") -> Iterator[list[int]]:
+    """Each run of consecutive assistant tokens of the split (the tokens the cache has targets for)."""
+    for seq in cache.sequences(split):
+        ids = seq.input_ids.tolist()
+        targets = (seq.positions + 1).tolist()  # entry at t is the distribution of token t + 1
+        run: list[int] = []
+        for i, t in enumerate(targets):
+            if run and t != targets[i - 1] + 1:
+                yield run
+                run = []
+            run.append(ids[t])
+        if run:
+            yield run
+
+
+def build_ngram_table(texts: Iterable[list[int]], max_n: int = 3, branches: int = 3, length: int = 3,
+                      min_count: int = 2) -> NgramTable:
+    """Count, for every n-gram (n <= max_n) seen at least `min_count` times, the `length` tokens after
+    it; keep its `branches` most frequent continuations (ties: first seen first)."""
+    counts: dict[Key, Counter] = defaultdict(Counter)
+    for text in texts:
+        for end in range(1, len(text)):  # the n-gram ends at text[end - 1], its continuation starts at end
+            cont = text[end:end + length]
+            cont = tuple(cont + cont[-1:] * (length - len(cont)))
+            for n in range(1, min(max_n, end) + 1):
+                counts[tuple(text[end - n:end])][cont] += 1
+    entries = {key: [list(cont) for cont, _ in found.most_common(branches)]
+               for key, found in counts.items() if sum(found.values()) >= min_count}
+    return NgramTable(max_n, branches, length, entries)
