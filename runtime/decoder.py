@@ -22,7 +22,10 @@ from .tree_layout import TreeLayout, layout_tree
 
 log = logging.getLogger(__name__)
 METHODS = ("ppd", "ppd-lookup", "ar")  # ppd-lookup: PPD's tree plus lookup chains (runtime/lookup.py)
-LOOKUP_LENGTH = 3  # nodes of a lookup chain, one per distance the prompt tokens guess
+LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' reach), doubled after a chain
+# was accepted whole (the text is copying itself). Measured with the committed component, tree of 6,
+# 20 prompts, 128 tokens, one process: 1.65 -> 1.70 tokens per step on MT-Bench (speed alike), 2.25 -> 2.59
+# on HumanEval (+11 to +24% tokens/s)
 
 
 @dataclass
@@ -60,15 +63,17 @@ class Decoder:
     def set_tree(self, tree: DynamicTree | None) -> None:
         self.tree = tree
         self.layouts: dict[int, TreeLayout] = {}
-        self.lookup_layouts: dict[tuple[int, int], TreeLayout] = {}  # (state, chains): state plus lookup chains
+        self.lookup_layouts: dict[tuple[int, int, int], TreeLayout] = {}  # (state, chains, length): with chains
         self.ranks = 1
         if tree is not None and self.prompts is not None:
             n, kind = self.prompts.n, self.prompts.mask_kind
             # state 0: the last step ended on a lookup node, which has no prompt tokens behind it
             states = {0: root_only(self.prompts.k), **tree.states}
             self.layouts = {k: layout_tree(s, n, kind) for k, s in states.items()}
-            self.lookup_layouts = {(k, c): layout_tree(with_lookup_chains(s, c, LOOKUP_LENGTH), n, kind)
-                                   for k, s in states.items() for c in range(1, self.lookup_chains + 1)}
+            shapes = [(c, LOOKUP_LENGTHS[0]) for c in range(1, self.lookup_chains + 1)]
+            shapes += [(1, length) for length in LOOKUP_LENGTHS[1:]]  # long chains: the context's only
+            self.lookup_layouts = {(k, c, length): layout_tree(with_lookup_chains(s, c, length), n, kind)
+                                   for k, s in states.items() for c, length in shapes}
             self.ranks = 1 + max(max(s.ranks) for s in tree.states.values())
 
     @classmethod
@@ -157,15 +162,19 @@ class Decoder:
             per_step.append(1)
             done = emit([root])
             text = ids.tolist()  # prompt + output so far, for the context lookup
+            level = 0  # index into LOOKUP_LENGTHS
             while not done:
                 layout, chain = self.layouts[state], []
                 if method == "ppd-lookup":
-                    chains = draft_chains(text + out, self.ngrams, self.lookup_chains, LOOKUP_LENGTH)
+                    length = LOOKUP_LENGTHS[level]
+                    chains = draft_chains(text + out, self.ngrams, 1 if level else self.lookup_chains, length)
                     if chains:
-                        layout = self.lookup_layouts[(state, len(chains))]
+                        layout = self.lookup_layouts[(state, len(chains), length)]
                         chain = [t for c in chains for t in c]
                 step = ppd_step(self.model, cache, self.prompts, layout, root, guesses, self.ranks,
                                 sampling, generator, chain)
+                whole_chain = bool(chain) and step.state == 0 and len(step.accepted) == length
+                level = min(level + 1, len(LOOKUP_LENGTHS) - 1) if whole_chain else 0
                 per_step.append(len(step.accepted) + 1)
                 done = emit(step.accepted + [step.next_token])
                 root, guesses, state = step.next_token, step.guesses, step.state

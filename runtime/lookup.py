@@ -17,22 +17,26 @@ LOOKUP_RANK = 1 << 20  # the chain's rank: after every prompt-token guess in ran
 
 
 def continuation(tokens: list[int], length: int, max_ngram: int = 3) -> list[int]:
-    """Up to `length` tokens that followed the latest earlier occurrence of the longest suffix of
-    `tokens` (longest first, max_ngram down to 1); [] when the last token never occurred before."""
+    """The `length` tokens that followed the latest earlier occurrence of the longest suffix of `tokens`
+    (longest first, max_ngram down to 1); [] when the last token never occurred before. A continuation
+    that runs into the text's end repeats itself: the text since that occurrence is read as a loop (the
+    greedy output of a small model often is one)."""
     end = len(tokens)
     for n in range(min(max_ngram, end - 1), 0, -1):
         suffix = tokens[end - n:]
         for start in range(end - n - 1, -1, -1):  # latest occurrence first, never the suffix itself
             if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + length]
+                found = tokens[start + n:start + n + length]
+                return (found * -(-length // len(found)))[:length]
     return []
 
 
 def draft_chains(tokens: list[int], table: NgramTable | None, chains: int, length: int) -> list[list[int]]:
     """Up to `chains` distinct chains of exactly `length` tokens: the context's continuation first, then
-    the table's for the same ending. A short chain is padded with its last token (a wrong guess costs a
-    row, never a wrong token)."""
-    found = [continuation(tokens, length)] + (table.continuations(tokens) if table is not None else [])
+    the table's for the same ending (only when its continuations are that long). A short chain is padded
+    with its last token (a wrong guess costs a row, never a wrong token)."""
+    table_chains = table.continuations(tokens) if table is not None and length <= table.length else []
+    found = [continuation(tokens, length)] + table_chains
     out: list[list[int]] = []
     for chain in found:
         chain = chain[:length]

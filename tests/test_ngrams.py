@@ -86,7 +86,7 @@ def test_ppd_with_corpus_chains_is_plain_greedy(tiny):
     table = build_ngram_table(corpus, min_count=1)
     plain = Decoder(model, tok, prompts, best_tree_for_size(P, 12))
     with_table = Decoder(model, tok, prompts, best_tree_for_size(P, 12), ngrams=table, lookup_chains=4)
-    assert with_table._tree_size("ppd-lookup") == plain._tree_size("ppd-lookup") + 9
+    assert with_table.lookup_layouts[(3, 4, 3)].size == plain.lookup_layouts[(3, 1, 3)].size + 9
     for seed in range(12):
         ids = torch.randint(3, 384, (8,), generator=torch.Generator().manual_seed(100 + seed)).tolist()
         ids = ids + corpus[seed][:3]  # an ending the table knows: its chains are verified, and dropped

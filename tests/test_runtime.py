@@ -160,7 +160,9 @@ def test_context_lookup_by_hand():
     assert continuation([1, 2, 9, 1, 3, 9, 1], 2) == [3, 9]  # the latest (9, 1) wins
     assert continuation([4, 5, 6, 4], 3) == [5, 6, 4]  # only the 1-gram matches
     assert continuation([4, 5, 6, 7], 3) == []  # the last token never occurred before
-    assert continuation([3, 3], 3) == [3]  # the continuation stops at the text's end
+    assert continuation([3, 3], 3) == [3, 3, 3]  # ran into the text's end: read as a loop
+    assert continuation([7, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]  # (1, 2) 2 tokens back: a loop of period 2
+    assert continuation([7, 1, 2, 8, 1, 2], 2) == [8, 1]
 
 
 def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny):
@@ -169,7 +171,7 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny):
     torch.manual_seed(7)
     prompts = PromptTokenSet(torch.randn(3, 64, dtype=torch.float64), None, 3, 1, "ensemble")
     decoder = Decoder(model, tok, prompts, best_tree_for_size(P, 12))
-    plain_steps = lookup_steps = 0
+    plain_steps = lookup_steps = longest = 0
     for seed in range(12):
         ids = _prompt(seed, 6) * 4  # a pattern the model's greedy output tends to continue
         with_lookup = decoder.generate(ids, 40, "ppd-lookup")
@@ -177,7 +179,9 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny):
         assert with_lookup.tokens == plain.tokens == _hf_greedy(model, ids, 40)[:len(plain.tokens)]
         plain_steps += plain.steps
         lookup_steps += with_lookup.steps
+        longest = max(longest, *with_lookup.accepted_per_step)
     assert lookup_steps < plain_steps  # the chain was accepted, and that saved steps
+    assert longest > 4  # after a chain accepted whole, a longer one was (runtime/decoder.py LOOKUP_LENGTHS)
     for acceptance in ("speculative", "typical"):  # sampled: a chain that ends a step leaves no guesses (state 0)
         sampled = decoder.generate(_prompt(1, 6) * 4, 40, "ppd-lookup", temperature=0.8, acceptance=acceptance, seed=3)
         assert 0 < len(sampled.tokens) <= 40 and sampled.steps <= len(sampled.tokens)
