@@ -63,3 +63,22 @@ def tiny_tokenizer(tiny_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_f64():
+    """The tiny Llama in float64 (decoding tests compare tokens exactly) and its tokenizer."""
+    from ppdkit.models.tiny import build_tiny_llama
+
+    model, tok = build_tiny_llama()
+    return model.double().eval(), tok
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    """transformers' own greedy decoding: the reference every drafter must reproduce."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    return out[0, len(ids):].tolist()

@@ -1,12 +1,11 @@
 """The corpus n-gram table: counting by hand, its file form, and lossless decoding with its chains."""
 
-import pytest
 import torch
+from conftest import hf_greedy
 
 from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.artifact import read_component, write_component, write_ngrams
 from ppdkit.models.ngram_table import NgramTable
-from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.llama import LeanLlama
 from ppdkit.runtime.lookup import draft_chains, root_only, with_lookup_chains
@@ -48,25 +47,12 @@ def test_component_carries_its_ngram_table(tmp_path):
     assert NgramTable.from_tensors(read_component(tmp_path).ngrams) == table
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    model, tok = build_tiny_llama()
-    return model.double().eval(), tok
-
-
-def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-    return out[0, len(ids):].tolist()
-
-
-def test_a_step_accepts_the_right_one_of_several_chains(tiny):
+def test_a_step_accepts_the_right_one_of_several_chains(tiny_f64):
     """Two chains under a root without guesses (state 0): the wrong one is dropped, the right one kept."""
-    model, _ = tiny
+    model, _ = tiny_f64
     lean = LeanLlama(model, 256)
     ids = torch.randint(3, 384, (10,), generator=torch.Generator().manual_seed(1)).tolist()
-    reference = _hf_greedy(model, ids, 5)
+    reference = hf_greedy(model, ids, 5)
     prompts = PromptTokenSet(torch.randn(3, 64, dtype=torch.float64), None, 3, 1, "ensemble")
     layout = layout_tree(with_lookup_chains(root_only(3), 2, 3), 1, "ensemble")
     cache = lean.new_cache(128)
@@ -77,8 +63,8 @@ def test_a_step_accepts_the_right_one_of_several_chains(tiny):
     assert step.state == 0 and cache.length == len(ids) + 4  # ended on a chain: no guesses; root + chain cached
 
 
-def test_ppd_with_corpus_chains_is_plain_greedy(tiny):
-    model, tok = tiny
+def test_ppd_with_corpus_chains_is_plain_greedy(tiny_f64):
+    model, tok = tiny_f64
     torch.manual_seed(5)
     prompts = PromptTokenSet(torch.randn(3, 64, dtype=torch.float64), None, 3, 1, "ensemble")
     g = torch.Generator().manual_seed(0)
@@ -90,4 +76,4 @@ def test_ppd_with_corpus_chains_is_plain_greedy(tiny):
     for seed in range(12):
         ids = torch.randint(3, 384, (8,), generator=torch.Generator().manual_seed(100 + seed)).tolist()
         ids = ids + corpus[seed][:3]  # an ending the table knows: its chains are verified, and dropped
-        assert with_table.generate(ids, 40, "ppd-lookup").tokens == _hf_greedy(model, ids, 40)
+        assert with_table.generate(ids, 40, "ppd-lookup").tokens == hf_greedy(model, ids, 40)

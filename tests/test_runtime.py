@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+from conftest import hf_greedy
 
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
@@ -16,26 +17,13 @@ from ppdkit.runtime.tree_layout import layout_tree
 P = [[0.5, 0.2, 0.1], [0.3, 0.1], [0.2]]
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    model, tok = build_tiny_llama()
-    return model.double().eval(), tok
-
-
 def _prompt(seed: int, length: int = 12) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, 384, (length,), generator=g).tolist()
 
 
-def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-    return out[0, len(ids):].tolist()
-
-
-def test_lean_forward_equals_transformers_with_an_incremental_cache(tiny):
-    model, _ = tiny
+def test_lean_forward_equals_transformers_with_an_incremental_cache(tiny_f64):
+    model, _ = tiny_f64
     lean = LeanLlama(model, 256)
     ids = torch.tensor(_prompt(1, 30))
     with torch.no_grad():
@@ -48,8 +36,8 @@ def test_lean_forward_equals_transformers_with_an_incremental_cache(tiny):
     assert torch.allclose(lean.logits(torch.cat(parts)), ref, atol=1e-12, rtol=0)
 
 
-def test_pruned_cache_equals_a_cache_built_from_the_kept_tokens(tiny):
-    model, _ = tiny
+def test_pruned_cache_equals_a_cache_built_from_the_kept_tokens(tiny_f64):
+    model, _ = tiny_f64
     lean = LeanLlama(model, 256)
     ids = torch.tensor(_prompt(2, 10))
     tree = best_tree_for_size(P, 20, epts=1)
@@ -70,8 +58,8 @@ def test_pruned_cache_equals_a_cache_built_from_the_kept_tokens(tiny):
 @pytest.mark.parametrize("k,n,mask,weighted", [(3, 1, "ensemble", False), (3, 2, "ensemble", False),
                                                (3, 2, "ensemble", True), (2, 2, "decoder", False),
                                                (3, 2, "encoder", False)])
-def test_ppd_with_random_prompt_tokens_is_plain_greedy(tiny, k, n, mask, weighted):
-    model, tok = tiny
+def test_ppd_with_random_prompt_tokens_is_plain_greedy(tiny_f64, k, n, mask, weighted):
+    model, tok = tiny_f64
     torch.manual_seed(k * 10 + n)
     weights = torch.softmax(torch.randn(k, n, dtype=torch.float64), -1) if weighted else None
     prompts = PromptTokenSet(torch.randn(k * n, 64, dtype=torch.float64), weights, k, n, mask)
@@ -79,12 +67,12 @@ def test_ppd_with_random_prompt_tokens_is_plain_greedy(tiny, k, n, mask, weighte
     for seed in range(12):
         ids = _prompt(seed)
         ppd = decoder.generate(ids, 32, "ppd")
-        assert ppd.tokens == decoder.generate(ids, 32, "ar").tokens == _hf_greedy(model, ids, 32)[:len(ppd.tokens)]
+        assert ppd.tokens == decoder.generate(ids, 32, "ar").tokens == hf_greedy(model, ids, 32)[:len(ppd.tokens)]
 
 
-def test_accepted_guesses_stay_lossless(tiny):
+def test_accepted_guesses_stay_lossless(tiny_f64):
     """Guesses that are often right (taken from the true continuation) exercise acceptance and pruning."""
-    model, _ = tiny
+    model, _ = tiny_f64
     lean = LeanLlama(model, 512)
     prompts = PromptTokenSet(torch.randn(3, 64, dtype=torch.float64), None, 3, 1, "ensemble")
     tree = best_tree_for_size(P, 24, epts=1)
@@ -93,7 +81,7 @@ def test_accepted_guesses_stay_lossless(tiny):
     total_steps = total_tokens = 0
     for seed in range(8):
         ids = _prompt(seed, 8)
-        truth = _hf_greedy(model, ids, 60)
+        truth = hf_greedy(model, ids, 60)
         cache = lean.new_cache(256)
         root, _ = prefill(lean, cache, torch.tensor(ids), prompts, 3)
         out, state = [root], 3
@@ -112,8 +100,8 @@ def test_accepted_guesses_stay_lossless(tiny):
     assert total_tokens / total_steps > 1.5  # guesses really were accepted
 
 
-def test_unknown_method_and_missing_trees_are_clear(tiny):
-    model, tok = tiny
+def test_unknown_method_and_missing_trees_are_clear(tiny_f64):
+    model, tok = tiny_f64
     decoder = Decoder(model, tok, None, None)
     with pytest.raises(ValueError, match="ppd needs prompt tokens"):
         decoder.generate([5, 6, 7], 4, "ppd")
@@ -152,7 +140,7 @@ def test_float32_forward_on_prepacked_weights_agrees_with_transformers():
     for seed in range(4):
         ids = _prompt(seed)
         ppd = decoder.generate(ids, 24, "ppd").tokens
-        assert ppd == _hf_greedy(model, ids, 24)[:len(ppd)]
+        assert ppd == hf_greedy(model, ids, 24)[:len(ppd)]
 
 
 def test_context_lookup_by_hand():
@@ -165,9 +153,9 @@ def test_context_lookup_by_hand():
     assert continuation([7, 1, 2, 8, 1, 2], 2) == [8, 1]
 
 
-def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny):
+def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
     """Repetitive prompts make the lookup chain right often: accepted chains, states 0, padding."""
-    model, tok = tiny
+    model, tok = tiny_f64
     torch.manual_seed(7)
     prompts = PromptTokenSet(torch.randn(3, 64, dtype=torch.float64), None, 3, 1, "ensemble")
     decoder = Decoder(model, tok, prompts, best_tree_for_size(P, 12))
@@ -176,7 +164,7 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny):
         ids = _prompt(seed, 6) * 4  # a pattern the model's greedy output tends to continue
         with_lookup = decoder.generate(ids, 40, "ppd-lookup")
         plain = decoder.generate(ids, 40, "ppd")
-        assert with_lookup.tokens == plain.tokens == _hf_greedy(model, ids, 40)[:len(plain.tokens)]
+        assert with_lookup.tokens == plain.tokens == hf_greedy(model, ids, 40)[:len(plain.tokens)]
         plain_steps += plain.steps
         lookup_steps += with_lookup.steps
         longest = max(longest, *with_lookup.accepted_per_step)
