@@ -32,15 +32,12 @@ def continuation(tokens: list[int], length: int, max_ngram: int = 3) -> list[int
 
 
 def draft_chains(tokens: list[int], table: NgramTable | None, chains: int, length: int) -> list[list[int]]:
-    """Up to `chains` distinct chains of exactly `length` tokens: the context's continuation first, then
-    the table's for the same ending (only when its continuations are that long). A short chain is padded
-    with its last token (a wrong guess costs a row, never a wrong token)."""
+    """Up to `chains` distinct chains of exactly `length` tokens: the context's continuation first (it is
+    `length` long or empty), then the table's for the same ending, cut to `length` (the table stores
+    them `table.length` long, so it offers none for longer chains)."""
     table_chains = table.continuations(tokens) if table is not None and length <= table.length else []
-    found = [continuation(tokens, length)] + table_chains
     out: list[list[int]] = []
-    for chain in found:
-        chain = chain[:length]
-        chain = chain + chain[-1:] * (length - len(chain))
+    for chain in [continuation(tokens, length)] + [c[:length] for c in table_chains]:
         if chain and chain not in out:
             out.append(chain)
     return out[:chains]

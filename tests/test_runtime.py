@@ -154,7 +154,7 @@ def test_context_lookup_by_hand():
 
 
 def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
-    """Repetitive prompts make the lookup chain right often: accepted chains, states 0, padding."""
+    """Repetitive prompts make the lookup chain right often: accepted chains, states 0, longer chains."""
     model, tok = tiny_f64
     torch.manual_seed(7)
     prompts = PromptTokenSet(torch.randn(3, 64, dtype=torch.float64), None, 3, 1, "ensemble")
