@@ -14,7 +14,7 @@ from ppdkit.models.ngram_table import NgramTable
 
 from .acceptance import Sampling, pick
 from .llama import LeanLlama
-from .lookup import draft_chains, root_only, with_lookup_chains
+from .lookup import ContextIndex, draft_chains, root_only, with_lookup_chains
 from .ppd import PromptTokenSet, ppd_step, prefill
 from .profile import profile_trees
 from .tree import DynamicTree
@@ -63,18 +63,21 @@ class Decoder:
     def set_tree(self, tree: DynamicTree | None) -> None:
         self.tree = tree
         self.layouts: dict[int, TreeLayout] = {}
-        self.lookup_layouts: dict[tuple[int, int, int], TreeLayout] = {}  # (state, chains, length): with chains
+        self._lookup_layouts: dict[tuple[int, int, int], TreeLayout] = {}  # built on first use by ppd-lookup
         self.ranks = 1
         if tree is not None and self.prompts is not None:
-            n, kind = self.prompts.n, self.prompts.mask_kind
             # state 0: the last step ended on a lookup node, which has no prompt tokens behind it
-            states = {0: root_only(self.prompts.k), **tree.states}
-            self.layouts = {k: layout_tree(s, n, kind) for k, s in states.items()}
-            shapes = [(c, LOOKUP_LENGTHS[0]) for c in range(1, self.lookup_chains + 1)]
-            shapes += [(1, length) for length in LOOKUP_LENGTHS[1:]]  # long chains: the context's only
-            self.lookup_layouts = {(k, c, length): layout_tree(with_lookup_chains(s, c, length), n, kind)
-                                   for k, s in states.items() for c, length in shapes}
+            self.states = {0: root_only(self.prompts.k), **tree.states}
+            self.layouts = {k: layout_tree(s, self.prompts.n, self.prompts.mask_kind) for k, s in self.states.items()}
             self.ranks = 1 + max(max(s.ranks) for s in tree.states.values())
+
+    def lookup_layout(self, state: int, chains: int, length: int) -> TreeLayout:
+        """The tree of `state` with `chains` lookup chains of `length` nodes under its root."""
+        key = (state, chains, length)
+        if key not in self._lookup_layouts:
+            grown = with_lookup_chains(self.states[state], chains, length)
+            self._lookup_layouts[key] = layout_tree(grown, self.prompts.n, self.prompts.mask_kind)
+        return self._lookup_layouts[key]
 
     @classmethod
     def from_pretrained(cls, source: str | Path, dtype: str = "float32", tree_size: int | None = None,
@@ -161,15 +164,15 @@ class Decoder:
             state = self.prompts.k
             per_step.append(1)
             done = emit([root])
-            text = ids.tolist()  # prompt + output so far, for the context lookup
+            context = ContextIndex(ids.tolist() + [root]) if method == "ppd-lookup" else None
             level = 0  # index into LOOKUP_LENGTHS
             while not done:
                 layout, chain = self.layouts[state], []
                 if method == "ppd-lookup":
                     length = LOOKUP_LENGTHS[level]
-                    chains = draft_chains(text + out, self.ngrams, 1 if level else self.lookup_chains, length)
+                    chains = draft_chains(context, self.ngrams, 1 if level else self.lookup_chains, length)
                     if chains:
-                        layout = self.lookup_layouts[(state, len(chains), length)]
+                        layout = self.lookup_layout(state, len(chains), length)
                         chain = [t for c in chains for t in c]
                 step = ppd_step(self.model, cache, self.prompts, layout, root, guesses, self.ranks,
                                 sampling, generator, chain)
@@ -177,6 +180,8 @@ class Decoder:
                 level = min(level + 1, len(LOOKUP_LENGTHS) - 1) if whole_chain else 0
                 per_step.append(len(step.accepted) + 1)
                 done = emit(step.accepted + [step.next_token])
+                if context is not None:
+                    context.extend(step.accepted + [step.next_token])
                 root, guesses, state = step.next_token, step.guesses, step.state
         out = out[:max_new_tokens]
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
@@ -184,8 +189,13 @@ class Decoder:
                               time.perf_counter() - started)
 
     def _tree_size(self, method: str) -> int:
-        layouts = {"ppd": self.layouts, "ppd-lookup": self.lookup_layouts}.get(method, {})
-        return max((layout.size for layout in layouts.values()), default=1)
+        """The most rows one step of `method` feeds the model (lookup nodes carry no prompt tokens)."""
+        if method == "ar" or not self.layouts:
+            return 1
+        largest = max(layout.size for layout in self.layouts.values())
+        if method == "ppd-lookup":
+            largest += max(self.lookup_chains * LOOKUP_LENGTHS[0], LOOKUP_LENGTHS[-1])  # short chains or one long
+        return largest
 
     def _eos_ids(self) -> set[int]:
         eos = self.model.eos_token_id

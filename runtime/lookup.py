@@ -16,28 +16,45 @@ from .tree import TreeState
 LOOKUP_RANK = 1 << 20  # the chain's rank: after every prompt-token guess in rank order (sampling tries those first)
 
 
-def continuation(tokens: list[int], length: int, max_ngram: int = 3) -> list[int]:
-    """The `length` tokens that followed the latest earlier occurrence of the longest suffix of `tokens`
-    (longest first, max_ngram down to 1); [] when the last token never occurred before. A continuation
-    that runs into the text's end repeats itself: the text since that occurrence is read as a loop (the
-    greedy output of a small model often is one)."""
-    end = len(tokens)
-    for n in range(min(max_ngram, end - 1), 0, -1):
-        suffix = tokens[end - n:]
-        for start in range(end - n - 1, -1, -1):  # latest occurrence first, never the suffix itself
-            if tokens[start:start + n] == suffix:
-                found = tokens[start + n:start + n + length]
+class ContextIndex:
+    """The text so far (prompt and output) and, for every 1..max_ngram-gram in it, where the token after
+    its latest occurrence is: a lookup costs a few dict reads however long the text, where rescanning
+    the text every step would cost time linear in it (papers/003's n-gram pool of the live context)."""
+
+    def __init__(self, tokens: list[int], max_ngram: int = 3):
+        self.max_ngram = max_ngram
+        self.tokens: list[int] = []
+        self.follower: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token after its latest occurrence
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        for token in tokens:
+            end = len(self.tokens)  # the n-grams ending just before `token` now have a follower: it
+            for n in range(1, min(self.max_ngram, end) + 1):
+                self.follower[tuple(self.tokens[end - n:end])] = end
+            self.tokens.append(token)
+
+    def continuation(self, length: int) -> list[int]:
+        """The `length` tokens that followed the latest earlier occurrence of the longest suffix of the
+        text (max_ngram down to 1); [] when the last token never occurred before. A continuation that runs
+        into the text's end repeats itself: the text since that occurrence is read as a loop (the greedy
+        output of a small model often is one)."""
+        end = len(self.tokens)
+        for n in range(min(self.max_ngram, end - 1), 0, -1):
+            start = self.follower.get(tuple(self.tokens[end - n:]))  # the suffix itself has no follower yet
+            if start is not None:
+                found = self.tokens[start:start + length]
                 return (found * -(-length // len(found)))[:length]
-    return []
+        return []
 
 
-def draft_chains(tokens: list[int], table: NgramTable | None, chains: int, length: int) -> list[list[int]]:
+def draft_chains(context: ContextIndex, table: NgramTable | None, chains: int, length: int) -> list[list[int]]:
     """Up to `chains` distinct chains of exactly `length` tokens: the context's continuation first (it is
     `length` long or empty), then the table's for the same ending, cut to `length` (the table stores
     them `table.length` long, so it offers none for longer chains)."""
-    table_chains = table.continuations(tokens) if table is not None and length <= table.length else []
+    table_chains = table.continuations(context.tokens) if table is not None and length <= table.length else []
     out: list[list[int]] = []
-    for chain in [continuation(tokens, length)] + [c[:length] for c in table_chains]:
+    for chain in [context.continuation(length)] + [c[:length] for c in table_chains]:
         if chain and chain not in out:
             out.append(chain)
     return out[:chains]

@@ -8,7 +8,7 @@ from ppdkit.models.artifact import read_component, write_component, write_ngrams
 from ppdkit.models.ngram_table import NgramTable
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.llama import LeanLlama
-from ppdkit.runtime.lookup import draft_chains, root_only, with_lookup_chains
+from ppdkit.runtime.lookup import ContextIndex, draft_chains, root_only, with_lookup_chains
 from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
 from ppdkit.runtime.tree import best_tree_for_size
 from ppdkit.runtime.tree_layout import layout_tree
@@ -33,10 +33,11 @@ def test_ngram_table_by_hand():
 
 def test_draft_chains_put_the_context_first_and_drop_repeats():
     table = build_ngram_table([[5, 6, 1], [5, 6, 1], [5, 7, 2]], max_n=1, branches=3, length=2, min_count=1)
-    assert draft_chains([5, 6, 8, 5], table, 3, 2) == [[6, 8], [6, 1], [7, 2]]
-    assert draft_chains([5, 6, 1, 5], table, 3, 2) == [[6, 1], [7, 2]]  # the context's chain is the table's too
-    assert draft_chains([5, 6, 1, 5], table, 1, 2) == [[6, 1]]
-    assert draft_chains([3], None, 3, 2) == []
+    assert draft_chains(ContextIndex([5, 6, 8, 5]), table, 3, 2) == [[6, 8], [6, 1], [7, 2]]
+    # the context's chain is the table's too: offered once
+    assert draft_chains(ContextIndex([5, 6, 1, 5]), table, 3, 2) == [[6, 1], [7, 2]]
+    assert draft_chains(ContextIndex([5, 6, 1, 5]), table, 1, 2) == [[6, 1]]
+    assert draft_chains(ContextIndex([3]), None, 3, 2) == []
 
 
 def test_component_carries_its_ngram_table(tmp_path):
@@ -72,7 +73,7 @@ def test_ppd_with_corpus_chains_is_plain_greedy(tiny_f64):
     table = build_ngram_table(corpus, min_count=1)
     plain = Decoder(model, tok, prompts, best_tree_for_size(P, 12))
     with_table = Decoder(model, tok, prompts, best_tree_for_size(P, 12), ngrams=table, lookup_chains=4)
-    assert with_table.lookup_layouts[(3, 4, 3)].size == plain.lookup_layouts[(3, 1, 3)].size + 9
+    assert with_table.lookup_layout(3, 4, 3).size == plain.lookup_layout(3, 1, 3).size + 9
     for seed in range(12):
         ids = torch.randint(3, 384, (8,), generator=torch.Generator().manual_seed(100 + seed)).tolist()
         ids = ids + corpus[seed][:3]  # an ending the table knows: its chains are verified, and dropped

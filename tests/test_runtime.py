@@ -7,9 +7,9 @@ import torch
 from conftest import hf_greedy
 
 from ppdkit.models.tiny import build_tiny_llama
-from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.decoder import LOOKUP_LENGTHS, Decoder
 from ppdkit.runtime.llama import LeanLlama
-from ppdkit.runtime.lookup import continuation
+from ppdkit.runtime.lookup import ContextIndex
 from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
 from ppdkit.runtime.tree import best_tree_for_size
 from ppdkit.runtime.tree_layout import layout_tree
@@ -143,6 +143,10 @@ def test_float32_forward_on_prepacked_weights_agrees_with_transformers():
         assert ppd == hf_greedy(model, ids, 24)[:len(ppd)]
 
 
+def continuation(tokens: list[int], length: int) -> list[int]:
+    return ContextIndex(tokens).continuation(length)
+
+
 def test_context_lookup_by_hand():
     assert continuation([5, 6, 7, 8, 5, 6], 3) == [7, 8, 5]  # the 2-gram (5, 6) occurred at 0
     assert continuation([1, 2, 9, 1, 3, 9, 1], 2) == [3, 9]  # the latest (9, 1) wins
@@ -151,6 +155,26 @@ def test_context_lookup_by_hand():
     assert continuation([3, 3], 3) == [3, 3, 3]  # ran into the text's end: read as a loop
     assert continuation([7, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]  # (1, 2) 2 tokens back: a loop of period 2
     assert continuation([7, 1, 2, 8, 1, 2], 2) == [8, 1]
+    assert continuation([], 3) == [] and continuation([4], 3) == []
+
+
+def test_context_index_grown_token_by_token_matches_a_rescan():
+    """The index, extended as decoding emits tokens, finds what scanning the whole text would."""
+    def rescan(tokens, length):  # the latest earlier occurrence of the longest suffix, by brute force
+        for n in range(min(3, len(tokens) - 1), 0, -1):
+            starts = [s for s in range(len(tokens) - n) if tokens[s:s + n] == tokens[-n:]]
+            if starts:
+                found = tokens[starts[-1] + n:][:length]
+                return (found * length)[:length]
+        return []
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        text = torch.randint(0, 2 + trial % 6, (60,), generator=g).tolist()  # small alphabets repeat often
+        index = ContextIndex(text[:5])
+        for end in range(5, len(text) + 1):
+            assert index.continuation(4) == rescan(text[:end], 4)
+            index.extend(text[end:end + 1])
 
 
 def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
@@ -170,6 +194,10 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
         longest = max(longest, *with_lookup.accepted_per_step)
     assert lookup_steps < plain_steps  # the chain was accepted, and that saved steps
     assert longest > 4  # after a chain accepted whole, a longer one was (runtime/decoder.py LOOKUP_LENGTHS)
+    bound = decoder._tree_size("ppd-lookup")  # what the KV cache reserves for one step
+    assert max(layout.size for layout in decoder._lookup_layouts.values()) <= bound
+    widest = max(decoder.layouts, key=lambda state: decoder.layouts[state].size)
+    assert decoder.lookup_layout(widest, 1, LOOKUP_LENGTHS[-1]).size == bound  # reachable, so not loose
     for acceptance in ("speculative", "typical"):  # sampled: a chain that ends a step leaves no guesses (state 0)
         sampled = decoder.generate(_prompt(1, 6) * 4, 40, "ppd-lookup", temperature=0.8, acceptance=acceptance, seed=3)
         assert 0 < len(sampled.tokens) <= 40 and sampled.steps <= len(sampled.tokens)
