@@ -7,9 +7,12 @@ import torch
 from conftest import hf_greedy
 
 from ppdkit.models.tiny import build_tiny_llama
+import ppdkit.runtime.linear as linear_module
 from ppdkit.runtime.decoder import LOOKUP_LENGTHS, Decoder
+from ppdkit.runtime.linear import Linear
 from ppdkit.runtime.llama import LeanLlama
 from ppdkit.runtime.lookup import ContextIndex
+from ppdkit.runtime.native import cpu_has_avx512, skinny_linear
 from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
 from ppdkit.runtime.tree import best_tree_for_size
 from ppdkit.runtime.tree_layout import layout_tree
@@ -122,12 +125,33 @@ def test_runtime_imports_no_ray_deepspeed_or_mlflow(tmp_path, tiny_dir):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_float32_forward_on_prepacked_weights_agrees_with_transformers():
-    """float32 takes the oneDNN path (prepacked weights); only summation order may differ."""
+@pytest.mark.parametrize("native", [True, False])
+def test_linear_paths_agree_with_torch(native, monkeypatch):
+    """The native few-rows kernel (AVX-512 machines must build it) and the oneDNN fallback, for every row
+    count a step or a prefill can have, and shapes that are not multiples of the kernel's panels."""
+    if native:
+        assert (skinny_linear() is not None) == cpu_has_avx512()
+        if skinny_linear() is None:
+            pytest.skip("no AVX-512 here: the native kernel does not apply")
+    else:
+        monkeypatch.setattr(linear_module, "skinny_linear", lambda: None)
+    g = torch.Generator().manual_seed(0)
+    for out_features, in_features in [(100, 37), (64, 576), (49, 16)]:
+        weight = torch.randn(out_features, in_features, generator=g)
+        layer = Linear(weight)
+        assert (layer.native is not None) == native and (layer.onednn is not None) == (not native)
+        for rows in [1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 65]:
+            x = torch.randn(rows, in_features, generator=g)
+            assert torch.allclose(layer(x), x @ weight.T, atol=1e-4, rtol=1e-5), (out_features, in_features, rows)
+        assert layer(torch.randn(2, 3, in_features, generator=g)).shape == (2, 3, out_features)
+
+
+def test_float32_forward_agrees_with_transformers():
+    """float32 takes the native kernel or oneDNN (prepacked weights); only summation order may differ."""
     model, tok = build_tiny_llama()
     model = model.float().eval()
     lean = LeanLlama(model, 256)
-    assert all(linear.packed for layer in lean.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    assert all(layer.qkv.native is not None or layer.qkv.onednn is not None for layer in lean.layers)
     ids = torch.tensor(_prompt(4, 40))
     with torch.no_grad():
         ref = model(ids[None]).logits[0]

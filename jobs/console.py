@@ -1,0 +1,67 @@
+"""What the commands print for people: text streamed as it is decoded, and after `ppdkit run` or `demo`
+each stage's figures, where the MLflow run is, and (for the demo) one MT-Bench answer with its speed."""
+
+from pathlib import Path
+
+
+def text_streamer(tokenizer):
+    """A `generate(stream=...)` callback printing only the new text (tokens can merge into characters)."""
+    printed: list[int] = []
+
+    def stream(tokens: list[int]) -> None:
+        before = tokenizer.decode(printed, skip_special_tokens=True)
+        printed.extend(tokens)
+        print(tokenizer.decode(printed, skip_special_tokens=True)[len(before):], end="", flush=True)
+
+    return stream
+
+
+def show_sample(output: Path, spec, evaluate: dict) -> None:
+    """Decode the first MT-Bench question with the trained component, streaming, and say how fast."""
+    from ppdkit.runtime.decoder import Decoder
+
+    from .bench import load_prompts
+
+    decoder = Decoder.from_pretrained(output / "calibrate" / "component")
+    question = load_prompts("mt-bench", 1)[0]
+    print(f"\nMT-Bench question 1: {question}\n")
+    result = decoder.generate(question, spec.evaluate.max_new_tokens, "ppd", stream=text_streamer(decoder.tokenizer))
+    print(f"\n\nppd: {len(result.tokens)} tokens in {result.seconds:.2f} s, {result.mean_accepted_per_step:.2f} "
+          f"tokens per step (tree size {result.tree_size}); on {spec.evaluate.limit} {spec.evaluate.prompts} prompts "
+          f"ppd ran at {evaluate.get('ppd_speedup', float('nan')):.2f}x and ar at "
+          f"{evaluate.get('ar_speedup', float('nan')):.2f}x the tokens/s of transformers' greedy generate, "
+          f"identical output on {100 * evaluate.get('ppd_identical_to_greedy', float('nan')):.0f}% of them")
+
+
+def print_run_summary(spec, output: Path, results: dict, tracker) -> None:
+    print(f"\njob {spec.name}: stages {', '.join(results) or '(none)'} complete in {output}")
+    data = results.get("data")
+    if data:
+        print(f"  data: {data['train_sequences']} train / {data['holdout_sequences']} held-out sequences, "
+              f"{data['train_assistant_tokens']} assistant tokens to learn from")
+        if "check_nll" in data:
+            print(f"  base model check: held-out loss {data['check_nll']:.3f} (perplexity "
+                  f"{data['check_perplexity']:.1f}), top-1 {data['check_top1']:.3f} on {data['check_tokens']} tokens")
+    teacher = results.get("teacher")
+    if teacher:
+        speed = f", {teacher['positions_per_second']:.0f} positions/s" if teacher.get("positions_per_second") else ""
+        print(f"  teacher: {teacher['positions']} positions, top-{teacher['top_k']} keeps "
+              f"{teacher['mass_kept_mean']:.3f} of the mass (p5 {teacher['mass_kept_p5']:.3f}), "
+              f"{teacher['bytes_per_position']:.0f} bytes/position = "
+              f"{100 * teacher['fraction_of_full_vocab']:.2f}% of full fp16 logits{speed}")
+    calibrate = results.get("calibrate")
+    if calibrate:
+        hits = [v for key, v in sorted(calibrate.items()) if key.startswith("p_top1_d")]
+        taus = sorted((int(key.removeprefix("tau_size")), v) for key, v in calibrate.items() if key.startswith("tau_size"))
+        print("  calibrate: top-1 guess right " + ", ".join(f"{100 * v:.0f}%" for v in hits) + " at distances 1.."
+              f"{len(hits)}; expected tokens per step " + ", ".join(f"{v:.2f} (size {size})" for size, v in taus))
+    evaluate = results.get("evaluate")
+    if evaluate:
+        print("  evaluate: " + ", ".join(f"{m} {evaluate[f'{m}_tokens_per_s']:.1f} tok/s "
+                                         f"({evaluate[f'{m}_speedup']:.2f}x)" for m in ("hf_greedy", "ar", "ppd")
+                                         if f"{m}_tokens_per_s" in evaluate))
+    if tracker.run_id:
+        print(f"  MLflow run {tracker.run_id} at {tracker.uri}")
+        print(f"  list runs: MLFLOW_TRACKING_URI={tracker.uri} mlflow runs list --experiment-id "
+              f"{tracker.client.get_run(tracker.run_id).info.experiment_id}")
+        print("  browse:    ppdkit ui")

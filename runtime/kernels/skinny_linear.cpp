@@ -1,0 +1,103 @@
+// y = x W^T for a few rows x [M, K] (M <= 16) and a weight packed as [N/16, K, 16]: the matmul of a
+// decoding step, bound by reading W. Each thread streams whole 16-column panels of W front to back
+// (sequential reads the prefetcher follows) and keeps every partial sum in a register, so W is read
+// exactly once whatever M is. Built on first use with -march=native; AVX-512 only (skinny_linear.py
+// falls back to oneDNN elsewhere). Sums run over k in order with FMA, as any float32 matmul rounds.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t kPanel = 16;  // floats per panel row: one 512-bit register
+
+// Panels [p0, p1) of W, `Cols` panels at a time, for `Rows` rows of x: Rows * Cols accumulators.
+template <int Rows, int Cols>
+void panels(const float* __restrict x, const float* __restrict w, float* __restrict y, int64_t k_dim,
+            int64_t n_dim, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; p += Cols) {
+    __m512 acc[Rows][Cols];
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < Cols; ++c) acc[r][c] = _mm512_setzero_ps();
+    const float* panel = w + p * k_dim * kPanel;
+    for (int64_t k = 0; k < k_dim; ++k) {
+      __m512 wk[Cols];
+#pragma GCC unroll 4
+      for (int c = 0; c < Cols; ++c) wk[c] = _mm512_loadu_ps(panel + (c * k_dim + k) * kPanel);
+#pragma GCC unroll 16
+      for (int r = 0; r < Rows; ++r) {
+        const __m512 xk = _mm512_set1_ps(x[r * k_dim + k]);
+#pragma GCC unroll 4
+        for (int c = 0; c < Cols; ++c) acc[r][c] = _mm512_fmadd_ps(xk, wk[c], acc[r][c]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < Cols; ++c) _mm512_storeu_ps(y + r * n_dim + (p + c) * kPanel, acc[r][c]);
+  }
+}
+
+// Few rows: several panels at once (independent FMA chains, more streams); more rows: fewer panels,
+// so the accumulators (at most 24) and the panel rows fit in the 32 vector registers.
+template <int Rows>
+void run(const float* x, const float* w, float* y, int64_t k_dim, int64_t n_dim) {
+  constexpr int Cols = Rows <= 4 ? 4 : Rows <= 12 ? 2 : 1;
+  const int64_t groups = n_dim / kPanel / Cols;
+  at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
+    panels<Rows, Cols>(x, w, y, k_dim, n_dim, g0 * Cols, g1 * Cols);
+  });
+  const int64_t done = groups * Cols;  // the last panels when their count is not a multiple of Cols
+  if (done * kPanel < n_dim) panels<Rows, 1>(x, w, y, k_dim, n_dim, done, n_dim / kPanel);
+}
+
+template <int Rows>
+void dispatch(int64_t m, const float* x, const float* w, float* y, int64_t k_dim, int64_t n_dim) {
+  if constexpr (Rows > 16) {
+    TORCH_CHECK(false, "skinny_linear takes at most 16 rows, got ", m);
+  } else if (m == Rows) {
+    run<Rows>(x, w, y, k_dim, n_dim);
+  } else {
+    dispatch<Rows + 1>(m, x, w, y, k_dim, n_dim);
+  }
+}
+
+}  // namespace
+
+bool available() { return true; }
+
+torch::Tensor pack(const torch::Tensor& weight) {  // [N, K] -> [ceil(N/16), K, 16], zero padded
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat32, "pack takes a float32 [N, K] weight");
+  const int64_t n = weight.size(0), k = weight.size(1), padded = (n + kPanel - 1) / kPanel * kPanel;
+  auto w = torch::zeros({padded, k}, weight.options());
+  w.narrow(0, 0, n).copy_(weight);
+  return w.view({padded / kPanel, kPanel, k}).transpose(1, 2).contiguous();
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.size(1) == packed.size(1),
+              "skinny_linear takes float32 x [M, K] matching the packed weight");
+  const int64_t m = x.size(0), k = x.size(1), padded = packed.size(0) * kPanel;
+  auto xc = x.contiguous();
+  auto y = torch::empty({m, padded}, x.options());
+  if (m > 0) dispatch<1>(m, xc.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), k, padded);
+  return padded == out_features ? y : y.narrow(1, 0, out_features);
+}
+
+#else  // no AVX-512 at build time: the Python side uses oneDNN
+
+bool available() { return false; }
+torch::Tensor pack(const torch::Tensor& weight) { TORCH_CHECK(false, "built without AVX-512"); }
+torch::Tensor linear(const torch::Tensor&, const torch::Tensor&, int64_t) { TORCH_CHECK(false, "built without AVX-512"); }
+
+#endif
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("available", &available);
+  m.def("pack", &pack);
+  m.def("linear", &linear);
+}
