@@ -11,16 +11,14 @@ layers of weights, float32):
 The results differ only in summation order (about 1e-6 relative in float32).
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from .native import skinny_linear
+from .native import native_kernels
 
 ROWS_HINT = 64  # the batch oneDNN tunes its layout for; measured as good for 1 to 64 rows
-SKINNY_ROWS = 16  # the native kernel's most rows per pass
 SKINNY_MAX_ROWS = 64  # beyond: the default matmul (prefill), no slower there than passes of 16 rows
+# (the native kernel takes 16 rows a pass, balanced: 18 rows as 9 + 9)
 
 
 def _packing_available(dtype: torch.dtype) -> bool:
@@ -34,7 +32,7 @@ class Linear:
     def __init__(self, weight: torch.Tensor, pack: bool = True):
         self.out_features, self.in_features = weight.shape
         self.weight = weight  # as given: the default matmul's operand (it shares the model's storage)
-        self.native = skinny_linear() if pack and weight.dtype == torch.float32 else None
+        self.native = native_kernels() if pack and weight.dtype == torch.float32 else None
         self.panels = self.native.pack(weight.contiguous()) if self.native else None  # [out/16, in, 16]
         self.onednn = None
         if self.native is None and pack and _packing_available(weight.dtype):
@@ -45,12 +43,7 @@ class Linear:
         rows = x.reshape(-1, self.in_features)  # the kernels take 2-D inputs
         n = rows.shape[0]
         if self.native is not None and n <= SKINNY_MAX_ROWS:
-            passes = math.ceil(n / SKINNY_ROWS)
-            if passes <= 1:
-                y = self.native.linear(rows, self.panels, self.out_features)
-            else:  # balanced passes: 18 rows as 9 + 9, not 16 + 2
-                y = torch.cat([self.native.linear(part, self.panels, self.out_features)
-                               for part in rows.tensor_split(passes)])
+            y = self.native.linear(rows, self.panels, self.out_features)  # passes of at most 16 rows
         elif self.onednn is not None:
             y = torch.ops.mkldnn._linear_pointwise(rows, self.onednn, None, "none", [], "")
         else:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .kv_cache import KVCache
-from .linear import Linear
+from .linear import SKINNY_MAX_ROWS, Linear
 
 
 @dataclass
@@ -65,6 +65,14 @@ class LeanLlama:
         cos, sin = hf_model.model.rotary_emb(probe, positions)  # the model's own rope (any scaling type)
         self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [P, D]
         self.max_positions = max_positions
+        # Every matmul on the native kernel: a decoding step runs all layers in one native call
+        # (runtime/kernels/decoder_layers.cpp), not ~40 Python-dispatched operations per layer.
+        linears = [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        self.native = linears[0].native if all(lin.native is not None for lin in linears) else None
+        self.native_weights = [w for layer in self.layers for w in (layer.ln1.contiguous(), layer.qkv.panels,
+                               layer.o.panels, layer.ln2.contiguous(), layer.gate_up.panels, layer.down.panels)
+                               ] if self.native else []
+        self.native_shape = [self.heads, self.kv_heads, self.head_dim, cfg.intermediate_size, self.hidden]
 
     def new_cache(self, capacity: int) -> KVCache:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype)
@@ -84,9 +92,20 @@ class LeanLlama:
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
         cache.reserve(t)
-        hq, hkv, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
-        bias = _attention_bias(mask, cache.length, t, g, self.dtype)  # [g T, S] or None
+        bias = _attention_bias(mask, cache.length, t, self.group, self.dtype)  # [g T, S] or None
+        if self.native is not None and t <= SKINNY_MAX_ROWS:
+            x = self.native.decoder_layers(x, self.native_weights, self.native_shape, self.eps, cos[:, 0], sin[:, 0],
+                                           bias, cache.k, cache.v, cache.length)
+        else:
+            x = self._layers(x, cos, sin, bias, cache)
+        return self._rms(x, self.norm)
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
+                cache: KVCache) -> torch.Tensor:
+        """Every decoder layer in PyTorch operations: x [T, H], cos/sin [T, 1, D] -> [T, H]."""
+        t = x.shape[0]
+        hq, hkv, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         scale = 1.0 / math.sqrt(d)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(x, layer.ln1))  # [T, (Hq + 2 Hkv) D]
@@ -104,7 +123,7 @@ class LeanLlama:
             x = x + layer.o(attn)
             gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
             x = x + layer.down(torch.nn.functional.silu(gate) * up)
-        return self._rms(x, self.norm)
+        return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V]."""

@@ -10,9 +10,9 @@ from ppdkit.models.tiny import build_tiny_llama
 import ppdkit.runtime.linear as linear_module
 from ppdkit.runtime.decoder import LOOKUP_LENGTHS, Decoder
 from ppdkit.runtime.linear import Linear
-from ppdkit.runtime.llama import LeanLlama
+from ppdkit.runtime.llama import LeanLlama, _attention_bias
 from ppdkit.runtime.lookup import ContextIndex
-from ppdkit.runtime.native import cpu_has_avx512, skinny_linear
+from ppdkit.runtime.native import cpu_has_avx512, native_kernels
 from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
 from ppdkit.runtime.tree import best_tree_for_size
 from ppdkit.runtime.tree_layout import layout_tree
@@ -130,11 +130,11 @@ def test_linear_paths_agree_with_torch(native, monkeypatch):
     """The native few-rows kernel (AVX-512 machines must build it) and the oneDNN fallback, for every row
     count a step or a prefill can have, and shapes that are not multiples of the kernel's panels."""
     if native:
-        assert (skinny_linear() is not None) == cpu_has_avx512()
-        if skinny_linear() is None:
+        assert (native_kernels() is not None) == cpu_has_avx512()
+        if native_kernels() is None:
             pytest.skip("no AVX-512 here: the native kernel does not apply")
     else:
-        monkeypatch.setattr(linear_module, "skinny_linear", lambda: None)
+        monkeypatch.setattr(linear_module, "native_kernels", lambda: None)
     g = torch.Generator().manual_seed(0)
     for out_features, in_features in [(100, 37), (64, 576), (49, 16)]:
         weight = torch.randn(out_features, in_features, generator=g)
@@ -144,6 +144,37 @@ def test_linear_paths_agree_with_torch(native, monkeypatch):
             x = torch.randn(rows, in_features, generator=g)
             assert torch.allclose(layer(x), x @ weight.T, atol=1e-4, rtol=1e-5), (out_features, in_features, rows)
         assert layer(torch.randn(2, 3, in_features, generator=g)).shape == (2, 3, out_features)
+
+
+def test_native_decoder_layers_agree_with_the_pytorch_layers():
+    """The one-call native layers (runtime/kernels/decoder_layers.cpp) against the same model's PyTorch
+    layers: causal, tree-masked and single-token steps over a filled cache, keys and values included."""
+    if native_kernels() is None:
+        pytest.skip("no native kernels here (no AVX-512): the PyTorch layers are the only path")
+    model, _ = build_tiny_llama()
+    lean = LeanLlama(model.float().eval(), 256)
+    assert lean.native is not None
+    g = torch.Generator().manual_seed(3)
+    for t, masked in [(1, False), (5, False), (6, True), (17, True)]:
+        caches = [lean.new_cache(64) for _ in range(2)]
+        prompt = lean.embed_ids(torch.tensor(_prompt(t, 20)))
+        for cache in caches:
+            lean.forward(prompt, torch.arange(20), cache, None)  # prefill: PyTorch layers (20 rows)
+            cache.commit(None, 20)
+        x = torch.randn(t, lean.hidden, generator=g)
+        mask = None
+        if masked:
+            mask = torch.cat([torch.ones(t, 20, dtype=torch.bool), torch.rand(t, t, generator=g) < 0.5], 1)
+            mask[:, 20:] |= torch.eye(t, dtype=torch.bool)
+        positions = 20 + torch.arange(t)
+        cos, sin = lean.cos[positions][:, None], lean.sin[positions][:, None]
+        bias = _attention_bias(mask, 20, t, lean.group, lean.dtype)
+        native = lean.native.decoder_layers(x, lean.native_weights, lean.native_shape, lean.eps, cos[:, 0], sin[:, 0],
+                                            bias, caches[0].k, caches[0].v, 20)
+        ours = lean._layers(x, cos, sin, bias, caches[1])
+        assert torch.allclose(native, ours, atol=1e-4, rtol=1e-4), (t, (native - ours).abs().max())
+        for a, b in [(caches[0].k, caches[1].k), (caches[0].v, caches[1].v)]:
+            assert torch.allclose(a[:, :, :20 + t], b[:, :, :20 + t], atol=1e-4, rtol=1e-4)
 
 
 def test_float32_forward_agrees_with_transformers():

@@ -1,9 +1,10 @@
-// y = x W^T for a few rows x [M, K] (M <= 16) and a weight packed as [N/16, K, 16]: the matmul of a
-// decoding step, bound by reading W. Each thread streams whole 16-column panels of W front to back
-// (sequential reads the prefetcher follows) and keeps every partial sum in a register, so W is read
-// exactly once whatever M is. Built on first use with -march=native; AVX-512 only (skinny_linear.py
-// falls back to oneDNN elsewhere). Sums run over k in order with FMA, as any float32 matmul rounds.
-#include <torch/extension.h>
+// y = x W^T for a few rows x [M, K] and a weight packed as [N/16, K, 16]: the matmul of a decoding
+// step, bound by reading W. Each thread streams whole 16-column panels of W front to back (sequential
+// reads the prefetcher follows) and keeps every partial sum in a register, so W is read once per pass
+// of up to 16 rows. Built on first use with -march=native; AVX-512 only (runtime/native.py falls back
+// to oneDNN elsewhere). Sums run over k in order with FMA, as any float32 matmul rounds.
+#include "skinny_linear.h"
+
 #include <ATen/Parallel.h>
 
 #ifdef __AVX512F__
@@ -12,6 +13,7 @@
 namespace {
 
 constexpr int64_t kPanel = 16;  // floats per panel row: one 512-bit register
+constexpr int kMaxRows = 16;  // rows per pass: at most 16 accumulators
 
 // Panels [p0, p1) of W, `Cols` panels at a time, for `Rows` rows of x: Rows * Cols accumulators.
 template <int Rows, int Cols>
@@ -57,8 +59,8 @@ void run(const float* x, const float* w, float* y, int64_t k_dim, int64_t n_dim)
 
 template <int Rows>
 void dispatch(int64_t m, const float* x, const float* w, float* y, int64_t k_dim, int64_t n_dim) {
-  if constexpr (Rows > 16) {
-    TORCH_CHECK(false, "skinny_linear takes at most 16 rows, got ", m);
+  if constexpr (Rows > kMaxRows) {
+    TORCH_CHECK(false, "skinny_linear takes at most ", kMaxRows, " rows per pass, got ", m);
   } else if (m == Rows) {
     run<Rows>(x, w, y, k_dim, n_dim);
   } else {
@@ -68,9 +70,9 @@ void dispatch(int64_t m, const float* x, const float* w, float* y, int64_t k_dim
 
 }  // namespace
 
-bool available() { return true; }
+bool skinny_linear_available() { return true; }
 
-torch::Tensor pack(const torch::Tensor& weight) {  // [N, K] -> [ceil(N/16), K, 16], zero padded
+torch::Tensor skinny_pack(const torch::Tensor& weight) {  // [N, K] -> [ceil(N/16), K, 16], zero padded
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat32, "pack takes a float32 [N, K] weight");
   const int64_t n = weight.size(0), k = weight.size(1), padded = (n + kPanel - 1) / kPanel * kPanel;
   auto w = torch::zeros({padded, k}, weight.options());
@@ -78,26 +80,29 @@ torch::Tensor pack(const torch::Tensor& weight) {  // [N, K] -> [ceil(N/16), K, 
   return w.view({padded / kPanel, kPanel, k}).transpose(1, 2).contiguous();
 }
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features) {
+torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.size(1) == packed.size(1),
               "skinny_linear takes float32 x [M, K] matching the packed weight");
   const int64_t m = x.size(0), k = x.size(1), padded = packed.size(0) * kPanel;
   auto xc = x.contiguous();
   auto y = torch::empty({m, padded}, x.options());
-  if (m > 0) dispatch<1>(m, xc.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), k, padded);
+  // More than kMaxRows rows: balanced passes (18 rows as 9 + 9), each reading the weight once.
+  const int64_t passes = (m + kMaxRows - 1) / kMaxRows;
+  for (int64_t pass = 0, row = 0; pass < passes; ++pass) {
+    const int64_t rows = (m - row) / (passes - pass);
+    dispatch<1>(rows, xc.data_ptr<float>() + row * k, packed.data_ptr<float>(), y.data_ptr<float>() + row * padded,
+                k, padded);
+    row += rows;
+  }
   return padded == out_features ? y : y.narrow(1, 0, out_features);
 }
 
 #else  // no AVX-512 at build time: the Python side uses oneDNN
 
-bool available() { return false; }
-torch::Tensor pack(const torch::Tensor& weight) { TORCH_CHECK(false, "built without AVX-512"); }
-torch::Tensor linear(const torch::Tensor&, const torch::Tensor&, int64_t) { TORCH_CHECK(false, "built without AVX-512"); }
+bool skinny_linear_available() { return false; }
+torch::Tensor skinny_pack(const torch::Tensor&) { TORCH_CHECK(false, "built without AVX-512"); }
+torch::Tensor skinny_linear(const torch::Tensor&, const torch::Tensor&, int64_t) {
+  TORCH_CHECK(false, "built without AVX-512");
+}
 
 #endif
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("available", &available);
-  m.def("pack", &pack);
-  m.def("linear", &linear);
-}

@@ -1,0 +1,10 @@
+// The Python module of the runtime's native kernels (built by runtime/native.py).
+#include "decoder_layers.h"
+#include "skinny_linear.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("available", &skinny_linear_available);
+  m.def("pack", &skinny_pack);
+  m.def("linear", &skinny_linear);
+  m.def("decoder_layers", &decoder_layers);
+}

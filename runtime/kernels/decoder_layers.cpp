@@ -1,0 +1,106 @@
+// Every decoder layer of a Llama-family model for the few new tokens of a decoding step, in one call:
+// the same arithmetic as LeanLlama.forward in runtime/llama.py (RMSNorm, rotary embedding, grouped-query
+// attention over the KV cache with an additive mask, SwiGLU), with its matmuls on the packed few-rows
+// kernel. A step's ~40 small operations per layer cost more in Python dispatch than in arithmetic (about
+// a third of a step on 2 cores); here the norms, rotary and copies are plain loops, the rest ATen calls.
+#include "decoder_layers.h"
+
+#include <cmath>
+
+#include "skinny_linear.h"
+
+namespace {
+
+// w * x / sqrt(mean(x^2) + eps) per row of x [T, H].
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, float eps) {
+  const int64_t t = x.size(0), h = x.size(1);
+  auto out = torch::empty_like(x);
+  const float* xs = x.data_ptr<float>();
+  const float* ws = w.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  for (int64_t r = 0; r < t; ++r) {
+    const float* row = xs + r * h;
+    float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t j = 0; j < h; ++j) squares += row[j] * row[j];
+    const float scale = 1.f / std::sqrt(squares / static_cast<float>(h) + eps);
+#pragma omp simd
+    for (int64_t j = 0; j < h; ++j) os[r * h + j] = ws[j] * (row[j] * scale);
+  }
+  return out;
+}
+
+// Rotary embedding in place on the first `heads` heads of each row of qkv [T, (Hq + 2 Hkv) D]
+// (Llama's half-split convention: (a, b) -> (a cos - b sin, b cos + a sin)), cos/sin [T, D].
+void rotate(torch::Tensor& qkv, int64_t heads, int64_t d, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t t = qkv.size(0), stride = qkv.size(1), half = d / 2;
+  float* base = qkv.data_ptr<float>();
+  for (int64_t r = 0; r < t; ++r) {
+    const float* c = cos.data_ptr<float>() + r * d;
+    const float* s = sin.data_ptr<float>() + r * d;
+    for (int64_t head = 0; head < heads; ++head) {
+      float* v = base + r * stride + head * d;
+#pragma omp simd
+      for (int64_t j = 0; j < half; ++j) {
+        const float a = v[j], b = v[j + half];
+        v[j] = a * c[j] - b * s[j];
+        v[j + half] = b * c[j + half] + a * s[j + half];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// x [T, H] -> [T, H] after every layer (before the final norm). weights: 6 per layer (ln1, qkv panels,
+// o panels, ln2, gate/up panels, down panels); shape: {Hq, Hkv, D, I, H}; cos/sin [T, D] at the new
+// positions; bias [g T, S] (g = Hq / Hkv query heads per key/value head) or none for one token seeing
+// everything; cache_k/v [layers, Hkv, capacity, D]: the new keys/values are written at [length, length + T).
+torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
+                             const std::vector<int64_t>& shape, double eps_d, const torch::Tensor& cos,
+                             const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
+                             const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length) {
+  TORCH_CHECK(shape.size() == 5 && weights.size() % 6 == 0, "decoder_layers: 5 shape values, 6 weights a layer");
+  const int64_t hq = shape[0], hkv = shape[1], d = shape[2], inter = shape[3], hidden = shape[4];
+  const int64_t g = hq / hkv, t = x_in.size(0), s = length + t, capacity = cache_k.size(2);
+  const int64_t qkv_width = (hq + 2 * hkv) * d;
+  const float eps = static_cast<float>(eps_d), scale = 1.f / std::sqrt(static_cast<float>(d));
+  TORCH_CHECK(s <= capacity, "KV cache full");
+  auto x = x_in.contiguous().clone();
+  auto q = torch::empty({hkv, g * t, d}, x.options());  // queries grouped by their key/value head
+  auto merged = torch::empty({t, hq * d}, x.options());  // attention output, heads side by side
+  const auto cos_c = cos.contiguous(), sin_c = sin.contiguous();
+  for (size_t layer = 0; layer < weights.size() / 6; ++layer) {
+    const torch::Tensor* w = &weights[layer * 6];
+    auto qkv = skinny_linear(rms_norm(x, w[0], eps), w[1], qkv_width).contiguous();  // [T, (Hq + 2 Hkv) D]
+    rotate(qkv, hq + hkv, d, cos_c, sin_c);
+    const float* qkvs = qkv.data_ptr<float>();
+    float* ks = cache_k.data_ptr<float>() + layer * hkv * capacity * d;
+    float* vs = cache_v.data_ptr<float>() + layer * hkv * capacity * d;
+    float* qs = q.data_ptr<float>();
+    for (int64_t r = 0; r < t; ++r) {
+      const float* row = qkvs + r * qkv_width;
+      for (int64_t head = 0; head < hq; ++head)  // query head kv * g + i goes to q[kv, i * T + r]
+        std::copy_n(row + head * d, d, qs + ((head / g) * g * t + (head % g) * t + r) * d);
+      for (int64_t kv = 0; kv < hkv; ++kv) {
+        std::copy_n(row + (hq + kv) * d, d, ks + (kv * capacity + length + r) * d);
+        std::copy_n(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + length + r) * d);
+      }
+    }
+    auto keys = cache_k[layer].narrow(1, 0, s);  // [Hkv, S, D]
+    auto values = cache_v[layer].narrow(1, 0, s);
+    auto scores = bias ? at::baddbmm(*bias, q, keys.transpose(1, 2), 1.0, scale)
+                       : at::bmm(q, keys.transpose(1, 2)).mul_(scale);  // [Hkv, g T, S]
+    auto attn = at::bmm(scores.softmax(-1), values).contiguous();  // [Hkv, g T, D]
+    const float* as = attn.data_ptr<float>();
+    float* ms = merged.data_ptr<float>();
+    for (int64_t head = 0; head < hq; ++head)
+      for (int64_t r = 0; r < t; ++r)
+        std::copy_n(as + ((head / g) * g * t + (head % g) * t + r) * d, d, ms + r * hq * d + head * d);
+    x.add_(skinny_linear(merged, w[2], hidden));
+    auto gate_up = skinny_linear(rms_norm(x, w[3], eps), w[4], 2 * inter).contiguous();  // [T, 2 I]
+    auto act = at::silu(gate_up.narrow(1, 0, inter)).mul_(gate_up.narrow(1, inter, inter));  // [T, I]
+    x.add_(skinny_linear(act, w[5], hidden));
+  }
+  return x;
+}
