@@ -175,6 +175,9 @@ def test_native_decoder_layers_agree_with_the_pytorch_layers():
         assert torch.allclose(native, ours, atol=1e-4, rtol=1e-4), (t, (native - ours).abs().max())
         for a, b in [(caches[0].k, caches[1].k), (caches[0].v, caches[1].v)]:
             assert torch.allclose(a[:, :, :20 + t], b[:, :, :20 + t], atol=1e-4, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="float32 tensors only"):  # a clear error, not bad memory reads
+        lean.native.decoder_layers(x.double(), lean.native_weights, lean.native_shape, lean.eps, cos[:, 0], sin[:, 0],
+                                   bias, caches[0].k, caches[0].v, 20)
 
 
 def test_float32_forward_agrees_with_transformers():

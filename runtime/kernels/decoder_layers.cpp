@@ -65,7 +65,15 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
   const int64_t g = hq / hkv, t = x_in.size(0), s = length + t, capacity = cache_k.size(2);
   const int64_t qkv_width = (hq + 2 * hkv) * d;
   const float eps = static_cast<float>(eps_d), scale = 1.f / std::sqrt(static_cast<float>(d));
-  TORCH_CHECK(s <= capacity, "KV cache full");
+  TORCH_CHECK(s <= capacity, "KV cache full: ", s, " tokens > capacity ", capacity);
+  for (const auto* tensor : {&x_in, &cos, &sin, &cache_k, &cache_v})
+    TORCH_CHECK(tensor->scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only");
+  TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous() && cache_k.size(1) == hkv && cache_k.size(3) == d,
+              "decoder_layers: the KV cache must be contiguous [layers, Hkv, capacity, D]");
+  TORCH_CHECK(cache_k.size(0) * 6 == static_cast<int64_t>(weights.size()), "decoder_layers: one cache layer per layer");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == hidden && cos.size(0) == t && cos.size(1) == d,
+              "decoder_layers: x [T, H] and cos/sin [T, D]");
+  TORCH_CHECK(!bias || (bias->size(0) == g * t && bias->size(1) == s), "decoder_layers: bias [g T, S]");
   auto x = x_in.contiguous().clone();
   auto q = torch::empty({hkv, g * t, d}, x.options());  // queries grouped by their key/value head
   auto merged = torch::empty({t, hq * d}, x.options());  // attention output, heads side by side
