@@ -2,9 +2,9 @@
 
 Built with -march=native by PyTorch's extension builder into its usual directory (TORCH_EXTENSIONS_DIR,
 by default ~/.cache/torch_extensions), named by the sources, the PyTorch version and the CPU, so a machine
-builds them once (about a minute) whatever ppdkit cache a process uses. Anything that stops the
-build (no compiler, no AVX-512, PPDKIT_NATIVE_KERNELS=0) leaves the runtime on its portable path, with
-one warning saying why.
+builds them once (about a minute) whatever ppdkit cache a process uses. Anything that stops the build
+(no compiler, neither AVX-512 nor AVX2, PPDKIT_NATIVE_KERNELS=0) leaves the runtime on its portable
+path, with one warning saying why.
 """
 
 import functools
@@ -28,23 +28,32 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-def cpu_has_avx512() -> bool:
-    return " avx512f" in _cpu_flags()
+def cpu_supports_kernels() -> bool:
+    """AVX-512, or AVX2 with FMA: the vector units runtime/kernels/ is written for."""
+    flags = set(_cpu_flags().split())
+    return "avx512f" in flags or {"avx2", "fma"} <= flags
 
 
 @functools.cache
 def native_kernels() -> ModuleType | None:
-    """runtime/kernels/ built as one module (the few-rows matmul, the decoder layers), or None where it
-    cannot run."""
+    """runtime/kernels/ built as one module for this CPU (the few-rows matmul, the decoder layers), or
+    None where it cannot run."""
     if os.environ.get("PPDKIT_NATIVE_KERNELS", "1") == "0":
         return None
-    if not cpu_has_avx512():
-        log.info("no AVX-512 on this CPU: the runtime's matmuls use oneDNN")
+    if not cpu_supports_kernels():
+        log.info("neither AVX-512 nor AVX2 on this CPU: the runtime's matmuls use oneDNN")
         return None
+    return build_kernels()
+
+
+@functools.cache
+def build_kernels(extra_cflags: tuple[str, ...] = ()) -> ModuleType | None:
+    """Build (or load the cached build of) runtime/kernels/ with -march=native plus `extra_cflags`
+    (("-mno-avx512f",) builds the AVX2 variant on an AVX-512 machine, as the tests do)."""
     sources = sorted(KERNELS.glob("*.cpp"))
     code = b"".join(path.read_bytes() for path in sorted(KERNELS.glob("*.[ch]*")))
-    key = hashlib.sha256(code + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
-    name = f"ppdkit_kernels_{key}"
+    stamp = code + torch.__version__.encode() + _cpu_flags().encode() + " ".join(extra_cflags).encode()
+    name = f"ppdkit_kernels_{hashlib.sha256(stamp).hexdigest()[:12]}"
     try:
         from torch.utils.cpp_extension import get_default_build_root, load
 
@@ -54,7 +63,7 @@ def native_kernels() -> ModuleType | None:
             log.info("building the runtime's native kernels for this CPU in %s (once, about a minute)", build)
         module = load(name=name, sources=[str(path) for path in sources], build_directory=str(build),
                       extra_include_paths=[str(KERNELS)],
-                      extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                      extra_cflags=["-O3", "-march=native", "-fopenmp", *extra_cflags], extra_ldflags=["-fopenmp"],
                       verbose=False)  # OpenMP: at::parallel_for runs on PyTorch's threads
     except Exception as error:  # a missing compiler or ninja must not stop decoding
         log.warning("the runtime's native kernels could not be built (%s); using oneDNN, which is slower "

@@ -12,7 +12,7 @@ from ppdkit.runtime.decoder import LOOKUP_LENGTHS, Decoder
 from ppdkit.runtime.linear import Linear
 from ppdkit.runtime.llama import LeanLlama, _attention_bias
 from ppdkit.runtime.lookup import ContextIndex
-from ppdkit.runtime.native import cpu_has_avx512, native_kernels
+from ppdkit.runtime.native import build_kernels, cpu_supports_kernels, native_kernels
 from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
 from ppdkit.runtime.tree import best_tree_for_size
 from ppdkit.runtime.tree_layout import layout_tree
@@ -125,32 +125,44 @@ def test_runtime_imports_no_ray_deepspeed_or_mlflow(tmp_path, tiny_dir):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_linear_paths_agree_with_torch(native, monkeypatch):
-    """The native few-rows kernel (AVX-512 machines must build it) and the oneDNN fallback, for every row
-    count a step or a prefill can have, and shapes that are not multiples of the kernel's panels."""
-    if native:
-        assert (native_kernels() is not None) == cpu_has_avx512()
-        if native_kernels() is None:
-            pytest.skip("no AVX-512 here: the native kernel does not apply")
+def _kernels(variant: str):
+    """The native kernels for this CPU ("native"), their AVX2 build ("avx2": on an AVX-512 machine the
+    narrower path is tested too), or skip where the CPU has neither."""
+    if variant == "native":
+        assert (native_kernels() is not None) == cpu_supports_kernels()  # a supported CPU must build them
+        module = native_kernels()
     else:
-        monkeypatch.setattr(linear_module, "native_kernels", lambda: None)
+        module = build_kernels(("-mno-avx512f",)) if "avx2" in open("/proc/cpuinfo").read() else None
+    if module is None:
+        pytest.skip(f"the {variant} kernels do not run on this CPU")
+    return module
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2", "onednn"])
+def test_linear_paths_agree_with_torch(variant, monkeypatch):
+    """The native few-rows kernel (AVX-512 or AVX2) and the oneDNN fallback, for every row count a step or
+    a prefill can have, and shapes that are not multiples of the kernel's panels."""
+    module = None if variant == "onednn" else _kernels(variant)
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
     g = torch.Generator().manual_seed(0)
     for out_features, in_features in [(100, 37), (64, 576), (49, 16)]:
         weight = torch.randn(out_features, in_features, generator=g)
         layer = Linear(weight)
-        assert (layer.native is not None) == native and (layer.onednn is not None) == (not native)
+        assert layer.native is module and (layer.onednn is not None) == (module is None)
+        if variant == "avx2":
+            assert layer.panels.shape[-1] == 8  # 8-float panels: the AVX2 build, not AVX-512's 16
         for rows in [1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 65]:
             x = torch.randn(rows, in_features, generator=g)
             assert torch.allclose(layer(x), x @ weight.T, atol=1e-4, rtol=1e-5), (out_features, in_features, rows)
         assert layer(torch.randn(2, 3, in_features, generator=g)).shape == (2, 3, out_features)
 
 
-def test_native_decoder_layers_agree_with_the_pytorch_layers():
+@pytest.mark.parametrize("variant", ["native", "avx2"])
+def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatch):
     """The one-call native layers (runtime/kernels/decoder_layers.cpp) against the same model's PyTorch
     layers: causal, tree-masked and single-token steps over a filled cache, keys and values included."""
-    if native_kernels() is None:
-        pytest.skip("no native kernels here (no AVX-512): the PyTorch layers are the only path")
+    module = _kernels(variant)
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
     model, _ = build_tiny_llama()
     lean = LeanLlama(model.float().eval(), 256)
     assert lean.native is not None
