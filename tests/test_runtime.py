@@ -16,6 +16,7 @@ from ppdkit.runtime.llama import LeanLlama, _attention_bias
 from ppdkit.runtime.lookup import ContextIndex
 from ppdkit.runtime.native import build_kernels, cpu_supports_kernels, native_kernels
 from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
+from ppdkit.runtime.profile import profile_trees
 from ppdkit.runtime.tree import best_tree_for_size
 from ppdkit.runtime.tree_layout import layout_tree
 
@@ -275,3 +276,19 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
     for acceptance in ("speculative", "typical"):  # sampled: a chain that ends a step leaves no guesses (state 0)
         sampled = decoder.generate(_prompt(1, 6) * 4, 40, "ppd-lookup", temperature=0.8, acceptance=acceptance, seed=3)
         assert 0 < len(sampled.tokens) <= 40 and sampled.steps <= len(sampled.tokens)
+
+
+def test_hardware_profile_picks_the_best_measured_tau_per_latency_and_is_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
+    model, _ = build_tiny_llama()
+    lean = LeanLlama(model.float().eval(), 512)
+    taus = {4: 1.3, 8: 1.6, 16: 1.7}
+    first = profile_trees(lean, taus, "sha256:" + "ab" * 32, context=32)
+    best = max(first["rows"], key=lambda row: row["tau"] / row["latency_ms"])
+    assert first["chosen"] == best["size"] and [row["size"] for row in first["rows"]] == [4, 8, 16]
+    assert all(row["latency_ms"] > 0 for row in first["rows"])
+    assert profile_trees(lean, taus, "sha256:" + "ab" * 32, context=32) == first  # read back, not measured again
+    assert len(list((tmp_path / "profiles").iterdir())) == 1
+    lean.native = None  # the PyTorch layers cost differently: their own profile
+    profile_trees(lean, taus, "sha256:" + "ab" * 32, context=32)
+    assert len(list((tmp_path / "profiles").iterdir())) == 2 - (native_kernels() is None)
