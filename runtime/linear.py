@@ -34,7 +34,7 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.weight = weight  # as given: the default matmul's operand (it shares the model's storage)
         self.native = native_kernels() if pack and weight.dtype == torch.float32 else None
-        self.panels = self.native.pack(weight.contiguous()) if self.native else None  # [out/16, in, 16]
+        self.panels = self.native.pack(weight.contiguous()) if self.native else None  # [out/P, in, P]
         self.onednn = None
         if self.native is None and pack and _packing_available(weight.dtype):
             self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), ROWS_HINT)

@@ -78,6 +78,9 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
   auto q = torch::empty({hkv, g * t, d}, x.options());  // queries grouped by their key/value head
   auto merged = torch::empty({t, hq * d}, x.options());  // attention output, heads side by side
   const auto cos_c = cos.contiguous(), sin_c = sin.contiguous();
+  // Query head h at token r sits at row (h / g) * g T + (h % g) T + r of the grouped layout [Hkv, g T, D]
+  // (the order of _attention_bias's rows and of runtime/llama.py's grouped queries).
+  const auto grouped_row = [g, t](int64_t head, int64_t r) { return (head / g) * g * t + (head % g) * t + r; };
   for (size_t layer = 0; layer < weights.size() / 6; ++layer) {
     const torch::Tensor* w = &weights[layer * 6];
     auto qkv = skinny_linear(rms_norm(x, w[0], eps), w[1], qkv_width).contiguous();  // [T, (Hq + 2 Hkv) D]
@@ -88,8 +91,7 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
     float* qs = q.data_ptr<float>();
     for (int64_t r = 0; r < t; ++r) {
       const float* row = qkvs + r * qkv_width;
-      for (int64_t head = 0; head < hq; ++head)  // query head kv * g + i goes to q[kv, i * T + r]
-        std::copy_n(row + head * d, d, qs + ((head / g) * g * t + (head % g) * t + r) * d);
+      for (int64_t head = 0; head < hq; ++head) std::copy_n(row + head * d, d, qs + grouped_row(head, r) * d);
       for (int64_t kv = 0; kv < hkv; ++kv) {
         std::copy_n(row + (hq + kv) * d, d, ks + (kv * capacity + length + r) * d);
         std::copy_n(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + length + r) * d);
@@ -104,7 +106,7 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
     float* ms = merged.data_ptr<float>();
     for (int64_t head = 0; head < hq; ++head)
       for (int64_t r = 0; r < t; ++r)
-        std::copy_n(as + ((head / g) * g * t + (head % g) * t + r) * d, d, ms + r * hq * d + head * d);
+        std::copy_n(as + grouped_row(head, r) * d, d, ms + r * hq * d + head * d);
     x.add_(skinny_linear(merged, w[2], hidden));
     auto gate_up = skinny_linear(rms_norm(x, w[3], eps), w[4], 2 * inter).contiguous();  // [T, 2 I]
     auto act = at::silu(gate_up.narrow(1, 0, inter)).mul_(gate_up.narrow(1, inter, inter));  // [T, I]
