@@ -16,7 +16,6 @@ costs about k*(2+2) + 4 bytes. One shard file (safetensors) holds a run of seque
 `teacher/manifest.json` lists the shards with their row counts and sha256, and the cache's figures.
 """
 
-import hashlib
 import json
 import math
 import os
@@ -28,6 +27,8 @@ import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from ppdkit.models.paths import file_sha256
 
 FORMAT = "ppdkit-teacher/1"
 STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -92,14 +93,6 @@ def write_shard(path: Path, sequences: list[ShardSequence], vocab_size: int, dty
 
 def _offsets(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_shard(path: Path) -> Iterator[ShardSequence]:

@@ -67,9 +67,7 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
 
 
 def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
-    import json
-    import shutil
-
+    from ppdkit.models.artifact import add_files
     from ppdkit.trainer.calibrate import calibrate
 
     cfg = ctx.spec.calibrate
@@ -78,9 +76,10 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     component = ctx.stage_dir / "component"  # the trained component plus its trees: what the decoder loads
     shutil.rmtree(component, ignore_errors=True)
     shutil.copytree(ctx.output / "train" / "component", component)
-    (component / "trees.json").write_text(json.dumps(result, indent=2))
-    ctx.tracker.log_artifact(component / "trees.json", "component")
+    add_files(component, json_files={"trees": result})
     ngram_figures = _write_ngram_table(ctx, component) if cfg.ngram_branches else {}
+    # the whole directory again: component.json now lists (and checksums) the trees and the n-gram table
+    ctx.tracker.log_artifact(component, "component")
     from ppdkit.runtime.tree import DynamicTree
     from ppdkit.trainer.tree_plot import plot_tree
 
@@ -106,7 +105,6 @@ def _write_ngram_table(ctx: StageContext, component) -> dict[str, Any]:
     table = build_ngram_table(assistant_texts(cache, "train"), cfg.ngram_max_n, cfg.ngram_branches,
                               min_count=cfg.ngram_min_count)
     path = write_ngrams(component, table.to_tensors())
-    ctx.tracker.log_artifact(path, "component")
     return {"ngram_entries": len(table.entries), "ngram_bytes": path.stat().st_size}
 
 

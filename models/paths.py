@@ -1,5 +1,6 @@
 """Where ppdkit keeps large rebuilt files (converted weights, data, caches, mlruns): never the repo."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -31,3 +32,12 @@ def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
     os.replace(tmp, path)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, hex, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -22,10 +22,17 @@ class KVCache:
                              "pass a larger max_length")
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v [Hkv, T, D] after the committed tokens; return all keys/values [Hkv, length + T, D]."""
+        """Store k, v [Hkv, T, D] after the committed tokens; return all keys/values [Hkv, length + T, D].
+
+        Non-finite entries are stored as 0: a draft row (a prompt token) may hold any values, and the rows
+        masked from it give it attention weight exactly 0, but 0 x NaN is NaN. Finite keys and values make
+        a masked row's contribution exactly 0 whatever the draft holds, so drafts can never change the
+        verified tokens (runtime/kernels/decoder_layers.cpp does the same). Rows the verified path sees are
+        finite already and pass unchanged.
+        """
         end = self.length + k.shape[1]
-        self.k[layer, :, self.length:end] = k
-        self.v[layer, :, self.length:end] = v
+        self.k[layer, :, self.length:end] = torch.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0)
+        self.v[layer, :, self.length:end] = torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
         return self.k[layer, :, :end], self.v[layer, :, :end]
 
     def commit(self, keep: torch.Tensor | None, written: int) -> None:

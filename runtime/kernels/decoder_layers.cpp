@@ -50,6 +50,14 @@ void rotate(torch::Tensor& qkv, int64_t heads, int64_t d, const torch::Tensor& c
   }
 }
 
+// dst[j] = src[j] where finite, else 0. A draft row (a prompt token, any values a component may hold)
+// must not reach the rows masked from it: their attention weight on it is exactly 0, but 0 x NaN is NaN,
+// so its key and value enter the cache as finite numbers (runtime/kv_cache.py does the same for the
+// PyTorch layers). Rows the verified path sees are finite already and pass unchanged.
+void copy_finite(const float* src, int64_t n, float* dst) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = std::isfinite(src[j]) ? src[j] : 0.f;
+}
+
 }  // namespace
 
 // x [T, H] -> [T, H] after every layer (before the final norm). weights: 6 per layer (ln1, qkv panels,
@@ -93,8 +101,8 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
       const float* row = qkvs + r * qkv_width;
       for (int64_t head = 0; head < hq; ++head) std::copy_n(row + head * d, d, qs + grouped_row(head, r) * d);
       for (int64_t kv = 0; kv < hkv; ++kv) {
-        std::copy_n(row + (hq + kv) * d, d, ks + (kv * capacity + length + r) * d);
-        std::copy_n(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + length + r) * d);
+        copy_finite(row + (hq + kv) * d, d, ks + (kv * capacity + length + r) * d);
+        copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + length + r) * d);
       }
     }
     auto keys = cache_k[layer].narrow(1, 0, s);  // [Hkv, S, D]
