@@ -82,3 +82,20 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
                              pad_token_id=0)
     return out[0, len(ids):].tolist()
+
+
+def kernels_or_skip(variant: str):
+    """The runtime's native kernels for this CPU ("native"), their AVX2 build ("avx2": on an AVX-512
+    machine the narrower path is tested too), or skip where they cannot be built."""
+    from ppdkit.runtime.native import build_kernels, cpu_supports_kernels, native_kernels
+
+    compiler = shutil.which(os.environ.get("CXX", "c++"))  # the compiler PyTorch's extension builder calls
+    if variant == "native":
+        if compiler:  # a supported CPU with a compiler must build them: a broken build fails here
+            assert (native_kernels() is not None) == cpu_supports_kernels()
+        module = native_kernels()
+    else:
+        module = build_kernels(("-mno-avx512f",)) if compiler and "avx2" in open("/proc/cpuinfo").read() else None
+    if module is None:
+        pytest.skip(f"the {variant} kernels cannot be built here (CPU or C++ compiler)")
+    return module

@@ -1,12 +1,10 @@
 """The bundled decoder on the tiny model in float64: exact forward, KV pruning, lossless PPD."""
 
-import os
 import random
-import shutil
 
 import pytest
 import torch
-from conftest import hf_greedy
+from conftest import hf_greedy, kernels_or_skip
 
 from ppdkit.models.tiny import build_tiny_llama
 import ppdkit.runtime.linear as linear_module
@@ -14,7 +12,7 @@ from ppdkit.runtime.decoder import LOOKUP_LENGTHS, Decoder
 from ppdkit.runtime.linear import Linear
 from ppdkit.runtime.llama import LeanLlama, _attention_bias
 from ppdkit.runtime.lookup import ContextIndex
-from ppdkit.runtime.native import build_kernels, cpu_supports_kernels, native_kernels
+from ppdkit.runtime.native import native_kernels
 from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
 from ppdkit.runtime.profile import profile_trees
 from ppdkit.runtime.tree import best_tree_for_size
@@ -128,26 +126,11 @@ def test_runtime_imports_no_ray_deepspeed_or_mlflow(tmp_path, tiny_dir):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-def _kernels(variant: str):
-    """The native kernels for this CPU ("native"), their AVX2 build ("avx2": on an AVX-512 machine the
-    narrower path is tested too), or skip where they cannot be built."""
-    compiler = shutil.which(os.environ.get("CXX", "c++"))  # the compiler PyTorch's extension builder calls
-    if variant == "native":
-        if compiler:  # a supported CPU with a compiler must build them: a broken build fails here
-            assert (native_kernels() is not None) == cpu_supports_kernels()
-        module = native_kernels()
-    else:
-        module = build_kernels(("-mno-avx512f",)) if compiler and "avx2" in open("/proc/cpuinfo").read() else None
-    if module is None:
-        pytest.skip(f"the {variant} kernels cannot be built here (CPU or C++ compiler)")
-    return module
-
-
 @pytest.mark.parametrize("variant", ["native", "avx2", "onednn"])
 def test_linear_paths_agree_with_torch(variant, monkeypatch):
     """The native few-rows kernel (AVX-512 or AVX2) and the oneDNN fallback, for every row count a step or
     a prefill can have, and shapes that are not multiples of the kernel's panels."""
-    module = None if variant == "onednn" else _kernels(variant)
+    module = None if variant == "onednn" else kernels_or_skip(variant)
     monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
     g = torch.Generator().manual_seed(0)
     for out_features, in_features in [(100, 37), (64, 576), (49, 16)]:
@@ -166,7 +149,7 @@ def test_linear_paths_agree_with_torch(variant, monkeypatch):
 def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatch):
     """The one-call native layers (runtime/kernels/decoder_layers.cpp) against the same model's PyTorch
     layers: causal, tree-masked and single-token steps over a filled cache, keys and values included."""
-    module = _kernels(variant)
+    module = kernels_or_skip(variant)
     monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
     model, _ = build_tiny_llama()
     lean = LeanLlama(model.float().eval(), 256)
