@@ -1,6 +1,7 @@
 """The bundled decoder: `Decoder.from_pretrained(component)` then `generate(...)`, greedy or sampled, lossless."""
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ppdkit.models.artifact import read_component
+from ppdkit.models.artifact import ArtifactError, Component, read_component
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
@@ -43,8 +44,12 @@ class GenerateResult:
 
 
 class Decoder:
+    """One base model and its drafts. `generate` may be called from several threads: the calls take turns
+    (a lock), each with its own KV cache, so their outputs are exactly those of calls made one by one."""
+
     def __init__(self, hf_model, tokenizer, prompts: PromptTokenSet | None, tree: DynamicTree | None,
                  max_length: int = 2048, ngrams: NgramTable | None = None, lookup_chains: int = 1):
+        self._lock = threading.Lock()  # one generate at a time: concurrent steps would only share 2 cores
         self.tokenizer = tokenizer
         self.hf_model = hf_model  # kept for the baselines and for divergence checks
         self.model = LeanLlama(hf_model, max_positions=max_length)
@@ -92,16 +97,10 @@ class Decoder:
         component = read_component(directory)
         base = load_base_model(component.base_model["name"], quantization="none", dtype=dtype)
         read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
-        h = component.hyperparameters
-        emb = component.tensors["prompt_embeddings"]  # [k, n, H]
-        prompts = PromptTokenSet(emb.reshape(-1, emb.shape[-1]).to(base.model.dtype),
-                                 component.tensors.get("ept_weights"), h["num_prompt_tokens"], h["num_epts"], h["mask"])
-        ngrams = NgramTable.from_tensors(component.ngrams) if component.ngrams else None
+        prompts, by_size, ngrams = _drafts(component, base.model)
         decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
         decoder.fingerprint = base.fingerprint
-        trees = component.extras.get("trees")
-        if trees:
-            by_size = {int(s): DynamicTree.from_json(t) for s, t in trees["trees"].items()}
+        if by_size:
             if tree_size is None:  # hardware-aware: measured once per machine, then cached
                 decoder.profile = profile_trees(decoder.model, {s: t.tau for s, t in by_size.items()}, base.fingerprint)
                 tree_size = decoder.profile["chosen"]
@@ -112,24 +111,58 @@ class Decoder:
         return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
                                                   add_generation_prompt=True, return_dict=False)
 
-    @torch.inference_mode()
     def generate(self, prompt: str | list[int], max_new_tokens: int = 128, method: str = "ppd",
                  stream: Callable[[list[int]], None] | None = None, temperature: float = 0.0,
                  acceptance: str = "speculative", epsilon: float = 0.09, delta: float = 0.3,
-                 seed: int | None = None) -> GenerateResult:
+                 seed: int | None = None, truncate: str | None = None) -> GenerateResult:
         """Decode `prompt` (text is wrapped in the chat template; ids are used as they are).
 
         temperature 0 is greedy decoding, token for token the base model's own. Above 0 tokens are
         sampled; `acceptance` "speculative" keeps the base model's distribution exactly, "typical"
         (epsilon, delta) accepts more guesses at the cost of that guarantee. `seed` fixes the draws.
+        A prompt that leaves no room for `max_new_tokens` within `max_length` is refused, or with
+        truncate="left" cut to its last tokens that fit. Calls from several threads take turns.
         """
         sampling = Sampling(temperature, acceptance, epsilon, delta)
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
         if method.startswith("ppd") and (self.prompts is None or not self.layouts):
             raise ValueError("ppd needs prompt tokens and calibrated trees: load a component with trees.json")
-        ids = torch.tensor(self.encode_chat(prompt) if isinstance(prompt, str) else prompt, dtype=torch.long)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
+        ids = self._fit_prompt(self.encode_chat(prompt) if isinstance(prompt, str) else list(prompt),
+                               max_new_tokens, method, truncate)
+        with self._lock, torch.inference_mode():
+            return self._generate(torch.tensor(ids, dtype=torch.long), max_new_tokens, method, stream, sampling,
+                                  torch.Generator().manual_seed(seed) if seed is not None else None)
+
+    def _fit_prompt(self, ids: list[int], max_new_tokens: int, method: str, truncate: str | None) -> list[int]:
+        """The prompt's ids if they leave room for the answer within max_length, else its last ids that do
+        (truncate="left"), else a clear error."""
+        if truncate not in (None, "left"):
+            raise ValueError(f"truncate must be None or 'left', not {truncate!r}")
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if any(not 0 <= t < self.model.vocab_size for t in ids):
+            raise ValueError(f"the prompt holds token ids outside the vocabulary (0..{self.model.vocab_size - 1})")
+        # positions reach the prompt, the answer and one step's deepest row past its last token
+        room = self.max_length - max_new_tokens - self._tree_size(method)
+        if len(ids) <= room:
+            return ids
+        if truncate == "left" and room >= 1:
+            log.warning("the prompt has %d tokens; keeping its last %d so that %d new tokens fit in max_length=%d",
+                        len(ids), room, max_new_tokens, self.max_length)
+            return ids[-room:]
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens, and {max_new_tokens} new tokens plus a decoding step of "
+            f"{self._tree_size(method)} need {len(ids) + max_new_tokens + self._tree_size(method)} positions, more than "
+            f"this decoder's max_length={self.max_length}. Load it with a larger max_length "
+            "(Decoder.from_pretrained(..., max_length=N), within what the base model was trained for), ask for fewer "
+            "new tokens, shorten the prompt, or pass truncate='left' to keep the prompt's last tokens")
+
+    def _generate(self, ids: torch.Tensor, max_new_tokens: int, method: str,
+                  stream: Callable[[list[int]], None] | None, sampling: Sampling,
+                  generator: torch.Generator | None) -> GenerateResult:
         cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + self._tree_size("ppd-lookup"))
         started = time.perf_counter()
         out: list[int] = []
@@ -203,3 +236,44 @@ class Decoder:
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return ids
+
+
+def _drafts(component: Component, model) -> tuple[PromptTokenSet, dict[int, DynamicTree], NgramTable | None]:
+    """The prompt tokens, trees by size and n-gram table of a PPD component, each checked against the base
+    model's shapes: a component that passed its checksums but was built wrong gets a clear error here,
+    not an index error mid-decoding."""
+    where, config = component.path, model.config
+    h = component.hyperparameters
+    try:
+        k, n, mask = int(h["num_prompt_tokens"]), int(h["num_epts"]), h["mask"]
+    except (KeyError, TypeError, ValueError):
+        raise ArtifactError(f"{where}/component.json: hyperparameters need num_prompt_tokens, num_epts and mask "
+                            f"for a PPD component, found {sorted(h)}") from None
+    emb = component.tensors.get("prompt_embeddings")  # [k, n, H]
+    if emb is None or tuple(emb.shape) != (k, n, config.hidden_size):
+        raise ArtifactError(f"{where}: prompt_embeddings must be [{k}, {n}, {config.hidden_size}] (prompt tokens, "
+                            f"EPTs, the base model's hidden size), found {None if emb is None else tuple(emb.shape)}")
+    weights = component.tensors.get("ept_weights")  # [k, n]
+    if weights is not None and tuple(weights.shape) != (k, n):
+        raise ArtifactError(f"{where}: ept_weights must be [{k}, {n}], found {tuple(weights.shape)}")
+    prompts = PromptTokenSet(emb.reshape(k * n, -1).to(model.dtype), weights, k, n, mask)
+    by_size = {}
+    for size, data in (component.extras.get("trees") or {}).get("trees", {}).items():
+        try:
+            tree = DynamicTree.from_json(data)
+            tree.check(k, config.vocab_size)
+            by_size[int(size)] = tree
+        except ValueError as e:
+            raise ArtifactError(f"{where}/trees.json: the tree of size {size} cannot be used: {e}; run the calibrate "
+                                "stage again") from None
+    ngrams = None
+    if component.ngrams:
+        try:
+            ngrams = NgramTable.from_tensors(component.ngrams)
+        except (ValueError, KeyError, IndexError) as e:
+            raise ArtifactError(f"{where}/ngrams.safetensors is not an n-gram table ({e})") from None
+        largest = max((t for key, found in ngrams.entries.items() for t in (*key, *sum(found, []))), default=0)
+        if largest >= config.vocab_size:
+            raise ArtifactError(f"{where}/ngrams.safetensors holds token id {largest}, outside the base model's "
+                                f"vocabulary of {config.vocab_size}")
+    return prompts, by_size, ngrams

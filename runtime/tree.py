@@ -46,10 +46,35 @@ class DynamicTree:
 
     @classmethod
     def from_json(cls, data: dict) -> "DynamicTree":
-        states = {int(k): TreeState(tuple(v["parents"]), tuple(v["depths"]), tuple(v["ranks"]), tuple(v["prompts"]))
-                  for k, v in data["states"].items()}
-        return cls(states, {int(k): v["f"] for k, v in data["states"].items()},
-                   {int(k): v["steady"] for k, v in data["states"].items()}, data["tau"], data["size"], data["meta"])
+        try:
+            states = {int(k): TreeState(tuple(v["parents"]), tuple(v["depths"]), tuple(v["ranks"]),
+                                        tuple(v["prompts"])) for k, v in data["states"].items()}
+            return cls(states, {int(k): v["f"] for k, v in data["states"].items()},
+                       {int(k): v["steady"] for k, v in data["states"].items()}, data["tau"], data["size"], data["meta"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"not a dynamic tree ({type(e).__name__}: {e})") from None
+
+    def check(self, num_prompt_tokens: int, max_rank: int) -> None:
+        """Raise ValueError unless every state is a tree a decoder can walk: state k (1..m) guesses at
+        distances 1..k, parents come before their children, ranks index the guesses kept per distance,
+        and each node's prompt tokens name a state of this tree."""
+        if sorted(self.states) != list(range(1, num_prompt_tokens + 1)):
+            raise ValueError(f"states {sorted(self.states)}, expected 1..{num_prompt_tokens} (one per prompt-token count)")
+        for k, s in self.states.items():
+            n = len(s.parents)
+            if not n or len(s.depths) != n or len(s.ranks) != n or len(s.prompts) != n:
+                raise ValueError(f"state {k}: parents, depths, ranks and prompts differ in length")
+            if s.parents[0] != -1 or s.depths[0] != 0:
+                raise ValueError(f"state {k}: node 0 must be the root (parent -1, depth 0)")
+            for node in range(1, n):
+                parent = s.parents[node]
+                if not 0 <= parent < node or s.depths[node] != s.depths[parent] + 1 or s.depths[node] > k:
+                    raise ValueError(f"state {k}: node {node} (parent {parent}, depth {s.depths[node]}) is not a "
+                                     f"child of an earlier node within distance {k}")
+                if not 0 <= s.ranks[node] < max_rank:
+                    raise ValueError(f"state {k}: node {node} has rank {s.ranks[node]}, outside 0..{max_rank - 1}")
+            if any(not 1 <= c <= num_prompt_tokens for c in s.prompts):
+                raise ValueError(f"state {k}: prompt tokens per node must be 1..{num_prompt_tokens}, got {s.prompts}")
 
 
 def candidate_tree(p: list[list[float]], max_depth: int, n: int) -> tuple[list[int], list[int], list[int], list[float]]:
