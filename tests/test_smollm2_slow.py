@@ -99,3 +99,10 @@ def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
                 assert divergence(decoder, ids, ppd.tokens, greedy)["near_tie"], (method, prompt)
             tokens, steps = tokens + len(ppd.tokens), steps + ppd.steps
         assert tokens / steps > 1.3, method
+    # The reported damage, brought in past the file checks: a NaN prompt-token embedding. Before the KV
+    # cache kept draft rows finite, ppd answered this prompt with sixteen copies of token 0.
+    decoder.prompts.embeddings[1, 5] = float("nan")
+    ids = decoder.encode_chat("Name three colors.")
+    plain = decoder.generate(ids, 16, "ar")
+    for method in ("ppd", "ppd-lookup"):
+        assert decoder.generate(ids, 16, method).tokens == plain.tokens, method
