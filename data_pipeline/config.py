@@ -8,13 +8,21 @@ from ppdkit.models.config import Section
 class DataConfig(Section):
     execution_only = frozenset({"shards"})
 
-    source: str = Field("sharegpt", description="sharegpt | mt-bench | humaneval | chitchat | path to .json/.jsonl(.gz)")
+    source: str = Field("sharegpt", min_length=1,
+                        description="sharegpt | mt-bench | humaneval | chitchat | path to .json/.jsonl(.gz)")
     limit: int | None = Field(512, ge=1, description="usable conversations to read (null: all)")
-    max_length: int = Field(512, ge=8, description="tokens kept per conversation")
+    max_length: int = Field(512, ge=8, description="tokens kept per conversation; at most the base model's context")
     holdout: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of conversations held out for evaluation")
     seed: int = 0
     shards: int = Field(2, ge=1, description="Ray tasks that template and tokenize in parallel")
     check_sequences: int = Field(8, ge=0, description="held-out sequences the base model scores as a data check")
+
+    def check_context(self, max_positions: int) -> None:
+        """Raise before any work when sequences of max_length would not fit the base model's context (its
+        max_position_embeddings, known once its config is read): positions past it were never trained."""
+        if self.max_length > max_positions:
+            raise ValueError(f"data.max_length={self.max_length} is longer than the base model's context of "
+                             f"{max_positions} positions: set data.max_length between 8 and {max_positions}")
 
 
 class TeacherConfig(Section):
@@ -22,7 +30,8 @@ class TeacherConfig(Section):
 
     workers: int = Field(2, ge=1, description="Ray actors, each holding the frozen base model")
     cpus_per_worker: int = Field(1, ge=1, description="CPUs (and torch threads) per actor")
-    top_k: int = Field(64, ge=1, description="log-probabilities kept per position (plus the mass outside them)")
+    top_k: int = Field(64, ge=1, description="log-probabilities kept per position, plus the mass outside them; at most "
+                                             "the base model's vocabulary size, checked when it loads")
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="storage of the top-k log-probabilities")
     rows_per_shard: int = Field(32, ge=1, description="sequences per shard file (the unit of resume and retry)")
     batch_size: int = Field(4, ge=1, description="sequences per teacher forward")
@@ -32,3 +41,10 @@ class TeacherConfig(Section):
     max_new_tokens: int = Field(256, ge=1, description="tokens per regenerated assistant turn")
     temperature: float = Field(0.0, ge=0.0, description="0: greedy regeneration; > 0: sampled")
     seed: int = 0
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Raise before any teacher work when top_k exceeds the base model's vocabulary (known only once the
+        model loads); otherwise torch.topk would fail inside a Ray actor, shard after shard."""
+        if self.top_k > vocab_size:
+            raise ValueError(f"teacher.top_k={self.top_k} is more than the base model's vocabulary of {vocab_size} "
+                             f"tokens: set teacher.top_k between 1 and {vocab_size} (the recipes keep 64)")

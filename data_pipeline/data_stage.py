@@ -17,7 +17,9 @@ import ray
 import torch
 from datasets import Dataset
 from tqdm import tqdm
+from transformers import AutoConfig
 
+from ppdkit.models.catalog import materialize
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model, load_tokenizer
 
@@ -109,9 +111,11 @@ def _save(rows: list[TokenizedConversation], conversations: list[Conversation], 
 
 def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dict:
     tokenizer = load_tokenizer(base.name)
+    context = getattr(AutoConfig.from_pretrained(materialize(base.name)), "max_position_embeddings", None)
+    if context:  # a model family without the field leaves the limit to the model
+        cfg.check_context(context)
+    # raises, naming the source and the form expected, when not one row is usable
     conversations, read_report = read_conversations(cfg.source, cfg.limit, require_assistant=True)
-    if not conversations:
-        raise ValueError(f"no usable conversation in {cfg.source!r}: {read_report.describe()}")
     # Conversation ids must be unique to re-order shard results; number duplicates instead of dropping them.
     seen: dict[str, int] = {}
     for i, conv in enumerate(conversations):
@@ -125,7 +129,7 @@ def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dic
     for report in (train_report, holdout_report):
         log.info(report.describe())
     if not train:
-        raise ValueError(f"no training sequence left after templating: {train_report.describe()}")
+        raise ValueError(f"no training sequence left after templating {cfg.source}: {train_report.describe()}")
     _save(train, train_convs, out_dir / "train")
     _save(holdout, holdout_convs, out_dir / "holdout")
 

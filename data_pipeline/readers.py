@@ -1,14 +1,17 @@
 """Conversation sources: packaged datasets by name, or a user's .json / .jsonl / .jsonl.gz file.
 
 Every reader streams rows, so `limit` stops early, and turns every unusable row into a counted reason
-(see ReadReport). The packaged ShareGPT JSON is truncated mid-string: it is parsed item by item and
-its broken tail is reported as one skipped row.
+(see ReadReport): bad JSON, bytes that are not UTF-8, a gzip stream cut short. The packaged ShareGPT
+JSON is truncated mid-string: it is parsed item by item and its broken tail is reported as one skipped
+row. A source with no usable row at all is an error that names it and the form expected.
 """
 
 import gzip
 import importlib.util
 import json
 import logging
+import re
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,22 @@ log = logging.getLogger(__name__)
 
 Row = tuple[str, Any]  # (where, parsed row) or (where, MalformedRow) for a row that did not parse
 
+# Files are read as UTF-8 (a leading BOM dropped) with undecodable bytes kept as lone surrogates, so a
+# bad byte spoils only the row it is in, and that row is skipped: errors="replace" would train on U+FFFD
+# where the writer's text was.
+_ENCODING = {"encoding": "utf-8-sig", "errors": "surrogateescape"}
+_UNDECODED_BYTE = re.compile("[\udc80-\udcff]")
+NOT_UTF8 = "not UTF-8 text (save the file as UTF-8)"
+
+EXPECTED_FORM = ("one JSON object per line (.jsonl, .jsonl.gz) or a JSON array of them (.json), in UTF-8, each a "
+                 'conversation: {"conversations": [{"from": "human", "value": "Hi"}, '
+                 '{"from": "gpt", "value": "Hello!"}]} '
+                 'or {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}')
+
+
+class DataSourceError(ValueError):
+    """A source that gives nothing to work with; the message names it and says what form is expected."""
+
 
 def _package_dir(module: str, pip_name: str) -> Path:
     spec = importlib.util.find_spec(module)
@@ -28,11 +47,14 @@ def _package_dir(module: str, pip_name: str) -> Path:
 
 
 def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[Row]:
-    """Items of a top-level JSON array, parsed one by one; an unparseable tail becomes one MalformedRow."""
+    """Items of a top-level JSON array, parsed one by one; an unparseable tail becomes one MalformedRow.
+    An empty file yields nothing."""
     decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, **_ENCODING) as f:
         buf, pos, eof, index, consumed = f.read(chunk_chars), 0, False, 0, 0
         pos = _skip(buf, 0, " \t\r\n")
+        if pos == len(buf):
+            return
         if not buf[pos:pos + 1] == "[":
             yield f"{path.name}", MalformedRow("file is not a JSON array")
             return
@@ -45,7 +67,8 @@ def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[Row]:
                 item, end = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError:
                 if not eof:  # the item may just continue in the next chunk
-                    more = f.read(chunk_chars)
+                    # at least as much again as is held: one long item is re-parsed log(size) times, not size/chunk
+                    more = f.read(max(chunk_chars, len(buf) - pos))
                     eof = not more
                     consumed += pos
                     buf, pos = buf[pos:] + more, 0
@@ -56,7 +79,7 @@ def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[Row]:
                 else:
                     yield where, MalformedRow("JSON array is not closed (file truncated?)")
                 return
-            yield f"item {index}", item
+            yield f"item {index}", MalformedRow(NOT_UTF8) if _UNDECODED_BYTE.search(buf, pos, end) else item
             index += 1
             pos = end
 
@@ -68,26 +91,41 @@ def _skip(buf: str, pos: int, chars: str) -> int:
 
 
 def iter_jsonl(path: Path) -> Iterator[Row]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield f"line {line_no}", json.loads(line)
-            except json.JSONDecodeError as e:
-                yield f"line {line_no}", MalformedRow(f"invalid JSON ({e.msg})")
+    gz = path.name.endswith(".gz")
+    line_no = 0
+    with (gzip.open if gz else open)(path, "rt", **_ENCODING) as f:
+        try:
+            for line_no, line in enumerate(f, start=1):
+                if line.strip():
+                    yield f"line {line_no}", _parse_line(line)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            if not gz:
+                raise
+            # a cut or damaged download: the lines read so far stay usable; the rest is one counted row
+            yield f"line {line_no + 1}", MalformedRow("not gzip data (a plain file named .gz?)" if isinstance(
+                e, gzip.BadGzipFile) else "gzip data ends early or is damaged (file truncated?)")
+
+
+def _parse_line(line: str) -> Any:
+    if _UNDECODED_BYTE.search(line):
+        return MalformedRow(NOT_UTF8)
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        return MalformedRow(f"invalid JSON ({e.msg})")
 
 
 def iter_file(path: Path) -> Iterator[Row]:
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist")
+    if not path.is_file():
+        raise DataSourceError(f"data source {path} is not a file; expected a file of {EXPECTED_FORM}")
     name = path.name.lower()
     if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
         return iter_jsonl(path)
     if name.endswith(".json"):
         return iter_json_array(path)
-    raise ValueError(f"data file {path}: use .json (an array), .jsonl or .jsonl.gz")
+    raise DataSourceError(f"data file {path}: use .json (an array), .jsonl or .jsonl.gz, holding {EXPECTED_FORM}")
 
 
 def _sharegpt() -> Iterator[Row]:
@@ -159,4 +197,17 @@ def read_conversations(
     log.info(report.describe())
     for example in report.examples:
         log.info("  skipped %s", example)
+    if not conversations:
+        raise _nothing_usable(source, report, require_assistant)
     return conversations, report
+
+
+def _nothing_usable(source: str, report: ReadReport, require_assistant: bool) -> DataSourceError:
+    if not report.rows:
+        problem = f"data source {source!r} is empty: it holds no row at all"
+    else:
+        problem = f"no usable conversation in {report.describe()}; e.g. {'; '.join(report.examples[:3])}"
+    if source in SOURCES:  # a packaged set is in the right form: its rows are not what was asked for
+        return DataSourceError(problem)
+    needed = " with at least one assistant turn" if require_assistant else ' (or {"prompt": "..."} for a prompt)'
+    return DataSourceError(f"{problem}. Expected {EXPECTED_FORM}{needed}")

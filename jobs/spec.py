@@ -4,10 +4,11 @@
 """
 
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.models.config import BaseModelConfig, Section
@@ -15,17 +16,31 @@ from ppdkit.registry.config import TrackingConfig
 from ppdkit.trainer.config import CalibrateConfig, TrainConfig
 
 
+# The decoding methods `ppdkit bench` runs (jobs/bench.py ALL_METHODS; tests/test_bad_input.py keeps the two alike).
+EvalMethod = Literal["hf-greedy", "hf-pld", "ar", "ppd", "ppd-lookup"]
+
+
 class RayConfig(Section):
-    address: str | None = Field(None, description="a running cluster ('auto' or host:port); default: an embedded local Ray")
+    address: str | None = Field(None, min_length=1,
+                                description="a running cluster ('auto' or host:port); default: an embedded local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for the embedded Ray (default: all)")
     object_store_mb: int = Field(512, ge=64, description="object store of the embedded Ray")
 
 
 class EvaluateConfig(Section):
-    prompts: str = Field("mt-bench", description="mt-bench | humaneval | FILE.jsonl")
-    limit: int = Field(5, ge=1)
+    prompts: str = Field("mt-bench", min_length=1, description="mt-bench | humaneval | FILE.jsonl")
+    limit: int = Field(5, ge=1, description="prompts decoded by every method")
     max_new_tokens: int = Field(128, ge=1)
-    methods: list[str] = Field(["hf-greedy", "ar", "ppd"], description="of hf-greedy, hf-pld, ar, ppd, ppd-lookup")
+    methods: list[EvalMethod] = Field(["hf-greedy", "ar", "ppd"], min_length=1,
+                                      description=f"of {', '.join(get_args(EvalMethod))}")
+
+    @field_validator("methods")
+    @classmethod
+    def _each_method_once(cls, methods: list[str]) -> list[str]:
+        twice = sorted({m for m in methods if methods.count(m) > 1})
+        if twice:  # each would be timed again and reported as two rows of one name
+            raise ValueError(f"lists {', '.join(twice)} more than once; name each method once")
+        return methods
 
 
 class JobSpec(Section):
@@ -45,6 +60,11 @@ class JobSpec(Section):
             raise ValueError(f"name {self.name!r} must be a plain folder name")
         return self
 
+    @model_validator(mode="after")
+    def _trees_fit_the_prompt_tokens(self) -> "JobSpec":
+        self.calibrate.check_epts(self.train.num_epts)
+        return self
+
 
 class SpecError(ValueError):
     """A spec that cannot be used; the message says what is wrong and what is allowed."""
@@ -60,15 +80,72 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(model.model_fields)
 
 
+def _key(loc: tuple) -> str:
+    """('calibrate', 'sizes', 0) -> 'calibrate.sizes[0]': the key as a user writes it."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def _non_null(annotation: Any) -> Any:
+    """list[int] from `list[int] | None`: an optional value's own type."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    return args[0] if get_origin(annotation) in (Union, UnionType) and len(args) == 1 else annotation
+
+
+def _constraints(loc: tuple) -> tuple[list, str | None]:
+    """The bounds and description of the spec value at `loc`; a list index steps into the list's item
+    type, whose own bounds apply to each item."""
+    model, annotation, metadata, description = JobSpec, None, [], None
+    for part in loc:
+        if isinstance(part, int):
+            item = next(iter(get_args(_non_null(annotation))), None)
+            annotation = get_args(item)[0] if get_origin(item) is Annotated else item
+            metadata = [m for info in getattr(item, "__metadata__", ()) for m in getattr(info, "metadata", [info])]
+            continue
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return [], None
+        annotation, metadata, description = field.annotation, field.metadata, field.description
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return metadata, description
+
+
+def _allowed_range(name: str, metadata: list) -> str | None:
+    """'0 < train.lr <= 1' from the field's bounds (pydantic keeps them as annotated_types Gt, Ge, Lt, Le)."""
+    def bound(attr: str):
+        return next((getattr(m, attr) for m in metadata if getattr(m, attr, None) is not None), None)
+
+    def text(x) -> str:  # 1.0 as 1, as a user would write it
+        return f"{x:g}" if isinstance(x, float) else str(x)
+
+    gt, ge, lt, le = (bound(attr) for attr in ("gt", "ge", "lt", "le"))
+    low = f"{text(gt)} < " if gt is not None else f"{text(ge)} <= " if ge is not None else ""
+    high = f" < {text(lt)}" if lt is not None else f" <= {text(le)}" if le is not None else ""
+    return f"{low}{name}{high}" if low or high else None
+
+
+_BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+def _explain_one(e: dict) -> str:
+    key = _key(e["loc"])
+    if e["type"] == "extra_forbidden":
+        return f"unknown key '{key}'; allowed here: {', '.join(_allowed_keys(JobSpec, e['loc']))}"
+    if e["type"] == "missing":
+        return f"'{key}' is required"
+    if e["type"] == "value_error":  # our validators' messages name their keys and say what to do
+        message = e["msg"].removeprefix("Value error, ")
+        return f"'{key}' {message} (got {e.get('input')!r})" if key else message
+    metadata, description = _constraints(e["loc"])
+    allowed = _allowed_range(key, metadata)
+    if e["type"] in _BOUND_ERRORS and allowed:
+        line = f"'{key}' = {e.get('input')!r} is out of range: allowed {allowed}"
+        return f"{line}; {description}" if description else line
+    hint = "; write a YAML list, e.g. [a, b]" if e["type"] == "list_type" else ""
+    return f"'{key}': {e['msg']} (got {e.get('input')!r}{hint})"
+
+
 def _explain(err: ValidationError, origin: str) -> SpecError:
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(JobSpec, e["loc"])
-            lines.append(f"unknown key '{key}'; allowed here: {', '.join(allowed)}")
-        else:
-            lines.append(f"'{key}': {e['msg']} (got {e.get('input')!r})")
+    lines = [_explain_one(e) for e in err.errors()]
     return SpecError(f"invalid job spec {origin}:\n  " + "\n  ".join(lines))
 
 

@@ -5,7 +5,8 @@ from ppdkit.models.config import Section
 
 class TrackingConfig(Section):
     enabled: bool = True
-    uri: str | None = Field(None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite in the cache")
-    experiment: str = "ppdkit"
-    registered_model: str | None = Field(None, description="registered model the component becomes a version of "
+    uri: str | None = Field(None, min_length=1,
+                            description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite in the cache")
+    experiment: str = Field("ppdkit", min_length=1)
+    registered_model: str | None = Field(None, min_length=1, description="registered model the component becomes a version of "
                                                             "(default: ppdkit-<base model name>)")

@@ -1,27 +1,37 @@
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from ppdkit.models.config import Section
+
+# A step of this many input tokens already costs far more on a CPU than the at most
+# num_prompt_tokens + 1 <= 17 tokens it can accept, and building it takes ~1 s (O(size^2)):
+# larger trees only burn calibration time.
+MAX_TREE_SIZE = 1024
 
 
 class TrainConfig(Section):
     execution_only = frozenset({"num_workers", "cpus_per_worker", "log_every"})
 
-    method: str = Field("ept", description="the component to train (see trainer.methods.METHODS)")
+    method: Literal["ept"] = Field("ept", description="the component to train (ept: PPD's prompt tokens, the one "
+                                                      "method of this version)")
     # the prompt tokens (papers/000 ch. 4)
     num_prompt_tokens: int = Field(3, ge=1, le=16, description="k: token distances guessed per forward")
     num_epts: int = Field(1, ge=1, le=256, description="n: ensemble prompt tokens per prompt token")
     mask: Literal["ensemble", "decoder", "encoder"] = "ensemble"
     aggregation: Literal["mean", "learned"] = "mean"
-    init_token_ids: list[int] | None = Field(None, description="k*n token ids to copy embeddings from (default: seeded draw)")
+    init_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="k*n token ids to copy embeddings from (default: seeded draw)")
     # the objective
     loss: Literal["kd", "ce"] = Field("kd", description="kd: decayed KL to the teacher; ce: hard labels (ablation)")
     alpha: float = Field(0.8, gt=0.0, le=1.0, description="decay per token distance")
     groups_per_sequence: int = Field(16, ge=1, description="insertion points supervised per sequence per forward")
     # the optimisation (AdamW, cosine, no warm-up: section 6.1.2)
-    lr: float = Field(0.01, gt=0.0)
-    weight_decay: float = 0.0
+    # AdamW moves every weight by about lr per step whatever the gradient's scale, and prompt tokens
+    # start as copies of token embeddings whose elements are far below 1: an lr above 1 throws every
+    # element past its whole range in one step, so it is a typo (the paper's is 0.01), not a setting.
+    lr: float = Field(0.01, gt=0.0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay; negative would grow the weights")
     epochs: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
     micro_batch: int = Field(4, ge=1, description="sequences per worker per micro-step")
@@ -39,11 +49,23 @@ class TrainConfig(Section):
     checkpoint_every: int = Field(25, ge=1)
     seed: int = 0
 
+    @field_validator("init_token_ids")
+    @classmethod
+    def _one_id_per_ept(cls, ids: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        # num_prompt_tokens and num_epts are declared first, so they are in info.data when valid
+        k, n = info.data.get("num_prompt_tokens"), info.data.get("num_epts")
+        if ids is not None and k is not None and n is not None and len(ids) != k * n:
+            raise ValueError(f"needs num_prompt_tokens * num_epts = {k} * {n} = {k * n} token ids, not {len(ids)}; "
+                             "or null for a seeded draw")
+        return ids
+
 
 class CalibrateConfig(Section):
     execution_only = frozenset({"micro_batch"})
 
-    sizes: list[int] = Field([8, 12, 16, 24, 32, 48, 64], description="tree sizes (input tokens per step) to build")
+    sizes: list[Annotated[int, Field(ge=2, le=MAX_TREE_SIZE)]] = Field(
+        [8, 12, 16, 24, 32, 48, 64], min_length=1,
+        description="tree sizes to build, in input tokens per step; each holds the root and one prompt token's EPTs")
     max_rank: int = Field(10, ge=1, le=64, description="guesses per distance considered")
     sequences: int = Field(64, ge=1, description="held-out sequences measured")
     groups_per_sequence: int = Field(16, ge=1)
@@ -52,3 +74,12 @@ class CalibrateConfig(Section):
     ngram_branches: int = Field(3, ge=0, le=16, description="continuations kept per n-gram; 0: no table")
     ngram_max_n: int = Field(3, ge=1, le=8, description="longest n-gram counted")
     ngram_min_count: int = Field(2, ge=1, description="n-grams seen fewer times are dropped")
+
+    def check_epts(self, num_epts: int) -> None:
+        """Every tree size must hold a tree for prompt tokens of `num_epts` EPTs (runtime/tree.py
+        best_tree_for_size needs the root plus one prompt token's EPTs); raises ValueError naming the keys."""
+        small = sorted({s for s in self.sizes if s < 1 + num_epts})
+        if small:
+            raise ValueError(f"calibrate.sizes {small} cannot hold a tree with train.num_epts={num_epts}: a tree "
+                             f"needs the root token and one prompt token's {num_epts} EPT(s), so every size must be "
+                             f">= {1 + num_epts}; drop those sizes or lower train.num_epts")

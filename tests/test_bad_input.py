@@ -1,0 +1,293 @@
+"""Bad input gets a clear error or a counted skip: never a traceback from deep inside, never lost rows.
+
+Job-spec values out of range are refused at load, naming the key and the allowed range; data files that
+are empty, not UTF-8, truncated or hold 1 MB messages are read row by row, every unusable row counted
+by reason, and a file with nothing usable is an error that names it and the form expected.
+"""
+
+import gzip
+import json
+from typing import get_args
+
+import pytest
+
+from conftest import FIXTURES
+from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
+from ppdkit.data_pipeline.conversations import Conversation
+from ppdkit.data_pipeline.data_stage import run_data_stage, tokenize_shard
+from ppdkit.data_pipeline.readers import NOT_UTF8, DataSourceError, read_conversations
+from ppdkit.jobs.cli import main
+from ppdkit.jobs.spec import EvalMethod, SpecError, load_spec, spec_from_dict
+from ppdkit.models.config import BaseModelConfig
+from ppdkit.runtime.tree import best_tree_for_size
+from ppdkit.trainer.config import CalibrateConfig
+
+MB = 1 << 20
+ONE_MB_TEXT = ("The quick brown fox jumps over the lazy dog; " * (MB // 45 + 1))[:MB]
+
+
+@pytest.fixture
+def job(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\n")
+    return path
+
+
+# --- the job spec: (override, words the error must hold: the key and the allowed range) ---
+
+OUT_OF_RANGE = [
+    ("train.num_prompt_tokens=0", ["'train.num_prompt_tokens' = 0", "allowed 1 <= train.num_prompt_tokens <= 16"]),
+    ("train.num_prompt_tokens=17", ["'train.num_prompt_tokens' = 17", "allowed 1 <= train.num_prompt_tokens <= 16"]),
+    ("teacher.top_k=0", ["'teacher.top_k' = 0", "allowed 1 <= teacher.top_k", "vocabulary"]),
+    ("calibrate.sizes=[]", ["'calibrate.sizes'", "at least 1 item"]),
+    ("calibrate.sizes=[1,8]", ["'calibrate.sizes[0]' = 1", "allowed 2 <= calibrate.sizes[0] <= 1024"]),
+    ("calibrate.sizes=[8,4096]", ["'calibrate.sizes[1]' = 4096", "<= 1024"]),
+    ("train.lr=0", ["'train.lr' = 0", "allowed 0 < train.lr <= 1"]),
+    ("train.lr=-0.01", ["'train.lr' = -0.01", "allowed 0 < train.lr <= 1"]),
+    ("train.lr=5", ["'train.lr' = 5", "allowed 0 < train.lr <= 1"]),
+    ("train.alpha=0", ["'train.alpha' = 0", "allowed 0 < train.alpha <= 1"]),
+    ("train.alpha=1.5", ["'train.alpha' = 1.5", "allowed 0 < train.alpha <= 1"]),
+    ("train.weight_decay=-1", ["'train.weight_decay' = -1", "allowed 0 <= train.weight_decay"]),
+    ("train.method=medusa", ["'train.method'", "'ept'", "medusa"]),
+    ("train.init_token_ids=[1,2]", ["'train.init_token_ids'", "3 * 1 = 3 token ids, not 2"]),
+    ("evaluate.methods=[ppd,medusa]", ["'evaluate.methods[1]'", "'hf-greedy', 'hf-pld', 'ar', 'ppd' or 'ppd-lookup'",
+                                       "'medusa'"]),
+    ("evaluate.methods=[]", ["'evaluate.methods'", "at least 1 item"]),
+    ("evaluate.methods=ppd", ["'evaluate.methods'", "valid list", "write a YAML list"]),
+    ("evaluate.methods=[ar,ppd,ar]", ["'evaluate.methods' lists ar more than once"]),
+    ("evaluate.limit=0", ["'evaluate.limit' = 0", "allowed 1 <= evaluate.limit"]),
+    ("evaluate.max_new_tokens=0", ["'evaluate.max_new_tokens' = 0", "allowed 1 <= evaluate.max_new_tokens"]),
+    ("data.holdout=1", ["'data.holdout' = 1", "allowed 0 <= data.holdout < 1"]),
+    ("data.max_length=4", ["'data.max_length' = 4", "allowed 8 <= data.max_length"]),
+    ("data.limit=0", ["'data.limit' = 0", "allowed 1 <= data.limit"]),
+    ("data.source=", ["'data.source'", "at least 1 character"]),
+    ("tracking.experiment=", ["'tracking.experiment'", "at least 1 character"]),
+]
+
+
+@pytest.mark.parametrize("override,words", OUT_OF_RANGE, ids=[o for o, _ in OUT_OF_RANGE])
+def test_out_of_range_value_names_the_key_and_the_allowed_range(job, override, words):
+    with pytest.raises(SpecError) as err:
+        load_spec(job, [override])
+    message = str(err.value)
+    assert message.startswith(f"invalid job spec {job}:")
+    for word in words:
+        assert word in message
+
+
+def test_tree_sizes_must_hold_the_root_and_one_prompt_tokens_epts(job):
+    with pytest.raises(SpecError) as err:
+        load_spec(job, ["train.num_epts=3", "calibrate.sizes=[2,3,4,8]"])
+    message = str(err.value)
+    assert "calibrate.sizes [2, 3]" in message and "train.num_epts=3" in message and ">= 4" in message
+    spec = load_spec(job, ["train.num_epts=3", "calibrate.sizes=[4,8]"])
+    assert spec.calibrate.sizes == [4, 8]
+
+
+@pytest.mark.parametrize("epts", [1, 2, 5])
+def test_the_size_check_is_exactly_what_the_tree_builder_needs(epts):
+    acceptance = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]  # 3 distances x 3 ranks
+    for size in range(2, 2 * epts + 8):
+        try:
+            CalibrateConfig(sizes=[size]).check_epts(epts)
+            accepted = True
+        except ValueError:
+            accepted = False
+        if accepted:
+            assert best_tree_for_size(acceptance, size, epts).size <= size
+        else:
+            with pytest.raises(ValueError, match="no tree fits"):
+                best_tree_for_size(acceptance, size, epts)
+
+
+def test_every_error_of_a_spec_is_listed_at_once():
+    with pytest.raises(SpecError) as err:
+        spec_from_dict({"name": "x", "train": {"lr": 5, "alpha": 0}, "teacher": {"top_k": 0}})
+    keys = [line.split("'")[1] for line in str(err.value).splitlines()[1:]]
+    assert sorted(keys) == ["teacher.top_k", "train.alpha", "train.lr"]
+
+
+def test_cli_prints_the_range_and_exits_2(job, tmp_path, capsys):
+    assert main(["run", str(job), "train.lr=5", "calibrate.sizes=[1]", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "ppdkit: error: invalid job spec" in err
+    assert "'train.lr' = 5 is out of range: allowed 0 < train.lr <= 1" in err
+    assert "'calibrate.sizes[0]' = 1 is out of range: allowed 2 <= calibrate.sizes[0] <= 1024" in err
+    assert "Traceback" not in err
+
+
+def test_the_spec_knows_every_method_the_bench_runs():
+    from ppdkit.jobs.bench import ALL_METHODS
+
+    assert set(get_args(EvalMethod)) == set(ALL_METHODS)
+
+
+def test_top_k_beyond_the_vocabulary_is_refused_before_any_teacher_work(tiny_dir):
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(tiny_dir).vocab_size
+    TeacherConfig(top_k=vocab).check_vocabulary(vocab)  # the whole vocabulary is allowed
+    with pytest.raises(ValueError) as err:
+        TeacherConfig(top_k=vocab + 1).check_vocabulary(vocab)
+    assert f"teacher.top_k={vocab + 1}" in str(err.value) and f"between 1 and {vocab}" in str(err.value)
+
+
+def test_max_length_beyond_the_model_context_is_refused_before_reading(tmp_path):
+    with pytest.raises(ValueError, match=r"data.max_length=4096 is longer than the base model's context of 1024 "
+                                         r"positions: set data.max_length between 8 and 1024"):
+        run_data_stage(BaseModelConfig(name="tiny-llama", quantization="none"),
+                       DataConfig(source=str(FIXTURES / "bad_empty.jsonl"), max_length=4096), tmp_path / "data")
+
+
+# --- data files ---
+
+def _expect_no_usable_data(path, *words):
+    with pytest.raises(DataSourceError) as err:
+        read_conversations(str(path), require_assistant=True)
+    message = str(err.value)
+    assert str(path) in message and "Expected one JSON object per line" in message and "assistant turn" in message
+    for word in words:
+        assert word in message
+
+
+@pytest.mark.parametrize("content", [b"", b"\n  \n\t\n"], ids=["empty", "blank lines"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_an_empty_file_is_an_error_naming_it_and_the_form(tmp_path, content, suffix):
+    path = tmp_path / f"data{suffix}"
+    path.write_bytes(content)
+    _expect_no_usable_data(path, "is empty")
+
+
+def test_the_empty_fixture_stops_the_data_stage_before_any_work(tmp_path):
+    path = FIXTURES / "bad_empty.jsonl"
+    with pytest.raises(DataSourceError, match="bad_empty.jsonl' is empty"):
+        run_data_stage(BaseModelConfig(name="tiny-llama", quantization="none"), DataConfig(source=str(path)),
+                       tmp_path / "data")
+    assert not (tmp_path / "data").exists()
+
+
+def test_bad_rows_are_skipped_and_counted_by_reason():
+    convs, report = read_conversations(str(FIXTURES / "bad_mixed.jsonl"), require_assistant=True)
+    assert [c.id for c in convs] == ["ok1", "ok2", "ok3"]
+    assert report.rows == 5 and report.kept == 3
+    assert report.skipped == {NOT_UTF8: 1, "invalid JSON (Unterminated string starting at)": 1}
+    assert report.examples == [f"line 3: {NOT_UTF8}", "line 6: invalid JSON (Unterminated string starting at)"]
+    assert not any("\ufffd" in m["content"] for c in convs for m in c.messages)  # nothing decoded by guesswork
+
+
+def test_a_not_utf8_item_of_a_json_array_is_skipped_alone(tmp_path):
+    items = [{"id": f"i{k}", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
+             for k in range(3)]
+    raw = json.dumps(items).encode().replace(b'"id": "i1"', b'"id": "i\xff1"')
+    path = tmp_path / "data.json"
+    path.write_bytes(raw)
+    convs, report = read_conversations(str(path))
+    assert [c.id for c in convs] == ["i0", "i2"] and report.skipped == {NOT_UTF8: 1}
+
+
+def test_a_utf16_file_is_an_error_saying_it_is_not_utf8():
+    _expect_no_usable_data(FIXTURES / "bad_utf16.jsonl", "no usable conversation in", "line 1: not UTF-8 text",
+                           "4 rows, 0 kept, 4 skipped")
+
+
+def test_a_utf8_bom_is_not_a_problem(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    text = (FIXTURES / "bad_mixed.jsonl").read_bytes().split(b"\n")[0]
+    path.write_bytes(b"\xef\xbb\xbf" + text + b"\n")
+    convs, report = read_conversations(str(path))
+    assert [c.id for c in convs] == ["ok1"] and not report.skipped
+
+
+def test_binary_garbage_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "weights.jsonl"
+    path.write_bytes(bytes(range(256)) * 64)
+    _expect_no_usable_data(path, "no usable conversation in", NOT_UTF8)
+
+
+def test_truncated_json_array_keeps_the_complete_items():
+    convs, report = read_conversations(str(FIXTURES / "bad_truncated.json"), require_assistant=True)
+    assert [c.id for c in convs] == ["ok1", "ok2"]
+    [reason] = report.skipped
+    assert report.rows == 3 and reason.startswith("unparseable JSON") and "truncated?" in reason
+
+
+def test_a_json_array_truncated_in_its_first_item_is_an_error(tmp_path):
+    path = tmp_path / "cut.json"
+    path.write_text('[{"id": "a", "conversations": [{"from": "human", "val')
+    _expect_no_usable_data(path, "unparseable JSON", "truncated?")
+
+
+def test_a_json_object_instead_of_an_array_is_an_error(tmp_path):
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}))
+    _expect_no_usable_data(path, "file is not a JSON array")
+
+
+def test_truncated_gzip_keeps_the_lines_before_the_cut(tmp_path):
+    rows = [{"id": f"r{k}", "conversations": [{"from": "human", "value": f"question {k} " * 20},
+                                              {"from": "gpt", "value": f"answer {k} " * 20}]} for k in range(2000)]
+    data = gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode())
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    convs, report = read_conversations(str(path))
+    assert 0 < len(convs) < 2000 and [c.id for c in convs] == [f"r{k}" for k in range(len(convs))]
+    reason = "gzip data ends early or is damaged (file truncated?)"
+    assert report.skipped == {reason: 1}
+    assert report.rows == len(convs) + 1 and report.examples == [f"line {len(convs) + 1}: {reason}"]
+
+
+def test_a_plain_file_named_gz_is_an_error(tmp_path):
+    path = tmp_path / "plain.jsonl.gz"
+    path.write_bytes((FIXTURES / "bad_mixed.jsonl").read_bytes())
+    _expect_no_usable_data(path, "not gzip data")
+
+
+class _CharCounter:
+    """The tokenizer, noting the longest text it was asked to tokenize."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.longest = tokenizer, 0
+
+    def __call__(self, text, **kwargs):
+        self.longest = max(self.longest, len(text))
+        return self.tokenizer(text, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_one_mb_messages_are_cut_to_max_length_without_tokenizing_megabytes(tmp_path, tiny_tokenizer):
+    rows = [{"id": "small", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"}]},
+            {"id": "big-answer", "messages": [{"role": "user", "content": "Write a lot."},
+                                              {"role": "assistant", "content": ONE_MB_TEXT}]},
+            {"id": "big-question", "messages": [{"role": "user", "content": ONE_MB_TEXT},
+                                                {"role": "assistant", "content": "Too long to read."}]}]
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    convs, report = read_conversations(str(path), require_assistant=True)
+    assert report.kept == 3 and len(convs[1].messages[1]["content"]) == MB
+
+    counter = _CharCounter(tiny_tokenizer)
+    encoded, shard_report = tokenize_shard(counter, convs, max_length=64)
+    assert [r.id for r in encoded] == ["small", "big-answer"]
+    assert shard_report.skipped == {"no assistant tokens within max_length=64": 1}
+    assert counter.longest < 10_000  # a prefix that holds 64 tokens, not the megabyte
+    big = encoded[1]
+    text = tiny_tokenizer.apply_chat_template(list(convs[1].messages), tokenize=False)
+    assert big.input_ids == tiny_tokenizer(text, add_special_tokens=False)["input_ids"][:64]  # as if cut after
+    assert len(big.input_ids) == 64 and 0 < sum(big.loss_mask) < 64
+
+
+def test_the_data_stage_counts_every_skip_in_its_summary(ray_local, tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    big = {"id": "big-question", "messages": [{"role": "user", "content": ONE_MB_TEXT},
+                                              {"role": "assistant", "content": "Too long to read."}]}
+    path.write_bytes((FIXTURES / "bad_mixed.jsonl").read_bytes() + b"\n" + json.dumps(big).encode() + b"\n")
+    summary = run_data_stage(BaseModelConfig(name="tiny-llama", quantization="none"),
+                             DataConfig(source=str(path), limit=None, max_length=64, holdout=0.0, shards=2,
+                                        check_sequences=1), tmp_path / "data")
+    assert summary["read"]["rows"] == 6 and summary["read"]["kept"] == 4
+    # the cut line now ends in a newline inside its string
+    assert summary["read"]["skipped_by_reason"] == {NOT_UTF8: 1, "invalid JSON (Invalid control character at)": 1}
+    assert summary["templating"]["train"]["skipped_by_reason"] == {"no assistant tokens within max_length=64": 1}
+    assert summary["train_sequences"] == 3
