@@ -10,6 +10,7 @@ import json
 from typing import get_args
 
 import pytest
+import yaml
 
 from conftest import FIXTURES
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
@@ -291,3 +292,15 @@ def test_the_data_stage_counts_every_skip_in_its_summary(ray_local, tmp_path):
     assert summary["read"]["skipped_by_reason"] == {NOT_UTF8: 1, "invalid JSON (Invalid control character at)": 1}
     assert summary["templating"]["train"]["skipped_by_reason"] == {"no assistant tokens within max_length=64": 1}
     assert summary["train_sequences"] == 3
+
+
+def test_cli_names_a_file_with_nothing_usable_and_exits_2(ray_local, tmp_path, capsys):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": "x", "base_model": {"name": "tiny-llama", "quantization": "none"},
+                                    "data": {"source": str(FIXTURES / "bad_utf16.jsonl")},
+                                    "tracking": {"enabled": False}}))
+    assert main(["run", str(spec), "--stages", "data", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"ppdkit: error: no usable conversation in {FIXTURES / 'bad_utf16.jsonl'}" in err
+    assert "line 1: not UTF-8 text" in err and "Expected one JSON object per line" in err
+    assert "Traceback" not in err and not (tmp_path / "out" / "data" / "summary.json").exists()
