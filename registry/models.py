@@ -4,23 +4,33 @@ A version's source is the run's `component` artifact (component.json, weights, t
 carry what a user compares (method, base model, fingerprint, accuracy by distance, expected tokens
 per step, measured speedup). Promotion moves `champion` only to a version at least as good as the
 current one on the stored calibration figure (tau), unless forced.
+
+Registration is all or nothing: a version counts once its last call tagged it `ppdkit.registered`;
+one that a failure (or a stopped server, or a killed job) left without that tag is removed, at once
+when possible, else by the next registration of the same run. A `models:/` URI resolves to a local
+copy that has passed `read_component`'s checks (every file's sha256 and size, finite tensors).
 """
 
+import hashlib
 import logging
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ppdkit.models.paths import cache_dir
+from ppdkit.models.artifact import ArtifactError, read_component
+from ppdkit.models.paths import atomic_dir_swap, cache_dir
 
-from .tracking import default_tracking_uri
+from .tracking import bound_http_retries, default_tracking_uri, server_call
 
 log = logging.getLogger(__name__)
 
 URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
 QUALITY_TAG = "tau"  # expected tokens per decoding step of the chosen tree, from calibration
+COMPLETE_TAG = "ppdkit.registered"  # set by the last call of a registration: the version is whole
 
 
 class RegistryError(ValueError):
@@ -28,20 +38,67 @@ class RegistryError(ValueError):
 
 
 def client(uri: str | None = None) -> MlflowClient:
+    bound_http_retries()
     return MlflowClient(tracking_uri=uri or default_tracking_uri(), registry_uri=uri or default_tracking_uri())
 
 
 def register_component(mlflow: MlflowClient, name: str, run_id: str, tags: dict[str, str]) -> str:
-    """A new version of `name` from the run's `component` artifact, tagged, aliased `challenger`."""
+    """A new version of `name` from the run's `component` artifact, tagged, aliased `challenger`.
+
+    Registering the same run again with the same tags returns its version instead of adding one, so a
+    job that died after registering (before its stage summary) registers exactly once when rerun.
+    """
+    bound_http_retries()
+    uri = mlflow.tracking_uri
+    tags = {k: str(v) for k, v in tags.items()}
     try:
-        mlflow.get_registered_model(name)
+        server_call(uri, "reading the registered model", mlflow.get_registered_model, name)
     except MlflowException:
-        mlflow.create_registered_model(name, description="PPD prompt tokens trained by ppdkit")
-    source = f"{mlflow.get_run(run_id).info.artifact_uri}/component"
-    version = mlflow.create_model_version(name, source=source, run_id=run_id, tags={k: str(v) for k, v in tags.items()})
-    mlflow.set_registered_model_alias(name, "challenger", version.version)
-    log.info("registered %s version %s (alias challenger)", name, version.version)
-    return str(version.version)
+        server_call(uri, "creating the registered model", mlflow.create_registered_model, name,
+                    description="PPD prompt tokens trained by ppdkit")
+    for old in server_call(uri, "listing the run's versions", mlflow.search_model_versions,
+                           f"name='{name}' and run_id='{run_id}'"):
+        if old.tags.get(COMPLETE_TAG) != "true":
+            log.warning("removing %s version %s: an interrupted registration left it incomplete", name, old.version)
+            server_call(uri, "removing an incomplete version", mlflow.delete_model_version, name, old.version)
+        elif all(old.tags.get(k) == v for k, v in tags.items()):
+            log.info("%s version %s already registers run %s", name, old.version, run_id)
+            return str(old.version)
+    previous = _alias_target(mlflow, name, "challenger")
+    source = f"{server_call(uri, 'reading the run', mlflow.get_run, run_id).info.artifact_uri}/component"
+    version = server_call(uri, "creating the model version", mlflow.create_model_version, name, source=source,
+                          run_id=run_id, tags=tags).version
+    try:
+        server_call(uri, "setting the challenger alias", mlflow.set_registered_model_alias, name, "challenger", version)
+        server_call(uri, "marking the version complete", mlflow.set_model_version_tag, name, version, COMPLETE_TAG, "true")
+    except Exception as e:
+        _undo_registration(mlflow, name, version, previous, e)
+        raise
+    log.info("registered %s version %s (alias challenger)", name, version)
+    return str(version)
+
+
+def _alias_target(mlflow: MlflowClient, name: str, alias: str) -> str | None:
+    try:
+        return str(server_call(mlflow.tracking_uri, f"reading the {alias} alias", mlflow.get_model_version_by_alias,
+                               name, alias).version)
+    except MlflowException:  # no such alias yet
+        return None
+
+
+def _undo_registration(mlflow: MlflowClient, name: str, version: str, previous: str | None, error: Exception) -> None:
+    """Remove a version whose registration failed after it was created (its aliases go with it) and
+    give `challenger` back to the version that held it; if that fails too, say what is left."""
+    try:
+        mlflow.delete_model_version(name, version)
+        if previous is not None:
+            mlflow.set_registered_model_alias(name, "challenger", previous)
+    except Exception as undo_error:  # most likely the same stopped server
+        raise RegistryError(
+            f"{error} (registering {name} version {version} failed before it was complete, and removing it failed "
+            f"too: {undo_error.__class__.__name__}; it carries no {COMPLETE_TAG} tag, and rerunning the same "
+            "command removes it and registers again)") from error
+    log.warning("registering %s version %s failed before it was complete; the version was removed", name, version)
 
 
 def promote(mlflow: MlflowClient, name: str, version: str, force: bool = False) -> str:
@@ -77,7 +134,11 @@ def _quality(version) -> float:
 
 
 def resolve(uri: str, tracking_uri: str | None = None) -> Path:
-    """models:/NAME@ALIAS or models:/NAME/VERSION -> a local component directory (downloaded once)."""
+    """models:/NAME@ALIAS or models:/NAME/VERSION -> a local component directory that passed its checks.
+
+    The download goes to a temporary directory, is checked with `read_component`, and only then is
+    renamed into the cache. A cached copy that fails the checks is downloaded once more.
+    """
     match = URI.match(uri)
     if not match:
         raise RegistryError(f"{uri!r} is not models:/NAME@ALIAS or models:/NAME/VERSION")
@@ -90,11 +151,39 @@ def resolve(uri: str, tracking_uri: str | None = None) -> Path:
         known = [m.name for m in mlflow.search_registered_models()]
         raise RegistryError(f"{uri}: not found in the registry at {mlflow.tracking_uri} ({e.error_code}); "
                             f"registered models: {', '.join(known) or 'none'}") from None
-    target = cache_dir() / "registry" / name / str(version.version)
-    if not (target / "component" / "component.json").is_file():
-        import mlflow as mlflow_module
-
-        target.mkdir(parents=True, exist_ok=True)
-        mlflow_module.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(target),
-                                                   tracking_uri=mlflow.tracking_uri)
+    # keyed by the source too: another registry (a local store, a server) may have its own NAME version 1
+    source_key = hashlib.sha256(version.source.encode()).hexdigest()[:12]
+    target = cache_dir() / "registry" / name / f"{version.version}-{source_key}"
+    if target.exists():
+        try:
+            read_component(target / "component")
+            return target / "component"
+        except ArtifactError as e:
+            log.warning("the cached copy of %s is damaged (%s); downloading it again", uri, e)
+            shutil.rmtree(target)
+    fresh = _download(mlflow, version.source, target.parent)
+    try:
+        read_component(fresh / "component")
+    except ArtifactError as e:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise RegistryError(f"{uri} ({name} version {version.version}) is damaged in the registry: a fresh download "
+                            f"from {version.source} fails its checks too ({e}). Register the component again "
+                            "(rerun the job's register stage with --force) or use another version") from None
+    atomic_dir_swap(fresh, target)
     return target / "component"
+
+
+def _download(mlflow: MlflowClient, source: str, parent: Path) -> Path:
+    """The artifact at `source` downloaded into a new temporary directory under `parent` (same file
+    system as the cache, so publishing it is one rename)."""
+    import mlflow as mlflow_module
+
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=parent))
+    try:
+        mlflow_module.artifacts.download_artifacts(artifact_uri=source, dst_path=str(tmp),
+                                                   tracking_uri=mlflow.tracking_uri)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp

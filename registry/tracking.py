@@ -2,6 +2,10 @@
 
 One MLflow run spans every stage of an output directory: rerunning a pipeline on the same directory
 (to resume it, or to add stages) logs into the run it started, whose id is kept in `DIR/run.json`.
+
+A tracking server that stops answering mid-run is reported as `TrackingUnavailable` (a ConnectionError
+whose message says to start the server again and rerun) after seconds of retries, not after MLflow's
+default of about four minutes per call: see `bound_http_retries`.
 """
 
 import json
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ppdkit.models.paths import cache_dir
+from ppdkit.models.paths import cache_dir, write_json_atomic
 
 from .config import TrackingConfig
 
@@ -30,6 +34,35 @@ class Tracker(Protocol):
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
+class TrackingUnavailable(ConnectionError):
+    """The tracking server stopped answering mid-run; the message says what to do."""
+
+    def __init__(self, uri: str, doing: str):
+        self.uri, self.doing = uri, doing
+        self.what = f"the MLflow tracking server {uri} stopped answering while {doing}"
+        super().__init__(f"{self.what}. Start it again, then rerun the same command: finished stages are kept "
+                         "and the interrupted one resumes")
+
+    def __reduce__(self):  # raised in a Ray worker, it crosses to the driver pickled
+        return type(self), (self.uri, self.doing)
+
+
+# MLflow retries a failed HTTP request 7 times with backoff factor 2 (up to 120 s apart) and waits up
+# to 120 s per try: a stopped server stalls every call for about 4 minutes, and a pipeline makes many.
+# ppdkit's stages resume, so failing fast is better: 3 retries 0, 2 and 4 s apart (plus MLflow's
+# jitter, up to 1 s each) report a refused connection in 7-9 s, a server that accepts but hangs within
+# 4 x 20 s. Values the user set in the environment win.
+HTTP_RETRY_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+
+
+def bound_http_retries() -> None:
+    """ppdkit's HTTP retry policy for the MLflow clients of this process and of the Ray workers it
+    starts afterwards (they inherit the environment; MLflow reads it at every request)."""
+    for name, value in HTTP_RETRY_SETTINGS.items():
+        os.environ.setdefault(name, value)
+
+
 @dataclass(frozen=True)
 class TrackerRef:
     """A picklable handle to a run: worker processes (Ray Train ranks) open it to log into the same run."""
@@ -37,12 +70,15 @@ class TrackerRef:
     uri: str | None = None
     run_id: str | None = None
 
-    def open(self) -> "Tracker":
+    def open(self, best_effort: bool = False) -> "Tracker":
+        """The run's tracker in this process. `best_effort`: a server that stops answering turns logging
+        off with a warning instead of raising (for work that must not die with the server: training)."""
         if self.run_id is None:
             return NullTracker()
         from mlflow.tracking import MlflowClient
 
-        return MlflowTracker(MlflowClient(tracking_uri=self.uri), self.run_id, self.uri)
+        bound_http_retries()  # a worker on another node did not inherit the driver's environment
+        return MlflowTracker(MlflowClient(tracking_uri=self.uri), self.run_id, self.uri, best_effort=best_effort)
 
 
 class NullTracker:
@@ -82,53 +118,91 @@ def numeric_leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _check_server(uri: str) -> None:
-    if not uri.startswith(("http://", "https://")):
-        return
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def server_answers(uri: str) -> bool:
     import requests
 
     try:
-        requests.get(uri.rstrip("/") + "/health", timeout=5).raise_for_status()
-    except requests.RequestException as e:
+        return requests.get(uri.rstrip("/") + "/health", timeout=5).ok
+    except requests.RequestException:
+        return False
+
+
+def _check_server(uri: str) -> None:
+    if is_server(uri) and not server_answers(uri):
         raise ConnectionError(
-            f"MLflow tracking server {uri} is not reachable ({e.__class__.__name__}). Start one "
+            f"MLflow tracking server {uri} is not reachable. Start one "
             "(`mlflow server --host 127.0.0.1 --port 5000`), fix tracking.uri / MLFLOW_TRACKING_URI, "
             "or set tracking.enabled=false"
-        ) from None
+        )
+
+
+def server_call(uri: str, doing: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) against the store at `uri`; when it fails because a tracking server stopped
+    answering (not for a real error of the call), raise TrackingUnavailable saying what to do."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # MlflowException wraps HTTP failures; artifact transfers may raise requests' own
+        if not is_server(uri) or server_answers(uri):
+            raise
+        raise TrackingUnavailable(uri, doing) from e
 
 
 class MlflowTracker:
-    def __init__(self, client, run_id: str, uri: str):
+    def __init__(self, client, run_id: str, uri: str, best_effort: bool = False):
         self.client, self.run_id, self.uri = client, run_id, uri
+        self.best_effort = best_effort
+        self._off = False  # best effort: the server stopped answering once, nothing more is sent
 
     @classmethod
     def start(cls, cfg: TrackingConfig, run_name: str, run_file: Path) -> "MlflowTracker":
         """Resume the run recorded in `run_file` if it exists on this server, else start a new one."""
+        from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
         uri = cfg.uri or default_tracking_uri()
         if uri.startswith("sqlite:///"):
             Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        bound_http_retries()  # before the job starts Ray: its workers inherit the policy
         _check_server(uri)
         client = MlflowClient(tracking_uri=uri)
-        if run_file.is_file():
-            saved = json.loads(run_file.read_text())
-            if saved.get("tracking_uri") == uri:
-                client.update_run(saved["run_id"], status="RUNNING")
+        saved = _read_run_file(run_file)
+        if saved.get("tracking_uri") == uri:
+            try:
+                server_call(uri, "resuming the run", client.update_run, saved["run_id"], status="RUNNING")
                 log.info("MLflow: resuming run %s at %s", saved["run_id"], uri)
                 return cls(client, saved["run_id"], uri)
-        experiment = client.get_experiment_by_name(cfg.experiment)
+            except MlflowException as e:  # e.g. a new, empty store behind the same address
+                log.warning("MLflow: run %s named in %s is not in %s (%s); starting a new run",
+                            saved["run_id"], run_file, uri, e.error_code)
+        experiment = server_call(uri, "looking up the experiment", client.get_experiment_by_name, cfg.experiment)
         if experiment is None:
             local = uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri
-            experiment_id = client.create_experiment(cfg.experiment, artifact_location=local_artifact_root() if local else None)
+            experiment_id = server_call(uri, "creating the experiment", client.create_experiment, cfg.experiment,
+                                        artifact_location=local_artifact_root() if local else None)
         else:
             experiment_id = experiment.experiment_id
-        run = client.create_run(experiment_id, run_name=run_name)
+        run = server_call(uri, "starting a run", client.create_run, experiment_id, run_name=run_name)
         run_file.parent.mkdir(parents=True, exist_ok=True)
-        run_file.write_text(json.dumps({"tracking_uri": uri, "run_id": run.info.run_id,
-                                        "experiment_id": experiment_id}, indent=2))
+        # atomic: a job killed while writing it must not leave a file the rerun cannot read
+        write_json_atomic(run_file, {"tracking_uri": uri, "run_id": run.info.run_id, "experiment_id": experiment_id})
         log.info("MLflow: run %s in experiment %r at %s", run.info.run_id, cfg.experiment, uri)
         return cls(client, run.info.run_id, uri)
+
+    def _call(self, doing: str, fn, *args, **kwargs):
+        if self._off:
+            return None
+        try:
+            return server_call(self.uri, doing, fn, *args, **kwargs)
+        except TrackingUnavailable as e:
+            if not self.best_effort:
+                raise
+            log.warning("%s; this process goes on without sending anything more to run %s", e.what, self.run_id)
+            self._off = True
+            return None
 
     def ref(self) -> TrackerRef:
         return TrackerRef(self.uri, self.run_id)
@@ -136,10 +210,11 @@ class MlflowTracker:
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        existing = self.client.get_run(self.run_id).data.params
+        run = self._call("reading the run's parameters", self.client.get_run, self.run_id)
+        existing = run.data.params if run is not None else {}
         fresh = [Param(k, str(v)) for k, v in params.items() if k not in existing]
         for i in range(0, len(fresh), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.run_id, params=fresh[i:i + 100])
+            self._call("logging parameters", self.client.log_batch, self.run_id, params=fresh[i:i + 100])
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         import time
@@ -148,21 +223,40 @@ class MlflowTracker:
 
         now = int(time.time() * 1000)
         batch = [Metric(metric_key(k), float(v), now, step or 0) for k, v in metrics.items()]
+        doing = "logging metrics" + (f" of step {step}" if step is not None else "")
         for i in range(0, len(batch), 1000):
-            self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+            self._call(doing, self.client.log_batch, self.run_id, metrics=batch[i:i + 1000])
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        if Path(path).is_dir():
-            self.client.log_artifacts(self.run_id, str(path), artifact_path)
-        else:
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
+        upload = self.client.log_artifacts if Path(path).is_dir() else self.client.log_artifact
+        self._call(f"uploading {Path(path).name}", upload, self.run_id, str(path), artifact_path)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, str(value))
+            self._call("setting tags", self.client.set_tag, self.run_id, key, str(value))
 
     def finish(self, status: str = "FINISHED") -> None:
-        self.client.set_terminated(self.run_id, status=status)
+        # finish also runs on the way out of a job that failed, perhaps because the server went away: it
+        # must neither replace that reason nor wait through the retries again to learn the server is gone
+        if is_server(self.uri) and not server_answers(self.uri):
+            log.warning("MLflow: %s does not answer, so run %s stays marked RUNNING until a rerun finishes it",
+                        self.uri, self.run_id)
+            return
+        try:
+            self._call(f"marking the run {status}", self.client.set_terminated, self.run_id, status=status)
+        except TrackingUnavailable as e:
+            log.warning("%s (the run stays marked RUNNING until a rerun finishes it)", e)
+
+
+def _read_run_file(run_file: Path) -> dict:
+    if not run_file.is_file():
+        return {}
+    try:
+        saved = json.loads(run_file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        log.warning("MLflow: %s is not readable JSON; starting a new run", run_file)
+        return {}
+    return saved if isinstance(saved, dict) and "run_id" in saved else {}
 
 
 def start_tracker(cfg: TrackingConfig, run_name: str, run_file: Path) -> Tracker:
