@@ -5,9 +5,11 @@ token at distance i inserted after position t is the distribution at t+i. Only p
 token is the assistant's are kept.
 
 Exactly once and resumable: each shard is written atomically and then recorded in the manifest, which
-the driver rewrites atomically after every shard. A rerun computes only the shards the manifest lacks;
-an actor that dies is restarted by Ray and its shard retried. Shard contents are deterministic (fixed
-batch composition, fixed seeds, fixed thread count), so a retried shard is byte-identical.
+the driver rewrites atomically after every shard. A rerun computes only the shards the manifest lacks
+(a shard file the manifest does not list, e.g. written by an actor after its driver was killed, is
+computed again and replaced by identical bytes); an actor that dies is restarted by Ray and its shard
+retried. Shard contents are deterministic (fixed batch composition, fixed seeds, fixed thread count),
+so a retried shard is byte-identical.
 """
 
 import hashlib
@@ -174,6 +176,8 @@ def _resume_manifest(path: Path, header: dict, out_dir: Path) -> dict:
         manifest = {**header, "shards": {}, "complete": False}
     for split in SPLITS:
         (out_dir / split).mkdir(exist_ok=True)
+        for partial in (out_dir / split).glob(".*.tmp"):  # what an actor killed mid-write left (write_shard)
+            partial.unlink(missing_ok=True)
     # A recorded shard counts only while its file is there.
     manifest["shards"] = {sid: rec for sid, rec in manifest["shards"].items()
                           if (out_dir / rec["split"] / rec["file"]).is_file()}

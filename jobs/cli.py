@@ -1,6 +1,7 @@
 """The `ppdkit` command."""
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -29,23 +30,37 @@ def _default_output(name: str) -> Path:
     return cache_dir() / "runs" / name
 
 
+def _check_writable(output: Path) -> None:
+    """A read-only or forbidden output fails here, before a tracking run or Ray is started for nothing."""
+    import tempfile
+
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output):
+            pass
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(output)) from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ppdkit.registry.tracking import start_tracker
 
     from .pipeline import run_pipeline
-    from .ray_session import ray_session
+    from .ray_session import lazy_ray_session
     from .console import print_run_summary, show_sample
     from .spec import flatten, load_spec
 
     spec = load_spec(args.spec, args.overrides)
     output = Path(args.output) if args.output else _default_output(spec.name)
+    args.output_dir = output  # named by the error when it cannot be written
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
     log.info("job %s -> %s", spec.name, output)
+    _check_writable(output)
     tracker = start_tracker(spec.tracking, run_name=spec.name, run_file=output / "run.json")
     tracker.log_params(flatten(spec))
     try:
-        with ray_session(spec.ray):
-            results = run_pipeline(spec, output, tracker, stages=stages, force=args.force)
+        with lazy_ray_session(spec.ray) as start_ray:
+            results = run_pipeline(spec, output, tracker, stages=stages, force=args.force, start_ray=start_ray)
     except BaseException:
         tracker.finish("FAILED")
         raise
@@ -272,6 +287,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A file system that refuses writes, and what to do about it. (Root ignores file permissions, so for
+# root EACCES comes from mount options or special file systems; for others, from permissions.)
+WRITE_PROBLEMS = {
+    errno.ENOSPC: "Free space there or choose another --output",
+    errno.EDQUOT: "Free space within your quota or choose another --output",
+    errno.EROFS: "Choose an --output on a writable file system",
+    errno.EACCES: "Choose an --output you may write to, or change its permissions",
+}
+# Writers that report the OS error only in their message (safetensors, Arrow): these phrases are
+# specific enough to recognise there; "Permission denied" is not.
+WRITE_PROBLEM_TEXTS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def write_problem(exc: BaseException) -> tuple[int, str | None] | None:
+    """(errno, path or None) when `exc`, or an error it wraps, is a refused write (full, read-only,
+    forbidden). Ray task and Ray Train errors carry the worker's exception."""
+    chain, stack = [], [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or any(e is seen for seen in chain):
+            continue
+        chain.append(e)
+        stack += [e.__cause__, e.__context__, getattr(e, "cause", None), getattr(e, "controller_failure", None)]
+        stack += list((getattr(e, "worker_failures", None) or {}).values())  # Ray Train: {rank: exception}
+    for e in chain:  # an OSError first: it names the file
+        if isinstance(e, OSError) and e.errno in WRITE_PROBLEMS:
+            return e.errno, e.filename
+    for e in chain:
+        for code in WRITE_PROBLEM_TEXTS:
+            if os.strerror(code) in str(e):
+                return code, None
+    return None
+
+
+def _write_problem_message(code: int, path: str | None, output: Path | None) -> str:
+    if output is not None and (path is None or Path(path).resolve().is_relative_to(output.resolve())):
+        where = f"the output directory {output}"
+    else:  # not the output (e.g. the cache), or a command without one
+        where = f"{Path(path).parent}" if path else "a directory ppdkit writes to"
+    writing = f" (writing {path})" if path and (output is None or Path(path) != output) else ""
+    return (f"{where}: {os.strerror(code)}{writing}. {WRITE_PROBLEMS[code]}, then rerun the same command: "
+            "finished stages are kept")
+
+
 def main(argv: list[str] | None = None) -> int:
     from .ray_session import keep_local_ray_on_loopback
 
@@ -292,8 +351,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (SpecError, PipelineError, ConnectionError, FileNotFoundError, ValueError, JobFailed,
-            TimeoutError) as e:  # RegistryError is a ValueError
+            TimeoutError) as e:  # RegistryError is a ValueError; TrackingUnavailable a ConnectionError
         print(f"ppdkit: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        # A full or read-only disk surfaces deep inside a stage (or a Ray worker): say which directory and
+        # what to do in one line, not with a traceback from wherever the write happened.
+        problem = write_problem(e)
+        if problem is None:
+            raise
+        log.debug("the refused write", exc_info=True)
+        print(f"ppdkit: error: {_write_problem_message(*problem, getattr(args, 'output_dir', None))}", file=sys.stderr)
         return 2
 
 

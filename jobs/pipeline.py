@@ -3,11 +3,16 @@
 A stage whose summary exists and was made from the same inputs (its spec sections and every earlier
 stage's inputs) is skipped, so a rerun after a crash resumes where it stopped. A stage made from other
 inputs is never silently reused or overwritten: the error says what changed.
+
+The summary is published last, in one rename, after the stage's figures and files reached the tracker:
+a stage that failed (a full disk, a stopped tracking server, a killed driver) is never marked complete,
+and `register`, the last stage, is the only one that touches the model registry.
 """
 
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -40,6 +45,7 @@ class Stage:
     name: str
     sections: tuple[str, ...]  # the spec sections its output depends on
     run: Callable[[StageContext], dict[str, Any]]  # returns the stage's figures
+    uses_ray: bool = False  # runs Ray tasks, actors or Ray Train (the others run in the driver alone)
 
 
 def _run_data(ctx: StageContext) -> dict[str, Any]:
@@ -151,9 +157,9 @@ def calibrate_fingerprint(ctx: StageContext) -> str:
 
 # Stages that exist in this version, in STAGE_ORDER; later stages plug in here.
 STAGES: dict[str, Stage] = {
-    "data": Stage("data", ("base_model", "data"), _run_data),
-    "teacher": Stage("teacher", ("teacher",), _run_teacher),
-    "train": Stage("train", ("train",), _run_train),
+    "data": Stage("data", ("base_model", "data"), _run_data, uses_ray=True),
+    "teacher": Stage("teacher", ("teacher",), _run_teacher, uses_ray=True),
+    "train": Stage("train", ("train",), _run_train, uses_ray=True),
     "calibrate": Stage("calibrate", ("calibrate",), _run_calibrate),
     "evaluate": Stage("evaluate", ("evaluate",), _run_evaluate),
     "register": Stage("register", ("tracking",), _run_register),
@@ -218,12 +224,34 @@ def _is_done(spec: JobSpec, stage: Stage, stage_dir: Path, force: bool) -> bool:
     return False
 
 
+def _write_spec(path: Path, spec: JobSpec) -> None:
+    tmp = path.with_name(path.name + ".tmp")  # a rename: never a half-written spec next to the outputs
+    tmp.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    os.replace(tmp, path)
+
+
+def _publish_summary(stage_dir: Path, summary: dict[str, Any], tracker: Tracker) -> None:
+    """Log the stage's figures and summary, then mark it complete by renaming its summary.json into place.
+
+    In that order, a failure to track (or to write) leaves the stage incomplete, and the rerun redoes
+    the tracking instead of skipping a stage whose figures never reached the run.
+    """
+    pending = stage_dir / ".pending"  # the artifact keeps the name summary.json
+    pending.mkdir(exist_ok=True)
+    write_json_atomic(pending / "summary.json", summary)
+    tracker.log_metrics(numeric_leaves({stage_dir.name: {k: v for k, v in summary.items() if k != "inputs"}}))
+    tracker.log_artifact(pending / "summary.json", stage_dir.name)
+    os.replace(pending / "summary.json", stage_dir / "summary.json")
+    shutil.rmtree(pending, ignore_errors=True)
+
+
 def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str] | None = None,
-                 force: bool = False) -> dict[str, dict[str, Any]]:
-    """Run the selected stages in order; returns {stage: summary}."""
+                 force: bool = False, start_ray: Callable[[], None] = lambda: None) -> dict[str, dict[str, Any]]:
+    """Run the selected stages in order; returns {stage: summary}. `start_ray()` is called before each
+    stage that uses Ray (ray_session.lazy_ray_session's): Ray starts only if a stage needs it."""
     selected = select_stages(stages)
     output.mkdir(parents=True, exist_ok=True)
-    (output / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    _write_spec(output / "spec.yaml", spec)
     tracker.log_artifact(output / "spec.yaml")
     results: dict[str, dict[str, Any]] = {}
     for stage in selected:
@@ -243,15 +271,15 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
         # An interrupted attempt's files stay: a stage may resume from them (the teacher's shards do).
         (stage_dir / "summary.json").unlink(missing_ok=True)
         stage_dir.mkdir(parents=True, exist_ok=True)
+        if stage.uses_ray:
+            start_ray()
         log.info("stage %s: running", stage.name)
         started = time.time()
         summary = stage.run(StageContext(spec, output, stage_dir, tracker))
         inputs = stage_inputs(spec, stage)
         summary.update(stage=stage.name, seconds=round(time.time() - started, 2),
                        inputs=inputs, inputs_digest=_digest(inputs))
-        write_json_atomic(stage_dir / "summary.json", summary)
-        tracker.log_metrics(numeric_leaves({stage.name: {k: v for k, v in summary.items() if k != "inputs"}}))
-        tracker.log_artifact(stage_dir / "summary.json", stage.name)
+        _publish_summary(stage_dir, summary, tracker)
         log.info("stage %s: done in %.1f s", stage.name, summary["seconds"])
         results[stage.name] = summary
     absent = [n for n in STAGE_ORDER if n not in STAGES]

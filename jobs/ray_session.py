@@ -3,8 +3,8 @@
 import logging
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 
 from .spec import RayConfig
 
@@ -19,6 +19,24 @@ def keep_local_ray_on_loopback() -> None:
     """
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@contextmanager
+def lazy_ray_session(cfg: RayConfig) -> Iterator[Callable[[], None]]:
+    """Yields `start()`, which opens `ray_session(cfg)` on its first call; closed on exit if opened.
+
+    A rerun that only has stages left that do not use Ray (calibrate, evaluate, register) then starts
+    none: seconds saved, and nothing started beside what a killed run may have left running.
+    """
+    with ExitStack() as stack:
+        opened: list[bool] = []
+
+        def start() -> None:
+            if not opened:
+                stack.enter_context(ray_session(cfg))
+                opened.append(True)
+
+        yield start
 
 
 @contextmanager

@@ -1,6 +1,8 @@
 """The pipeline on a real local Ray with a real MLflow store: the data stage end to end on the tiny model."""
 
+import errno
 import json
+import os
 
 import pytest
 import yaml
@@ -8,7 +10,7 @@ from datasets import load_from_disk
 from mlflow.tracking import MlflowClient
 
 from conftest import FIXTURES
-from ppdkit.jobs.cli import main
+from ppdkit.jobs.cli import main, write_problem
 from ppdkit.jobs.pipeline import PipelineError, select_stages
 
 
@@ -146,3 +148,19 @@ def test_embedded_ray_listens_on_loopback_only(ray_local):
     assert listening, "found no Ray sockets to check"
     exposed = [(c.pid, c.laddr) for c in listening if c.laddr.ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
     assert not exposed
+
+
+def test_refused_writes_are_found_inside_ray_errors(ray_local, tmp_path):
+    import ray
+    from ray.train import WorkerGroupError
+
+    @ray.remote
+    def write(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    with pytest.raises(Exception) as raised:
+        ray.get(write.remote(str(tmp_path / "shard")))
+    assert write_problem(raised.value) == (errno.ENOSPC, str(tmp_path / "shard"))
+    in_training = WorkerGroupError("rank 0 failed", {0: OSError(errno.EROFS, "Read-only file system", "/x")})
+    assert write_problem(in_training) == (errno.EROFS, "/x")
+    assert write_problem(ValueError("not a disk problem")) is None

@@ -4,6 +4,7 @@ import json
 import os
 import signal
 
+import psutil
 import pytest
 import torch
 from datasets import Dataset, load_from_disk
@@ -80,12 +81,14 @@ def test_killed_worker_is_retried_and_changes_nothing(undisturbed, data_dir, tmp
 
     def kill_one(record, pids):
         if not killed:
+            killed.append(psutil.Process(pids[0]))
             os.kill(pids[0], signal.SIGKILL)  # it has a shard queued: Ray restarts the actor and retries it
-            killed.append(pids[0])
 
     out = tmp_path / "teacher"
     run_teacher_stage(BASE, DATA, TEACHER, data_dir, out, on_shard_done=kill_one)
     assert killed
+    gone, alive = psutil.wait_procs(killed, timeout=10)
+    assert gone and not alive  # the actor's process really died (and the stage still finished)
     assert _manifest(out) == _manifest(undisturbed[0])
 
 

@@ -6,17 +6,19 @@
 
 A checkpoint counts once `latest.json` names it (written last by rank 0, after every rank saved), so
 a crash while saving leaves the previous one in force. Data order and insertion points are derived
-from (seed, epoch, step), so the step number is the whole data position.
+from (seed, epoch, step), so the step number is the whole data position. Every file is written to a
+temporary name and renamed, and `OUT/best` is replaced by renames: a SIGKILL at any point leaves whole
+files, and `restore_best` mends the one gap a crash can leave (the best copy not yet made).
 """
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ppdkit.models.paths import write_json_atomic
 from ppdkit.models.state_io import load_state, save_state
 
 
@@ -47,10 +49,8 @@ def save_checkpoint(root: Path, step: int, engine, rank: int, meta: dict[str, An
                 "torch_rng": torch.get_rng_state()}, directory / f"rank-{rank}")
     barrier()
     if rank == 0:
-        (directory / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=2))
-        tmp = root / "latest.json.tmp"
-        tmp.write_text(json.dumps({"step": step, "dir": directory.name}))
-        os.replace(tmp, root / "latest.json")
+        write_json_atomic(directory / "meta.json", {"step": step, **meta})
+        write_json_atomic(root / "latest.json", {"step": step, "dir": directory.name})
     barrier()
     return directory
 
@@ -73,12 +73,38 @@ def load_checkpoint(directory: Path, engine, rank: int) -> dict[str, Any]:
     return json.loads((directory / "meta.json").read_text())
 
 
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Put the complete directory `tmp` in place of `final` by renames, never deleting `final` before
+    its replacement is whole: a crash leaves the old directory, the new one, or (between the renames)
+    none and `final.old`."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def keep_as_best(directory: Path, best_dir: Path) -> None:
     tmp = best_dir.with_name(best_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # a copy a crash interrupted
     shutil.copytree(directory, tmp)
-    shutil.rmtree(best_dir, ignore_errors=True)
-    tmp.rename(best_dir)
+    replace_dir(tmp, best_dir)
+
+
+def restore_best(root: Path, best_dir: Path, step: int | None) -> None:
+    """On resume (rank 0): make `best_dir` hold checkpoint `step`, the best as of the checkpoint resumed
+    from. A crash after that checkpoint was named latest but before (or while) it was copied left an
+    older copy or none; the checkpoint itself is still there, as pruning comes after the copy."""
+    if step is None:
+        return
+    try:
+        kept = json.loads((best_dir / "meta.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        kept = None
+    source = root / f"step-{step:06d}"
+    if kept != step and source.is_dir():
+        keep_as_best(source, best_dir)
 
 
 def prune(root: Path, keep: int = 2) -> None:

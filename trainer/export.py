@@ -1,11 +1,18 @@
-"""End of training (rank 0): the component artifact from the best checkpoint, figures and plots."""
+"""End of training (rank 0): the component artifact from the best checkpoint, figures and plots.
+
+The component is written to a temporary directory and renamed into place, and result.json (which the
+driver reads as "training finished") is renamed into place last.
+"""
 
 import json
+import shutil
 from pathlib import Path
 
 from ppdkit.models.artifact import write_component
+from ppdkit.models.paths import write_json_atomic
 from ppdkit.models.state_io import load_state
 
+from .checkpoint import replace_dir
 from .plots import plot_accuracy_by_distance, plot_loss
 
 
@@ -20,7 +27,11 @@ def export_component(out: Path, base, cfg, config: dict, history: list, evals: l
     hyper = {key: getattr(cfg, key) for key in ("num_prompt_tokens", "num_epts", "mask", "aggregation", "loss",
                                                  "alpha", "groups_per_sequence", "lr", "epochs", "seed")}
     run = {"mlflow_run_id": config["tracker"].run_id, "step": meta["step"], "steps": history[-1][0] if history else 0}
-    component = write_component(out / "component", cfg.method, hyper, base.name, base.fingerprint, run, tensors)
+    tmp = out / "component.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)  # an export a crash interrupted
+    write_component(tmp, cfg.method, hyper, base.name, base.fingerprint, run, tensors)
+    component = out / "component"
+    replace_dir(tmp, component)
     best_eval = next((e for e in evals if e["step"] == meta["step"]), evals[-1] if evals else {})
     result = {"steps": history[-1][0] if history else 0, "final_loss": history[-1][1] if history else None,
               "first_loss": history[0][1] if history else None, "best_step": meta["step"],
@@ -31,5 +42,5 @@ def export_component(out: Path, base, cfg, config: dict, history: list, evals: l
     plot_loss(history, plots / "loss.png")
     if best_eval:
         plot_accuracy_by_distance(best_eval, cfg.num_prompt_tokens, plots / "accuracy_by_distance.png")
-    (out / "result.json").write_text(json.dumps(result, indent=2))
+    write_json_atomic(out / "result.json", result)
     return result

@@ -77,7 +77,7 @@ def train_loop_per_worker(config: dict) -> None:
     from ppdkit.models.prompt_tokens import PromptTokens, init_from_token_embeddings
 
     from .batch import collate
-    from .checkpoint import keep_as_best, latest_checkpoint, load_checkpoint, prune, save_checkpoint
+    from .checkpoint import keep_as_best, latest_checkpoint, load_checkpoint, prune, restore_best, save_checkpoint
     from .config import TrainConfig
     from .evaluate import evaluate
     from .export import export_component
@@ -90,7 +90,8 @@ def train_loop_per_worker(config: dict) -> None:
     torch.set_num_threads(cfg.cpus_per_worker)
     torch.manual_seed(cfg.seed)
     rank, world, barrier = _distributed()
-    tracker = config["tracker"].open() if rank == 0 else None
+    # best effort: a tracking server that stops answering costs the metrics from then on, not the training
+    tracker = config["tracker"].open(best_effort=True) if rank == 0 else None
 
     base = load_base_model(base_cfg.name, base_cfg.quantization, base_cfg.dtype, for_training=True)
     cache = TeacherCache(Path(config["teacher_dir"]), expect_fingerprint=base.fingerprint)
@@ -114,6 +115,8 @@ def train_loop_per_worker(config: dict) -> None:
     if resume is not None:
         meta = load_checkpoint(resume, engine, rank)
         step, history, evals, best = meta["step"], meta["history"], meta["evals"], meta["best"]
+        if rank == 0:
+            restore_best(ckpt_root, out / "best", best["step"])
         log.info("rank %d: resumed from %s at step %d", rank, resume.name, step)
 
     def run_eval() -> dict:
