@@ -95,9 +95,9 @@ def _undo_registration(mlflow: MlflowClient, name: str, version: str, previous: 
             mlflow.set_registered_model_alias(name, "challenger", previous)
     except Exception as undo_error:  # most likely the same stopped server
         raise RegistryError(
-            f"{error} (registering {name} version {version} failed before it was complete, and removing it failed "
-            f"too: {undo_error.__class__.__name__}; it carries no {COMPLETE_TAG} tag, and rerunning the same "
-            "command removes it and registers again)") from error
+            f"{error} (registering {name} version {version} failed before it was complete, and undoing it failed "
+            f"too: {undo_error.__class__.__name__}; a version left without the {COMPLETE_TAG} tag is removed, and "
+            "the run registered again, by rerunning the same command)") from error
     log.warning("registering %s version %s failed before it was complete; the version was removed", name, version)
 
 

@@ -316,8 +316,8 @@ def test_registration_interrupted_by_a_stopped_server_is_undone_by_the_rerun(mlf
                                 {"mlflow_run_id": run_id}, {"prompt_embeddings": torch.zeros(3, 1, 4)})
     client.log_artifacts(run_id, str(component), "component")
     started = time.time()
-    with pytest.raises(RegistryError, match="stopped answering while setting the challenger alias.*removing it "
-                                            "failed too.*rerunning the same command removes it"):
+    with pytest.raises(RegistryError, match="stopped answering while setting the challenger alias.*undoing it "
+                                            "failed too.*removed, and the run registered again, by rerunning"):
         register_component(StopsServerAfterCreate(mlflow_server), "ppdkit-reg", run_id, {"tau": 2.0})
     assert time.time() - started < 30
     # the server down, a training rank's tracker goes on without it; the driver's says what to do
