@@ -6,6 +6,7 @@ spec in its working_dir); the cluster provides the dependencies (its image or en
 
 import asyncio
 import importlib
+import os
 import shutil
 import sys
 import tempfile
@@ -20,7 +21,8 @@ import yaml
 from .spec import JobSpec
 
 PACKAGE_FOLDERS = ("models", "data_pipeline", "trainer", "runtime", "registry", "jobs")
-SUBMIT_PATIENCE_S = 180  # how long a just-started head may take to accept jobs
+SUBMIT_PATIENCE_S = 180
+OVERRIDING_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # how long a just-started head may take to accept jobs
 
 
 class JobFailed(RuntimeError):
@@ -28,14 +30,20 @@ class JobFailed(RuntimeError):
 
 
 def client(address: str):
+    """The job API at `address`, and no other. Ray's client lets RAY_API_SERVER_ADDRESS or RAY_ADDRESS in
+    the environment override the address it is given, so a shell (or a process of an embedded Ray, which
+    carries its own state-API address) would send `--address`'s jobs to another cluster: hidden here."""
     from ray.job_submission import JobSubmissionClient
 
+    hidden = {name: os.environ.pop(name) for name in OVERRIDING_VARIABLES if name in os.environ}
     try:
         return JobSubmissionClient(address)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ConnectionError(f"no Ray job API at {address} ({e.__class__.__name__}: {e}). Start a head "
                               "(infra/ray/start-local-head.sh) or pass the dashboard address, e.g. "
                               "http://HEAD:8265") from None
+    finally:
+        os.environ.update(hidden)
 
 
 def _stage_package(into: Path) -> Path:

@@ -7,6 +7,7 @@ by reason, and a file with nothing usable is an error that names it and the form
 
 import gzip
 import json
+import os
 from typing import get_args
 
 import pytest
@@ -304,3 +305,16 @@ def test_cli_names_a_file_with_nothing_usable_and_exits_2(ray_local, tmp_path, c
     assert f"ppdkit: error: no usable conversation in {FIXTURES / 'bad_utf16.jsonl'}" in err
     assert "line 1: not UTF-8 text" in err and "Expected one JSON object per line" in err
     assert "Traceback" not in err and not (tmp_path / "out" / "data" / "summary.json").exists()
+
+
+def test_the_job_api_address_given_is_the_one_used(monkeypatch):
+    """Ray's job client lets RAY_API_SERVER_ADDRESS / RAY_ADDRESS override the address it is given (an
+    embedded Ray's processes carry the former): `--address` must win, and the environment stay as it was."""
+    from ppdkit.jobs.submit import client
+
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:1")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:3")
+    with pytest.raises(ConnectionError) as refused:
+        client("http://127.0.0.1:2")
+    assert "Failed to connect to Ray at address: http://127.0.0.1:2" in str(refused.value)
+    assert os.environ["RAY_API_SERVER_ADDRESS"] == "http://127.0.0.1:1" and os.environ["RAY_ADDRESS"] == "127.0.0.1:3"
