@@ -16,9 +16,11 @@ from tqdm import tqdm
 
 from ppdkit.data_pipeline.readers import read_conversations
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.methods import METHODS
 
 log = logging.getLogger(__name__)
-ALL_METHODS = ("hf-greedy", "hf-pld", "ar", "ppd", "ppd-lookup")
+HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
+ALL_METHODS = (*HF_METHODS, *METHODS)
 NEAR_TIE = 1e-4
 
 
@@ -40,7 +42,7 @@ def _hf_generate(decoder: Decoder, ids: list[int], max_new_tokens: int, pld: boo
 
 def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], int]:
     """(new tokens, decoding steps)."""
-    if method in ("hf-greedy", "hf-pld"):
+    if method in HF_METHODS:
         tokens = _hf_generate(decoder, ids, max_new_tokens, pld=method == "hf-pld")
         return tokens, len(tokens)
     result = decoder.generate(ids, max_new_tokens, method)

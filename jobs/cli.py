@@ -8,6 +8,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from ppdkit.runtime.methods import METHODS as DECODING_METHODS
+
 log = logging.getLogger("ppdkit")
 LOOKUP_CHAINS_HELP = ("ppd-lookup: chains per step, the context's then the component's n-gram table's "
                       "(default 1: extra rows cost more than they gain on a small CPU)")
@@ -228,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--model", required=True, help="component directory (e.g. OUTPUT/calibrate/component)")
     decode.add_argument("--prompt", required=True)
     decode.add_argument("--max-new-tokens", type=int, default=128)
-    decode.add_argument("--method", default="ppd", choices=["ppd", "ppd-lookup", "ar"])
+    decode.add_argument("--method", default="ppd", choices=list(DECODING_METHODS))
     decode.add_argument("--tree-size", type=int, help="default: the size profiled as fastest on this machine")
     decode.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     decode.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")

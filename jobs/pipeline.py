@@ -138,17 +138,33 @@ def _run_register(ctx: StageContext) -> dict[str, Any]:
     from ppdkit.registry.models import register_component
 
     train, calibrate, evaluate = (read_summary(ctx.output / s) for s in ("train", "calibrate", "evaluate"))
-    size = evaluate["tree_size"]
-    tags = {"method": ctx.spec.train.method, "base_model": ctx.spec.base_model.name,
-            "fingerprint": calibrate_fingerprint(ctx), "tree_size": size,
-            "tau": calibrate.get(f"tau_size{size}", max(v for k, v in calibrate.items() if k.startswith("tau_size"))),
-            "speedup_vs_hf_greedy": evaluate.get("ppd_speedup"), "ar_speedup": evaluate.get("ar_speedup"),
-            "ppd_lookup_speedup": evaluate.get("ppd_lookup_speedup"),
-            "identical_to_greedy": evaluate.get("ppd_identical_to_greedy"),
-            **{k.removeprefix("best_"): v for k, v in train.items() if k.startswith("best_acc_top1_d")}}
+    tags = registry_tags(ctx.spec.train.method, ctx.spec.base_model.name, calibrate_fingerprint(ctx), train,
+                         calibrate, evaluate)
     name = ctx.spec.tracking.registered_model or f"ppdkit-{Path(ctx.spec.base_model.name).name}"
     version = register_component(ctx.tracker.client, name, ctx.tracker.run_id, tags)
     return {"registered": 1, "name": name, "version": int(version), "uri": f"models:/{name}/{version}"}
+
+
+def registry_tags(method_name: str, base_model: str, fingerprint: str, train: dict, calibrate: dict,
+                  evaluate: dict) -> dict[str, Any]:
+    """A registered version's tags: what it is, and the figures of the decoding methods its training method
+    serves (trainer/methods.py), each only where the evaluate stage measured it."""
+    from ppdkit.trainer.methods import TRAINING_METHODS
+
+    size = evaluate["tree_size"]
+    taus = {k: v for k, v in calibrate.items() if k.startswith("tau_size")}
+    tags = {"method": method_name, "base_model": base_model, "fingerprint": fingerprint, "tree_size": size,
+            "tau": calibrate.get(f"tau_size{size}", max(taus.values())),
+            **{k.removeprefix("best_"): v for k, v in train.items() if k.startswith("best_acc_top1_d")}}
+    measured = [m for m in ("ar", *TRAINING_METHODS[method_name].decoding_methods)
+                if f"{m.replace('-', '_')}_speedup" in evaluate]
+    for m in measured:
+        key = m.replace("-", "_")
+        tags[f"{key}_speedup"] = evaluate[f"{key}_speedup"]
+        tags[f"{key}_accepted_per_step"] = evaluate[f"{key}_accepted_per_step"]
+    if measured:
+        tags["identical_to_greedy"] = min(evaluate[f"{m.replace('-', '_')}_identical_to_greedy"] for m in measured)
+    return tags
 
 
 def calibrate_fingerprint(ctx: StageContext) -> str:

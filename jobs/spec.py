@@ -13,11 +13,12 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.registry.config import TrackingConfig
+from ppdkit.runtime.methods import METHODS as DECODING_METHODS
 from ppdkit.trainer.config import CalibrateConfig, TrainConfig
 
 
-# The decoding methods `ppdkit bench` runs (jobs/bench.py ALL_METHODS; tests/test_bad_input.py keeps the two alike).
-EvalMethod = Literal["hf-greedy", "hf-pld", "ar", "ppd", "ppd-lookup"]
+# The decoding methods `ppdkit bench` runs: transformers' two (jobs/bench.py) and the runtime's registry.
+EvalMethod = Literal[("hf-greedy", "hf-pld", *DECODING_METHODS)]
 
 
 class RayConfig(Section):
@@ -58,6 +59,18 @@ class JobSpec(Section):
     def _name_is_a_folder_name(self) -> "JobSpec":
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise ValueError(f"name {self.name!r} must be a plain folder name")
+        return self
+
+    @model_validator(mode="after")
+    def _evaluated_methods_fit_the_component(self) -> "JobSpec":
+        from ppdkit.runtime.methods import HEAD
+        from ppdkit.trainer.methods import TRAINING_METHODS
+
+        if not TRAINING_METHODS[self.train.method].trains_head:
+            headless = [m for m in self.evaluate.methods if m in DECODING_METHODS and HEAD in DECODING_METHODS[m].needs]
+            if headless:
+                raise ValueError(f"evaluate.methods {headless} need a custom decoding head, which train.method="
+                                 f"{self.train.method} does not train: use train.method=ept-head or drop them")
         return self
 
     @model_validator(mode="after")

@@ -10,23 +10,20 @@ from pathlib import Path
 import torch
 
 from ppdkit.models.artifact import ArtifactError, Component, read_component
+from ppdkit.models.heads import HEAD_TENSORS
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
-from .acceptance import Sampling, pick
+from .acceptance import Sampling
 from .llama import LeanLlama
-from .lookup import ContextIndex, draft_chains, root_only, with_lookup_chains
-from .ppd import PromptTokenSet, ppd_step, prefill
+from .lookup import root_only, with_lookup_chains
+from .methods import HEAD, METHODS, PROMPT_TOKENS, TREES, get_method, lookup_rows
+from .ppd import PromptTokenSet
 from .profile import profile_trees
 from .tree import DynamicTree
 from .tree_layout import TreeLayout, layout_tree
 
 log = logging.getLogger(__name__)
-METHODS = ("ppd", "ppd-lookup", "ar")  # ppd-lookup: PPD's tree plus lookup chains (runtime/lookup.py)
-LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' reach), doubled after a chain
-# was accepted whole (the text is copying itself). Measured with the committed component, tree of 6,
-# 20 prompts, 128 tokens, one process: 1.65 -> 1.70 tokens per step on MT-Bench (speed alike), 2.25 -> 2.59
-# on HumanEval (+11 to +24% tokens/s)
 
 
 @dataclass
@@ -124,10 +121,10 @@ class Decoder:
         truncate="left" cut to its last tokens that fit. Calls from several threads take turns.
         """
         sampling = Sampling(temperature, acceptance, epsilon, delta)
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
-        if method.startswith("ppd") and (self.prompts is None or not self.layouts):
-            raise ValueError("ppd needs prompt tokens and calibrated trees: load a component with trees.json")
+        missing = [need for need in get_method(method).needs if need not in self.carries()]
+        if missing:
+            raise ValueError(f"method {method} needs {' and '.join(missing)}, which this decoder's component does "
+                             f"not carry; its methods: {', '.join(self.methods())}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
         ids = self._fit_prompt(self.encode_chat(prompt) if isinstance(prompt, str) else list(prompt),
@@ -163,14 +160,15 @@ class Decoder:
     def _generate(self, ids: torch.Tensor, max_new_tokens: int, method: str,
                   stream: Callable[[list[int]], None] | None, sampling: Sampling,
                   generator: torch.Generator | None) -> GenerateResult:
-        cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + self._tree_size("ppd-lookup"))
+        cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + self._tree_size(method))
         started = time.perf_counter()
         out: list[int] = []
         per_step: list[int] = []
         eos = self._eos_ids()
 
         def emit(tokens: list[int]) -> bool:
-            """Append; True when generation is over (EOS or the token budget)."""
+            """Append one step's tokens; True when generation is over (EOS or the token budget)."""
+            per_step.append(len(tokens))
             for t in tokens:
                 out.append(t)
                 if t in eos or len(out) >= max_new_tokens:
@@ -181,54 +179,33 @@ class Decoder:
                 stream(tokens)
             return False
 
-        if method == "ar":
-            hidden = self.model.forward(self.model.embed_ids(ids), torch.arange(len(ids)), cache, None)
-            cache.commit(None, len(ids))
-            token = pick(self.model.logits(hidden[-1]), sampling, generator)
-            per_step.append(1)
-            while not emit([token]):
-                hidden = self.model.forward(self.model.embed_ids(torch.tensor([token])),
-                                            torch.tensor([cache.length]), cache, None)
-                cache.commit(None, 1)
-                token = pick(self.model.logits(hidden[-1]), sampling, generator)
-                per_step.append(1)
-        else:
-            root, guesses = prefill(self.model, cache, ids, self.prompts, self.ranks, sampling, generator)
-            state = self.prompts.k
-            per_step.append(1)
-            done = emit([root])
-            context = ContextIndex(ids.tolist() + [root]) if method == "ppd-lookup" else None
-            level = 0  # index into LOOKUP_LENGTHS
-            while not done:
-                layout, chain = self.layouts[state], []
-                if method == "ppd-lookup":
-                    length = LOOKUP_LENGTHS[level]
-                    chains = draft_chains(context, self.ngrams, 1 if level else self.lookup_chains, length)
-                    if chains:
-                        layout = self.lookup_layout(state, len(chains), length)
-                        chain = [t for c in chains for t in c]
-                step = ppd_step(self.model, cache, self.prompts, layout, root, guesses, self.ranks,
-                                sampling, generator, chain)
-                whole_chain = bool(chain) and step.state == 0 and len(step.accepted) == length
-                level = min(level + 1, len(LOOKUP_LENGTHS) - 1) if whole_chain else 0
-                per_step.append(len(step.accepted) + 1)
-                done = emit(step.accepted + [step.next_token])
-                if context is not None:
-                    context.extend(step.accepted + [step.next_token])
-                root, guesses, state = step.next_token, step.guesses, step.state
+        get_method(method).decode(self, ids, cache, emit, sampling, generator)
         out = out[:max_new_tokens]
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
                               self._tree_size(method),
                               time.perf_counter() - started)
 
+    def carries(self) -> set[str]:
+        """What the loaded component provides, in the terms of runtime/methods.py's `needs`."""
+        found = set()
+        if self.prompts is not None:
+            found.add(PROMPT_TOKENS)
+            if self.prompts.head is not None:
+                found.add(HEAD)
+        if self.layouts:
+            found.add(TREES)
+        return found
+
+    def methods(self) -> list[str]:
+        """The decoding methods this decoder can run."""
+        return [name for name, m in METHODS.items() if set(m.needs) <= self.carries()]
+
     def _tree_size(self, method: str) -> int:
         """The most rows one step of `method` feeds the model (lookup nodes carry no prompt tokens)."""
-        if method == "ar" or not self.layouts:
+        if TREES not in get_method(method).needs or not self.layouts:
             return 1
         largest = max(layout.size for layout in self.layouts.values())
-        if method == "ppd-lookup":
-            largest += max(self.lookup_chains * LOOKUP_LENGTHS[0], LOOKUP_LENGTHS[-1])  # short chains or one long
-        return largest
+        return largest + (lookup_rows(self.lookup_chains) if get_method(method).lookup else 0)
 
     def _eos_ids(self) -> set[int]:
         eos = self.model.eos_token_id
@@ -256,7 +233,15 @@ def _drafts(component: Component, model) -> tuple[PromptTokenSet, dict[int, Dyna
     weights = component.tensors.get("ept_weights")  # [k, n]
     if weights is not None and tuple(weights.shape) != (k, n):
         raise ArtifactError(f"{where}: ept_weights must be [{k}, {n}], found {tuple(weights.shape)}")
-    prompts = PromptTokenSet(emb.reshape(k * n, -1).to(model.dtype), weights, k, n, mask)
+    head = tuple(component.tensors.get(name) for name in HEAD_TENSORS)
+    if any(t is not None for t in head):
+        expected = {"head_weight": (config.hidden_size, config.hidden_size), "head_bias": (config.hidden_size,)}
+        found = {name: None if t is None else tuple(t.shape) for name, t in zip(HEAD_TENSORS, head)}
+        if found != expected:
+            raise ArtifactError(f"{where}: a custom decoding head needs head_weight [H, H] and head_bias [H] for the "
+                                f"base model's hidden size H={config.hidden_size}, found {found}")
+    prompts = PromptTokenSet(emb.reshape(k * n, -1).to(model.dtype), weights, k, n, mask,
+                             None if head[0] is None else tuple(t.to(model.dtype) for t in head))
     by_size = {}
     for size, data in (component.extras.get("trees") or {}).get("trees", {}).items():
         try:

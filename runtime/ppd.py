@@ -11,15 +11,19 @@ With exact matching every emitted token is the base model's greedy token for exa
 prefix: lossless.
 """
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
+from ppdkit.models.heads import apply_residual_head
 from ppdkit.models.prompt_tokens import aggregate_epts, ept_mask
 
 from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
 from .llama import LeanLlama
+from .lookup import ContextIndex, draft_chains
+from .methods import LOOKUP_LENGTHS
 from .tree_layout import TreeLayout
 
 
@@ -30,13 +34,19 @@ class PromptTokenSet:
     k: int
     n: int
     mask_kind: str
+    head: tuple[torch.Tensor, torch.Tensor] | None = None  # a custom decoding head's (weight [H, H], bias [H])
+
+    def draft_states(self, hidden: torch.Tensor, distances: torch.Tensor | slice) -> torch.Tensor:
+        """[S * n, H] hidden states of S prompt tokens' EPT slots at `distances` -> [S, H], the states the LM
+        head reads for their guesses: EPTs aggregated, then the custom decoding head if there is one."""
+        weights = None if self.weights is None else self.weights[distances]  # [S, n]
+        per_token = aggregate_epts(hidden, hidden.shape[0] // self.n, self.n, weights)  # [S, H]
+        return per_token if self.head is None else apply_residual_head(per_token, *self.head)
 
 
 def guesses_from(model: LeanLlama, hidden: torch.Tensor, prompts: PromptTokenSet, count: int, ranks: int) -> torch.Tensor:
     """hidden [count * n, H] of one node's prompt slots -> top-`ranks` guesses per distance [count, ranks]."""
-    weights = None if prompts.weights is None else prompts.weights[:count]
-    per_token = aggregate_epts(hidden, count, prompts.n, weights)  # [count, H]
-    return model.logits(per_token).topk(ranks, dim=-1).indices
+    return model.logits(prompts.draft_states(hidden, slice(0, count))).topk(ranks, dim=-1).indices
 
 
 def prefill(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: PromptTokenSet, ranks: int,
@@ -82,11 +92,39 @@ def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: Tr
     hidden = model.forward(x, positions, cache, mask)  # [T, H]
     # One LM-head call for the nodes and every node's prompt tokens (EPTs aggregated first): the head
     # reads its 28M weights once however many rows it gets.
-    weights = None if prompts.weights is None else prompts.weights[tree.slot_distances]  # [sum c, n]
-    slots = aggregate_epts(hidden[tree.nodes:], len(tree.slot_distances), prompts.n, weights)  # [sum c, H]
+    slots = prompts.draft_states(hidden[tree.nodes:], tree.slot_distances)  # [sum c, H]
     logits = model.logits(torch.cat([hidden[:tree.nodes], slots]))  # [N + sum c, V]
     final, next_token = choose(node_tokens, logits[:tree.nodes], tree.links, sampling, generator)
     path = tree.paths[final]
     new_guesses = logits[tree.guess_rows[final]].topk(ranks, dim=-1).indices  # [count, ranks]
     cache.commit(path, tree.size)
     return StepResult(node_tokens[path[1:]].tolist(), next_token, new_guesses, tree.prompts[final])
+
+
+def decode_ppd(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
+               generator: torch.Generator | None, lookup: bool = False, head: bool = False) -> None:
+    """Decode until `emit` says stop: a prefill, then one tree step after another (`decoder`'s prompt tokens,
+    trees by state, lookup layouts). `lookup` adds the context's (and table's) chains under each root;
+    `head` reads the guesses through the component's custom decoding head, otherwise the base LM head alone."""
+    prompts = decoder.prompts if head else replace(decoder.prompts, head=None)
+    root, guesses = prefill(decoder.model, cache, ids, prompts, decoder.ranks, sampling, generator)
+    state = prompts.k
+    done = emit([root])
+    context = ContextIndex(ids.tolist() + [root]) if lookup else None
+    level = 0  # index into LOOKUP_LENGTHS
+    while not done:
+        layout, chain = decoder.layouts[state], []
+        if context is not None:
+            length = LOOKUP_LENGTHS[level]
+            chains = draft_chains(context, decoder.ngrams, 1 if level else decoder.lookup_chains, length)
+            if chains:
+                layout = decoder.lookup_layout(state, len(chains), length)
+                chain = [t for c in chains for t in c]
+        step = ppd_step(decoder.model, cache, prompts, layout, root, guesses, decoder.ranks, sampling, generator,
+                        chain)
+        whole_chain = bool(chain) and step.state == 0 and len(step.accepted) == length
+        level = min(level + 1, len(LOOKUP_LENGTHS) - 1) if whole_chain else 0
+        done = emit(step.accepted + [step.next_token])
+        if context is not None:
+            context.extend(step.accepted + [step.next_token])
+        root, guesses, state = step.next_token, step.guesses, step.state

@@ -52,7 +52,7 @@ OUT_OF_RANGE = [
     ("train.weight_decay=-1", ["'train.weight_decay' = -1", "allowed 0 <= train.weight_decay"]),
     ("train.method=medusa", ["'train.method'", "'ept'", "medusa"]),
     ("train.init_token_ids=[1,2]", ["'train.init_token_ids'", "3 * 1 = 3 token ids, not 2"]),
-    ("evaluate.methods=[ppd,medusa]", ["'evaluate.methods[1]'", "'hf-greedy', 'hf-pld', 'ar', 'ppd' or 'ppd-lookup'",
+    ("evaluate.methods=[ppd,medusa]", ["'evaluate.methods[1]'", "'hf-greedy', 'hf-pld', 'ar', 'ppd', 'ppd-lookup' or 'ppd-head'",
                                        "'medusa'"]),
     ("evaluate.methods=[]", ["'evaluate.methods'", "at least 1 item"]),
     ("evaluate.methods=ppd", ["'evaluate.methods'", "valid list", "write a YAML list"]),
@@ -318,3 +318,12 @@ def test_the_job_api_address_given_is_the_one_used(monkeypatch):
         client("http://127.0.0.1:2")
     assert "Failed to connect to Ray at address: http://127.0.0.1:2" in str(refused.value)
     assert os.environ["RAY_API_SERVER_ADDRESS"] == "http://127.0.0.1:1" and os.environ["RAY_ADDRESS"] == "127.0.0.1:3"
+
+
+def test_a_head_method_evaluated_without_a_head_is_refused(job):
+    with pytest.raises(SpecError, match=r"evaluate.methods \['ppd-head'\] need a custom decoding head, which "
+                                        "train.method=ept does not train"):
+        load_spec(job, ["evaluate.methods=[ar,ppd-head]"])
+    assert load_spec(job, ["evaluate.methods=[ar,ppd-head]", "train.method=ept-head"]).train.method == "ept-head"
+    with pytest.raises(SpecError, match="head_start_step only apply to a method that trains a head"):
+        load_spec(job, ["train.head_start_step=5"])

@@ -1,6 +1,7 @@
 """The lossless claim, tested as a property: whatever the drafts hold, greedy output is plain greedy decoding.
 
-Drafts are the prompt tokens (embeddings, EPT weights), the tree a component ships and the lookup chains;
+Drafts are the prompt tokens (embeddings, EPT weights, custom decoding head), the tree a component ships and
+the lookup chains;
 none of them may change a verified token. Poisoned drafts (NaN, inf, 1e30) run on both kernel paths
 (the native decoder layers and the PyTorch layers); random drafts run on the float64 tiny model against
 transformers' own greedy decoding. Sampled decoding keeping the distribution is tests/test_sampling.py's.
@@ -72,14 +73,16 @@ def test_poisoned_prompt_tokens_cannot_change_greedy_output(path, monkeypatch):
     for case, (name, value) in enumerate(POISONS.items()):
         k, n = 1 + case % 3, 1 + case % 2
         weights = torch.full((k, n), math.nan) if case % 2 else None  # learned EPT weights, poisoned too
-        prompts = PromptTokenSet(_poisoned(value, k * n, g), weights, k, n, ["ensemble", "decoder", "encoder"][case % 3])
+        head = (_poisoned(value, HIDDEN, g), _poisoned(value, 1, g)[0])  # a custom decoding head, poisoned
+        prompts = PromptTokenSet(_poisoned(value, k * n, g), weights, k, n, ["ensemble", "decoder", "encoder"][case % 3],
+                                 head)
         tree = best_tree_for_size(_random_p(rng, k), rng.choice([s for s in TREE_SIZES if s <= 24 and s > n]), n)
         decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=2)
         assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
         for seed in range(4):
             ids = [rng.randrange(3, 40) for _ in range(rng.randint(2, 16))]  # frequent keys: lookup chains happen
             ar = decoder.generate(ids, 24, "ar").tokens
-            for method in ("ppd", "ppd-lookup"):
+            for method in ("ppd", "ppd-lookup", "ppd-head"):
                 assert decoder.generate(ids, 24, method).tokens == ar, (name, method, seed)
 
 
@@ -95,8 +98,10 @@ def test_random_drafts_never_change_greedy_output(tiny_f64):
         k, n = rng.randint(1, 4), rng.randint(1, 3)
         weights = torch.softmax(torch.randn(k, n, generator=g, dtype=torch.float64), -1) if rng.random() < 0.5 else None
         scale = rng.choice([0.02, 1.0, 50.0])
+        head = (torch.randn(HIDDEN, HIDDEN, generator=g, dtype=torch.float64) / 8,
+                torch.randn(HIDDEN, generator=g, dtype=torch.float64))  # a random custom decoding head
         prompts = PromptTokenSet(scale * torch.randn(k * n, HIDDEN, generator=g, dtype=torch.float64), weights, k, n,
-                                 rng.choice(["ensemble", "decoder", "encoder"]))
+                                 rng.choice(["ensemble", "decoder", "encoder"]), head)
         tree = best_tree_for_size(_random_p(rng, k), rng.choice([s for s in TREE_SIZES if s > n]), n)
         ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))]
         budget = rng.randint(1, 40)
@@ -105,7 +110,7 @@ def test_random_drafts_never_change_greedy_output(tiny_f64):
                  else _random_table(rng))
         decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 3))
         eos = decoder._eos_ids()
-        for method in ("ar", "ppd", "ppd-lookup"):
+        for method in ("ar", "ppd", "ppd-lookup", "ppd-head"):
             out = decoder.generate(ids, budget, method)
             assert out.tokens == truth[:len(out.tokens)], (case, method)
             assert len(out.tokens) == budget or out.tokens[-1] in eos, (case, method)

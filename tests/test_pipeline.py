@@ -164,3 +164,15 @@ def test_refused_writes_are_found_inside_ray_errors(ray_local, tmp_path):
     in_training = WorkerGroupError("rank 0 failed", {0: OSError(errno.EROFS, "Read-only file system", "/x")})
     assert write_problem(in_training) == (errno.EROFS, "/x")
     assert write_problem(ValueError("not a disk problem")) is None
+
+
+def test_registry_tags_come_from_the_method_and_leave_out_what_was_not_measured():
+    from ppdkit.jobs.pipeline import registry_tags
+
+    evaluate = {"tree_size": 8, "ar_speedup": 3.1, "ar_accepted_per_step": 1.0, "ar_identical_to_greedy": 1.0,
+                "ppd_head_speedup": 3.5, "ppd_head_accepted_per_step": 1.6, "ppd_head_identical_to_greedy": 0.9}
+    tags = registry_tags("ept-head", "tiny-llama", "sha256:x", {"best_acc_top1_d1": 0.3, "steps": 2},
+                         {"tau_size8": 1.5, "tau_size16": 1.7}, evaluate)
+    assert tags == {"method": "ept-head", "base_model": "tiny-llama", "fingerprint": "sha256:x", "tree_size": 8,
+                    "tau": 1.5, "acc_top1_d1": 0.3, "ar_speedup": 3.1, "ar_accepted_per_step": 1.0,
+                    "ppd_head_speedup": 3.5, "ppd_head_accepted_per_step": 1.6, "identical_to_greedy": 0.9}

@@ -8,7 +8,8 @@ from conftest import hf_greedy, kernels_or_skip
 
 from ppdkit.models.tiny import build_tiny_llama
 import ppdkit.runtime.linear as linear_module
-from ppdkit.runtime.decoder import LOOKUP_LENGTHS, Decoder
+from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.methods import LOOKUP_LENGTHS
 from ppdkit.runtime.linear import Linear
 from ppdkit.runtime.llama import LeanLlama, _attention_bias
 from ppdkit.runtime.lookup import ContextIndex
@@ -107,9 +108,10 @@ def test_accepted_guesses_stay_lossless(tiny_f64):
 def test_unknown_method_and_missing_trees_are_clear(tiny_f64):
     model, tok = tiny_f64
     decoder = Decoder(model, tok, None, None)
-    with pytest.raises(ValueError, match="ppd needs prompt tokens"):
+    with pytest.raises(ValueError, match="method ppd needs prompt tokens and calibrated trees, which this decoder's "
+                                         "component does not carry; its methods: ar"):
         decoder.generate([5, 6, 7], 4, "ppd")
-    with pytest.raises(ValueError, match="unknown method"):
+    with pytest.raises(ValueError, match="unknown decoding method 'medusa'; use one of ar, ppd, ppd-lookup"):
         decoder.generate([5, 6, 7], 4, "medusa")
 
 

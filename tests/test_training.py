@@ -119,3 +119,46 @@ def test_a_hundred_epts_per_prompt_token(teacher_dir):
     assert logp.shape[-2:] == (k, base.model.config.vocab_size)
     logp[batch.target_valid][:, 7].sum().backward()  # any token's log-probability
     assert prompt.embeddings.grad.abs().sum() > 0 and prompt.ept_weights.grad.abs().sum() > 0
+
+
+def test_ept_head_two_stage_trains_the_head_from_its_start_step_only(teacher_dir, tmp_path):
+    """2-stage ept-head: the prompt tokens alone first (the head is left out, so those steps are exactly
+    ept's: the recorded losses), then both at the lower lr; the base model stays bit-identical."""
+    cfg = TRAIN.model_copy(update={"method": "ept-head", "epochs": 2, "max_steps": 3, "head_start_step": 2,
+                                   "head_lr_scale": 0.5})
+    result = run_training(BASE, cfg, teacher_dir, tmp_path / "train", TrackerRef())
+    losses = [loss for _, loss in result["history"]]
+    assert losses[:2] == pytest.approx(RECORDED_LOSSES, rel=1e-4) and len(losses) == 3
+    from ppdkit.models.state_io import load_state
+
+    states = {s: load_state(tmp_path / "train" / "checkpoints" / f"step-{s:06d}" / "rank-0")["module"] for s in (2, 3)}
+    assert not states[2]["head.weight"].any() and not states[2]["head.bias"].any()  # untouched in stage 1
+    assert states[3]["head.weight"].abs().sum() > 0 and states[3]["head.bias"].abs().sum() > 0
+    component = read_component(tmp_path / "train" / "component",
+                               expect_fingerprint=load_base_model("tiny-llama").fingerprint)
+    assert component.method == "ept-head" and component.hyperparameters["head_start_step"] == 2
+    assert component.tensors["head_weight"].shape == (64, 64) and component.tensors["head_bias"].shape == (64,)
+
+
+def test_a_head_step_changes_only_the_drafts(teacher_dir):
+    """One 1-stage ept-head step on the 4-bit base: prompt tokens and head move, the base stays bit-identical."""
+    from ppdkit.trainer.methods import TRAINING_METHODS
+
+    base = load_base_model("tiny-llama", quantization="nf4", for_training=True)
+    before = {k: v.clone() for k, v in base.model.state_dict().items()}
+    cfg = TrainConfig(method="ept-head", num_prompt_tokens=3, num_epts=1)
+    method = TRAINING_METHODS["ept-head"]
+    drafts = method.build(cfg, init_from_token_embeddings(base.model.get_input_embeddings(), 3, 1))
+    groups, _ = method.param_groups(drafts, cfg, total_steps=10)
+    opt = torch.optim.AdamW(groups, lr=0.01)
+    batch = collate(list(TeacherCache(teacher_dir).sequences("train"))[:2], 3, 1, 4, "ensemble", random.Random(0))
+    emb, weights, head = drafts(method.head_active(cfg, 0))
+    logp = student_logprobs(base.model, emb, weights, 3, 1, batch, head).flatten(0, 1)
+    per = kl_to_compressed_teacher(logp, batch.teacher_ids.flatten(0, 1), batch.teacher_logp.flatten(0, 1),
+                                   batch.teacher_rest.flatten(0, 1))
+    decay_mean(per, batch.target_valid.flatten(0, 1), 0.8).backward()
+    opt.step()
+    assert drafts.head.weight.abs().sum() > 0 and drafts.prompt.embeddings.grad.abs().sum() > 0
+    after = base.model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert all(p.grad is None for p in base.model.parameters())

@@ -27,13 +27,16 @@ def guess_ranks(base_model, component, sequences, groups: int, micro_batch: int,
     k, n = h["num_prompt_tokens"], h["num_epts"]
     emb = component.tensors["prompt_embeddings"].reshape(k * n, -1).to(base_model.dtype)
     weights = component.tensors.get("ept_weights")
+    head = None  # a custom decoding head is what the component's guesses go through (ppd-head)
+    if "head_weight" in component.tensors:
+        head = (component.tensors["head_weight"].to(base_model.dtype), component.tensors["head_bias"].to(base_model.dtype))
     head = base_model.get_output_embeddings()
     rng = random.Random(seed)
     out = []
     with torch.no_grad():
         for i in tqdm(range(0, len(sequences), micro_batch), desc="calibrating", unit="batch"):
             batch = collate(sequences[i:i + micro_batch], k, n, groups, h["mask"], rng)
-            logp, hidden = student_forward(base_model, emb, weights, k, n, batch)  # [B, G, k, V], [B, T, H]
+            logp, hidden = student_forward(base_model, emb, weights, k, n, batch, head)  # [B, G, k, V], [B, T, H]
             # greedy token of the base at t + d (ordinary positions are untouched by prompt tokens)
             insert_at = batch.position_ids.gather(1, batch.group_slots[..., 0]) - 1  # [B, G]
             at = insert_at[..., None] + torch.arange(1, k + 1)  # [B, G, k]

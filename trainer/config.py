@@ -1,8 +1,10 @@
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ppdkit.models.config import Section
+
+from .methods import TRAINING_METHODS
 
 # A step of this many input tokens already costs far more on a CPU than the at most
 # num_prompt_tokens + 1 <= 17 tokens it can accept, and building it takes ~1 s (O(size^2)):
@@ -13,8 +15,8 @@ MAX_TREE_SIZE = 1024
 class TrainConfig(Section):
     execution_only = frozenset({"num_workers", "cpus_per_worker", "log_every"})
 
-    method: Literal["ept"] = Field("ept", description="the component to train (ept: PPD's prompt tokens, the one "
-                                                      "method of this version)")
+    method: Literal[tuple(TRAINING_METHODS)] = Field(
+        "ept", description="; ".join(f"{m.name}: {m.summary}" for m in TRAINING_METHODS.values()))
     # the prompt tokens (papers/000 ch. 4)
     num_prompt_tokens: int = Field(3, ge=1, le=16, description="k: token distances guessed per forward")
     num_epts: int = Field(1, ge=1, le=256, description="n: ensemble prompt tokens per prompt token")
@@ -22,6 +24,11 @@ class TrainConfig(Section):
     aggregation: Literal["mean", "learned"] = "mean"
     init_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, description="k*n token ids to copy embeddings from (default: seeded draw)")
+    # the custom decoding head (method ept-head)
+    head_start_step: int = Field(0, ge=0, description="ept-head: the step the head joins at (0: 1-stage; later: "
+                                                      "2-stage, the prompt tokens alone before it)")
+    head_lr_scale: float = Field(1.0, gt=0.0, le=1.0, description="ept-head: lr factor of both parts once the head "
+                                                                  "trains in 2-stage, of the head in 1-stage")
     # the objective
     loss: Literal["kd", "ce"] = Field("kd", description="kd: decayed KL to the teacher; ce: hard labels (ablation)")
     alpha: float = Field(0.8, gt=0.0, le=1.0, description="decay per token distance")
@@ -48,6 +55,19 @@ class TrainConfig(Section):
     eval_sequences: int = Field(64, ge=1, description="held-out sequences scored at each evaluation")
     checkpoint_every: int = Field(25, ge=1)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _head_settings_need_a_head(self) -> "TrainConfig":
+        if not TRAINING_METHODS[self.method].trains_head:
+            defaults = type(self).model_fields
+            set_here = [k for k in ("head_start_step", "head_lr_scale") if getattr(self, k) != defaults[k].default]
+            if set_here:
+                raise ValueError(f"{', '.join(set_here)} only apply to a method that trains a head (ept-head), "
+                                 f"not {self.method}")
+        if self.max_steps is not None and self.head_start_step >= self.max_steps:
+            raise ValueError(f"head_start_step={self.head_start_step} is not before max_steps={self.max_steps}: "
+                             "the head would never train")
+        return self
 
     @field_validator("init_token_ids")
     @classmethod

@@ -18,7 +18,8 @@ TOPS = (1, 5, 10)
 
 
 def evaluate(base_model, embeddings: torch.Tensor, ept_weights: torch.Tensor | None, k: int, n: int, mask: str,
-             sequences: list[ShardSequence], groups: int, micro_batch: int, seed: int = 1234) -> dict[str, float]:
+             sequences: list[ShardSequence], groups: int, micro_batch: int, seed: int = 1234,
+             head: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
     """{'acc_top1_d1': ..., 'kl_d1': ..., 'acc_top1_mean': ...} over fixed insertion points of `sequences`."""
     rng = random.Random(seed)  # the same points at every evaluation, so evaluations compare
     hits = {top: torch.zeros(k) for top in TOPS}
@@ -26,7 +27,7 @@ def evaluate(base_model, embeddings: torch.Tensor, ept_weights: torch.Tensor | N
     with torch.no_grad():
         for i in range(0, len(sequences), micro_batch):
             batch = collate(sequences[i:i + micro_batch], k, n, groups, mask, rng)
-            logp = student_logprobs(base_model, embeddings, ept_weights, k, n, batch).flatten(0, 1)  # [N, k, V]
+            logp = student_logprobs(base_model, embeddings, ept_weights, k, n, batch, head).flatten(0, 1)  # [N, k, V]
             valid = batch.target_valid.flatten(0, 1)  # [N, k]
             teacher_top1 = batch.teacher_ids.flatten(0, 1)[..., 0]  # [N, k]
             for top, hit in topk_hits(logp, teacher_top1, TOPS).items():

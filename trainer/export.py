@@ -16,16 +16,15 @@ from .checkpoint import replace_dir
 from .plots import plot_accuracy_by_distance, plot_loss
 
 
-def export_component(out: Path, base, cfg, config: dict, history: list, evals: list, best: dict,
+def export_component(out: Path, base, cfg, method, config: dict, history: list, evals: list, best: dict,
                      extra: dict | None = None) -> dict:
     chosen = out / "best"
-    module = load_state(chosen / "rank-0")["module"]
+    tensors = method.export_tensors(load_state(chosen / "rank-0")["module"])
     meta = json.loads((chosen / "meta.json").read_text())
-    tensors = {"prompt_embeddings": module["embeddings"]}  # [k, n, H]
-    if "ept_weights" in module:
-        tensors["ept_weights"] = module["ept_weights"]  # [k, n]
     hyper = {key: getattr(cfg, key) for key in ("num_prompt_tokens", "num_epts", "mask", "aggregation", "loss",
                                                  "alpha", "groups_per_sequence", "lr", "epochs", "seed")}
+    if method.trains_head:
+        hyper.update(head_start_step=cfg.head_start_step, head_lr_scale=cfg.head_lr_scale)
     run = {"mlflow_run_id": config["tracker"].run_id, "step": meta["step"], "steps": history[-1][0] if history else 0}
     tmp = out / "component.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # an export a crash interrupted

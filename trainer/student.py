@@ -2,23 +2,25 @@
 
 import torch
 
+from ppdkit.models.heads import apply_residual_head
 from ppdkit.models.prompt_tokens import aggregate_epts
 
 from .batch import TrainBatch
 
 
 def student_logprobs(base_model, embeddings: torch.Tensor, ept_weights: torch.Tensor | None, k: int, n: int,
-                     batch: TrainBatch) -> torch.Tensor:
+                     batch: TrainBatch, head: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Log-probabilities of every group's prompt tokens: [B, G, k, V].
 
-    embeddings [k*n, H] (trainable), ept_weights [k, n] or None; the base model stays frozen, but the
-    gradient flows through it to the embeddings.
+    embeddings [k*n, H] (trainable), ept_weights [k, n] or None, head: a custom decoding head's (weight
+    [H, H], bias [H]) or None; the base model stays frozen, but the gradient flows through it to the embeddings.
     """
-    return student_forward(base_model, embeddings, ept_weights, k, n, batch)[0]
+    return student_forward(base_model, embeddings, ept_weights, k, n, batch, head)[0]
 
 
 def student_forward(base_model, embeddings: torch.Tensor, ept_weights: torch.Tensor | None, k: int, n: int,
-                    batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+                    batch: TrainBatch, head: tuple[torch.Tensor, torch.Tensor] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(group log-probabilities [B, G, k, V], final hidden states of the ordinary tokens [B, T, H]).
 
     Two passes over one attention layout: the ordinary tokens first, without autograd (they never see
@@ -41,5 +43,7 @@ def student_forward(base_model, embeddings: torch.Tensor, ept_weights: torch.Ten
     # a sequence with fewer groups than the batch pads with slot 0: clamped here, masked by group_valid later
     per_ept = groups[rows, (batch.group_slots - t).clamp_min(0)]  # [B, G, k*n, H]
     per_token = aggregate_epts(per_ept, k, n, ept_weights)  # [B, G, k, H]
+    if head is not None:  # the custom decoding head reads the prompt tokens' states; ordinary tokens never
+        per_token = apply_residual_head(per_token, *head)
     logits = base_model.get_output_embeddings()(per_token)  # [B, G, k, V]
     return torch.log_softmax(logits.float(), dim=-1), prefix.last_hidden_state

@@ -1,4 +1,5 @@
-"""One Ray Train worker = one DeepSpeed rank training prompt tokens against the teacher cache.
+"""One Ray Train worker = one DeepSpeed rank training a method's drafts (trainer/methods.py) against the
+teacher cache.
 
 Everything arrives through `config` (no module globals), so the function runs the same in a Ray Train
 worker, a plain process, or a test. Rank 0 evaluates, logs to the tracker, keeps the best checkpoint
@@ -74,7 +75,7 @@ def train_loop_per_worker(config: dict) -> None:
     from ppdkit.data_pipeline.teacher_cache import TeacherCache
     from ppdkit.models.config import BaseModelConfig
     from ppdkit.models.loading import load_base_model
-    from ppdkit.models.prompt_tokens import PromptTokens, init_from_token_embeddings
+    from ppdkit.models.prompt_tokens import init_from_token_embeddings
 
     from .batch import collate
     from .checkpoint import keep_as_best, latest_checkpoint, load_checkpoint, prune, restore_best, save_checkpoint
@@ -82,6 +83,7 @@ def train_loop_per_worker(config: dict) -> None:
     from .evaluate import evaluate
     from .export import export_component
     from .losses import prompt_token_loss
+    from .methods import TRAINING_METHODS
     from .student import student_logprobs
 
     cfg = TrainConfig(**config["train"])
@@ -100,13 +102,15 @@ def train_loop_per_worker(config: dict) -> None:
     if not train_seqs:
         raise ValueError(f"the teacher cache {cache.dir} has no training sequence with targets")
     k, n = cfg.num_prompt_tokens, cfg.num_epts
+    method = TRAINING_METHODS[cfg.method]
     init = init_from_token_embeddings(base.model.get_input_embeddings(), k, n, cfg.init_token_ids, cfg.seed)
-    prompt = PromptTokens(k, n, init.shape[-1], cfg.aggregation, init=init)
+    drafts = method.build(cfg, init)
     steps_per_epoch = max(1, len(train_seqs) // (cfg.micro_batch * cfg.grad_accum * world))
     total_steps = min(cfg.max_steps or 10**12, steps_per_epoch * cfg.epochs)
-    optimizer = torch.optim.AdamW(prompt.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)  # no warm-up (6.1.2)
-    engine, _, _, _ = deepspeed.initialize(model=prompt, optimizer=optimizer, lr_scheduler=scheduler,
+    groups, lr_factors = method.param_groups(drafts, cfg, total_steps)  # cosine, no warm-up (6.1.2)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factors)
+    engine, _, _, _ = deepspeed.initialize(model=drafts, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=deepspeed_config(cfg))
 
     ckpt_root = out / "checkpoints"
@@ -120,9 +124,10 @@ def train_loop_per_worker(config: dict) -> None:
         log.info("rank %d: resumed from %s at step %d", rank, resume.name, step)
 
     def run_eval() -> dict:
-        emb, weights = engine()
+        emb, weights, head = engine(method.head_active(cfg, step))
         return evaluate(base.model, emb.detach(), None if weights is None else weights.detach(), k, n, cfg.mask,
-                        holdout, cfg.groups_per_sequence, cfg.micro_batch)
+                        holdout, cfg.groups_per_sequence, cfg.micro_batch,
+                        head=None if head is None else tuple(t.detach() for t in head))
 
     window_positions, window_start = 0, time.time()
     while step < total_steps:
@@ -133,8 +138,9 @@ def train_loop_per_worker(config: dict) -> None:
             rows = micro_batch_rows(order, in_epoch, micro, cfg, rank, world)
             rng = random.Random(f"insert-{cfg.seed}-{epoch}-{in_epoch}-{micro}-{rank}")  # redrawn every epoch
             batch = collate([train_seqs[r] for r in rows], k, n, cfg.groups_per_sequence, cfg.mask, rng)
-            emb, weights = engine()
-            loss = prompt_token_loss(student_logprobs(base.model, emb, weights, k, n, batch), batch, cfg.loss, cfg.alpha)
+            emb, weights, head = engine(method.head_active(cfg, step))
+            loss = prompt_token_loss(student_logprobs(base.model, emb, weights, k, n, batch, head), batch, cfg.loss,
+                                     cfg.alpha)
             engine.backward(loss)
             engine.step()
             step_loss += loss.item() / cfg.grad_accum
@@ -150,6 +156,7 @@ def train_loop_per_worker(config: dict) -> None:
         if rank == 0 and (step % cfg.log_every == 0 or step == total_steps):
             rate = window_positions / max(time.time() - window_start, 1e-9)
             tracker.log_metrics({"train.loss": step_loss, "train.lr": engine.get_lr()[0],
+                                 **({"train.head_lr": engine.get_lr()[1]} if method.trains_head else {}),
                                  "train.positions_per_second": rate, "train.epoch": epoch}, step=step)
             log.info("step %d/%d loss %.4f  %.0f supervised positions/s", step, total_steps, step_loss, rate)
             window_positions, window_start = 0, time.time()
@@ -174,7 +181,7 @@ def train_loop_per_worker(config: dict) -> None:
                 prune(ckpt_root)
     peak = _peak_rss_mb(world)
     if rank == 0:
-        export_component(out, base, cfg, config, history, evals, best, extra={"peak_worker_rss_mb": peak})
+        export_component(out, base, cfg, method, config, history, evals, best, extra={"peak_worker_rss_mb": peak})
     barrier()
 
 

@@ -1,0 +1,21 @@
+"""Plain decoding on the lean forward, one token per step: the baseline every drafter is judged against."""
+
+from collections.abc import Callable
+
+import torch
+
+from .acceptance import Sampling, pick
+from .kv_cache import KVCache
+
+
+def decode_ar(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
+              generator: torch.Generator | None) -> None:
+    """Read the prompt ids [P], then one token per forward until `emit` says stop."""
+    model = decoder.model
+    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)
+    cache.commit(None, len(ids))
+    token = pick(model.logits(hidden[-1]), sampling, generator)
+    while not emit([token]):
+        hidden = model.forward(model.embed_ids(torch.tensor([token])), torch.tensor([cache.length]), cache, None)
+        cache.commit(None, 1)
+        token = pick(model.logits(hidden[-1]), sampling, generator)
