@@ -124,7 +124,7 @@ def _rewrite(directory: Path, **changes) -> None:
     """Rebuild the component with some parts changed (checksums listed anew: only the shape is wrong)."""
     meta = json.loads((directory / "component.json").read_text())
     trees = json.loads((directory / "trees.json").read_text())
-    tensors = {"prompt_embeddings": changes.get("embeddings", torch.randn(3, 1, 64))}
+    tensors = {"prompt_embeddings": changes.get("embeddings", torch.randn(3, 1, 64)), **changes.get("head", {})}
     write_component(directory, "ept", meta["hyperparameters"], "tiny-llama", meta["base_model"]["fingerprint"], {},
                     tensors, extras={"trees": changes.get("trees", trees)})
     if "ngrams" in changes:
@@ -137,7 +137,16 @@ def test_a_well_formed_component_decodes(tiny_component):
     assert decoder.generate(ids, 12, "ppd-lookup").tokens == decoder.generate(ids, 12, "ar").tokens
 
 
-@pytest.mark.parametrize("damage", ["embedding-shape", "tree-parent", "tree-states", "tree-rank", "ngram-id"])
+def test_a_component_with_a_head_decodes_with_ppd_head(tiny_component):
+    _rewrite(tiny_component, head={"head_weight": torch.randn(64, 64) / 8, "head_bias": torch.randn(64)})
+    decoder = Decoder.from_pretrained(tiny_component, tree_size=12)
+    assert decoder.methods() == ["ar", "ppd", "ppd-lookup", "ppd-head"]
+    ids = [5, 6, 7, 8, 5, 6]
+    assert decoder.generate(ids, 12, "ppd-head").tokens == decoder.generate(ids, 12, "ar").tokens
+
+
+@pytest.mark.parametrize("damage", ["embedding-shape", "tree-parent", "tree-states", "tree-rank", "ngram-id",
+                                    "head-shape"])
 def test_a_component_built_wrong_is_refused_at_load(tiny_component, damage):
     trees = json.loads((tiny_component / "trees.json").read_text())
     state = trees["trees"]["12"]["states"]["3"]
@@ -153,6 +162,9 @@ def test_a_component_built_wrong_is_refused_at_load(tiny_component, damage):
     elif damage == "tree-rank":
         state["ranks"][1] = 10_000
         changes["trees"], expected = trees, "rank 10000, outside"
+    elif damage == "head-shape":
+        changes["head"] = {"head_weight": torch.randn(64, 32)}
+        expected = r"custom decoding head needs head_weight \[H, H\] and head_bias \[H\] for .* hidden size H=64"
     else:
         changes["ngrams"] = build_ngram_table([[5, 6, 900] * 3], max_n=1, branches=1, length=2).to_tensors()
         expected = "token id 900, outside the base model's vocabulary of 384"
