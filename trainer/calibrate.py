@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
 from ppdkit.models.artifact import read_component
+from ppdkit.models.heads import HEAD_TENSORS
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.tree import best_tree_for_size
 
@@ -28,8 +29,8 @@ def guess_ranks(base_model, component, sequences, groups: int, micro_batch: int,
     emb = component.tensors["prompt_embeddings"].reshape(k * n, -1).to(base_model.dtype)
     weights = component.tensors.get("ept_weights")
     head = None  # a custom decoding head is what the component's guesses go through (ppd-head)
-    if "head_weight" in component.tensors:
-        head = (component.tensors["head_weight"].to(base_model.dtype), component.tensors["head_bias"].to(base_model.dtype))
+    if HEAD_TENSORS[0] in component.tensors:
+        head = tuple(component.tensors[name].to(base_model.dtype) for name in HEAD_TENSORS)
     head = base_model.get_output_embeddings()
     rng = random.Random(seed)
     out = []
