@@ -28,21 +28,21 @@ def guess_ranks(base_model, component, sequences, groups: int, micro_batch: int,
     k, n = h["num_prompt_tokens"], h["num_epts"]
     emb = component.tensors["prompt_embeddings"].reshape(k * n, -1).to(base_model.dtype)
     weights = component.tensors.get("ept_weights")
-    head = None  # a custom decoding head is what the component's guesses go through (ppd-head)
+    draft_head = None  # a custom decoding head is what the component's guesses go through (ppd-head)
     if HEAD_TENSORS[0] in component.tensors:
-        head = tuple(component.tensors[name].to(base_model.dtype) for name in HEAD_TENSORS)
-    head = base_model.get_output_embeddings()
+        draft_head = tuple(component.tensors[name].to(base_model.dtype) for name in HEAD_TENSORS)
+    lm_head = base_model.get_output_embeddings()
     rng = random.Random(seed)
     out = []
     with torch.no_grad():
         for i in tqdm(range(0, len(sequences), micro_batch), desc="calibrating", unit="batch"):
             batch = collate(sequences[i:i + micro_batch], k, n, groups, h["mask"], rng)
-            logp, hidden = student_forward(base_model, emb, weights, k, n, batch, head)  # [B, G, k, V], [B, T, H]
+            logp, hidden = student_forward(base_model, emb, weights, k, n, batch, draft_head)  # [B,G,k,V], [B,T,H]
             # greedy token of the base at t + d (ordinary positions are untouched by prompt tokens)
             insert_at = batch.position_ids.gather(1, batch.group_slots[..., 0]) - 1  # [B, G]
             at = insert_at[..., None] + torch.arange(1, k + 1)  # [B, G, k]
             rows = torch.arange(len(at))[:, None, None]
-            greedy = head(hidden[rows, at.clamp(max=hidden.shape[1] - 1)]).argmax(-1)  # [B, G, k]
+            greedy = lm_head(hidden[rows, at.clamp(max=hidden.shape[1] - 1)]).argmax(-1)  # [B, G, k]
             target_logp = logp.gather(-1, greedy[..., None])  # [B, G, k, 1]
             rank = (logp > target_logp).sum(-1)  # [B, G, k]
             valid = batch.group_valid[..., None] & batch.target_valid  # [B, G, k]
