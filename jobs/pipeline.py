@@ -156,14 +156,14 @@ def registry_tags(method_name: str, base_model: str, fingerprint: str, train: di
     tags = {"method": method_name, "base_model": base_model, "fingerprint": fingerprint, "tree_size": size,
             "tau": calibrate.get(f"tau_size{size}", max(taus.values())),
             **{k.removeprefix("best_"): v for k, v in train.items() if k.startswith("best_acc_top1_d")}}
-    measured = [m for m in ("ar", *TRAINING_METHODS[method_name].decoding_methods)
-                if f"{m.replace('-', '_')}_speedup" in evaluate]
-    for m in measured:
-        key = m.replace("-", "_")
+    # metric names as the evaluate stage writes them (ppd-head -> ppd_head_speedup ...)
+    keys = [m.replace("-", "_") for m in ("ar", *TRAINING_METHODS[method_name].decoding_methods)]
+    measured = [key for key in keys if f"{key}_speedup" in evaluate]
+    for key in measured:
         tags[f"{key}_speedup"] = evaluate[f"{key}_speedup"]
         tags[f"{key}_accepted_per_step"] = evaluate[f"{key}_accepted_per_step"]
     if measured:
-        tags["identical_to_greedy"] = min(evaluate[f"{m.replace('-', '_')}_identical_to_greedy"] for m in measured)
+        tags["identical_to_greedy"] = min(evaluate[f"{key}_identical_to_greedy"] for key in measured)
     return tags
 
 

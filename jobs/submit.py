@@ -21,8 +21,8 @@ import yaml
 from .spec import JobSpec
 
 PACKAGE_FOLDERS = ("models", "data_pipeline", "trainer", "runtime", "registry", "jobs")
-SUBMIT_PATIENCE_S = 180
-OVERRIDING_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # how long a just-started head may take to accept jobs
+SUBMIT_PATIENCE_S = 180  # how long a just-started head may take to accept jobs
+OVERRIDING_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # Ray's client prefers these to its argument
 
 
 class JobFailed(RuntimeError):

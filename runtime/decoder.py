@@ -121,7 +121,8 @@ class Decoder:
         truncate="left" cut to its last tokens that fit. Calls from several threads take turns.
         """
         sampling = Sampling(temperature, acceptance, epsilon, delta)
-        missing = [need for need in get_method(method).needs if need not in self.carries()]
+        carried = self.carries()
+        missing = [need for need in get_method(method).needs if need not in carried]
         if missing:
             raise ValueError(f"method {method} needs {' and '.join(missing)}, which this decoder's component does "
                              f"not carry; its methods: {', '.join(self.methods())}")

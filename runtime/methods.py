@@ -25,8 +25,12 @@ class DecodingMethod:
     summary: str
     needs: tuple[str, ...]  # of PROMPT_TOKENS, TREES, HEAD
     loop: str  # "module:function" in ppdkit.runtime: (decoder, ids [P], cache, emit, sampling, generator, **options)
-    options: dict = field(default_factory=dict)
-    lookup: bool = False  # its steps carry lookup chains beside the tree (more rows per step)
+    options: dict = field(default_factory=dict)  # keyword arguments of the loop
+
+    @property
+    def lookup(self) -> bool:
+        """Its steps carry lookup chains beside the tree (more rows per step)."""
+        return self.options.get("lookup", False)
 
     @property
     def decode(self) -> Callable[..., None]:
@@ -40,7 +44,7 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
     DecodingMethod("ppd", "the prompt tokens' dynamic sparse tree, verified in the same forward",
                    (PROMPT_TOKENS, TREES), "ppd:decode_ppd"),
     DecodingMethod("ppd-lookup", "ppd plus a chain copied from the text's earlier occurrence of its ending",
-                   (PROMPT_TOKENS, TREES), "ppd:decode_ppd", {"lookup": True}, lookup=True),
+                   (PROMPT_TOKENS, TREES), "ppd:decode_ppd", {"lookup": True}),
     DecodingMethod("ppd-head", "ppd with the guesses read through the component's custom decoding head",
                    (PROMPT_TOKENS, TREES, HEAD), "ppd:decode_ppd", {"head": True}),
 )}
