@@ -132,7 +132,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         from ppdkit.runtime.profile import profile_trees
 
         decoder.profile = profile_trees(decoder.model, {int(r["size"]): r["tau"] for r in decoder.profile["rows"]},
-                                        decoder.fingerprint, refresh=True)
+                                        decoder.fingerprint, refresh=True,
+                                        drafter="ppd" if decoder.heads is None else "heads")
     if decoder.profile is None:
         raise ValueError(f"{args.model} has no trees.json: run the calibrate stage first")
     p = decoder.profile

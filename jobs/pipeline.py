@@ -83,7 +83,7 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     shutil.rmtree(component, ignore_errors=True)
     shutil.copytree(ctx.output / "train" / "component", component)
     add_files(component, json_files={"trees": result})
-    ngram_figures = _write_ngram_table(ctx, component) if cfg.ngram_branches else {}
+    ngram_figures = _write_ngram_table(ctx, component) if cfg.ngram_branches and result["kind"] == "ppd" else {}
     # the whole directory again: component.json now lists (and checksums) the trees and the n-gram table
     ctx.tracker.log_artifact(component, "component")
     from ppdkit.runtime.tree import DynamicTree
@@ -92,12 +92,21 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     pictures = ctx.stage_dir / "trees"
     pictures.mkdir(exist_ok=True)
     for size, tree in result["trees"].items():
-        plot_tree(DynamicTree.from_json(tree), pictures / f"tree_size{size}.png", f"tree of {size} input tokens")
+        plot_tree(DynamicTree.from_json(tree) if result["kind"] == "ppd" else _one_state(tree),
+                  pictures / f"tree_size{size}.png", f"tree of {size} input tokens")
     ctx.tracker.log_artifact(pictures, "trees")
     k = len(result["acceptance"])
     figures = {f"p_top1_d{d + 1}": result["acceptance"][d][0] for d in range(k)}
     figures.update({f"tau_size{size}": tree["tau"] for size, tree in result["trees"].items()})
     return {**figures, **ngram_figures, "insertions": result["insertions"], "component": str(component)}
+
+
+def _one_state(tree: dict):
+    """A draft-head tree as a one-state dynamic tree without prompt tokens, for its picture."""
+    from ppdkit.runtime.tree import DynamicTree, TreeState
+
+    state = TreeState(tuple(tree["parents"]), tuple(tree["depths"]), tuple(tree["ranks"]), (0,) * len(tree["parents"]))
+    return DynamicTree({1: state}, {1: tree["tau"] - 1.0}, {1: 1.0}, tree["tau"], tree["size"])
 
 
 def _write_ngram_table(ctx: StageContext, component) -> dict[str, Any]:

@@ -32,12 +32,15 @@ class EvaluateConfig(Section):
     prompts: str = Field("mt-bench", min_length=1, description="mt-bench | humaneval | FILE.jsonl")
     limit: int = Field(5, ge=1, description="prompts decoded by every method")
     max_new_tokens: int = Field(128, ge=1)
-    methods: list[EvalMethod] = Field(["hf-greedy", "ar", "ppd"], min_length=1,
-                                      description=f"of {', '.join(get_args(EvalMethod))}")
+    methods: list[EvalMethod] | None = Field(
+        None, min_length=1, description=f"of {', '.join(get_args(EvalMethod))}; default: hf-greedy, ar and the "
+                                        "decoding methods of train.method's component")
 
     @field_validator("methods")
     @classmethod
-    def _each_method_once(cls, methods: list[str]) -> list[str]:
+    def _each_method_once(cls, methods: list[str] | None) -> list[str] | None:
+        if methods is None:
+            return methods
         twice = sorted({m for m in methods if methods.count(m) > 1})
         if twice:  # each would be timed again and reported as two rows of one name
             raise ValueError(f"lists {', '.join(twice)} more than once; name each method once")
@@ -63,14 +66,18 @@ class JobSpec(Section):
 
     @model_validator(mode="after")
     def _evaluated_methods_fit_the_component(self) -> "JobSpec":
-        from ppdkit.runtime.methods import HEAD
         from ppdkit.trainer.methods import TRAINING_METHODS
 
-        if not TRAINING_METHODS[self.train.method].trains_head:
-            headless = [m for m in self.evaluate.methods if m in DECODING_METHODS and HEAD in DECODING_METHODS[m].needs]
-            if headless:
-                raise ValueError(f"evaluate.methods {headless} need a custom decoding head, which train.method="
-                                 f"{self.train.method} does not train: use train.method=ept-head or drop them")
+        method = TRAINING_METHODS[self.train.method]
+        served = ("ar", *method.decoding_methods)
+        if self.evaluate.methods is None:
+            self.evaluate.methods = ["hf-greedy", *served]
+        unserved = [m for m in self.evaluate.methods if m in DECODING_METHODS and m not in served]
+        if unserved:
+            trainers = sorted({t.name for m in unserved for t in TRAINING_METHODS.values() if m in t.decoding_methods})
+            raise ValueError(f"evaluate.methods {unserved} cannot decode with what train.method={self.train.method} "
+                             f"trains (its component serves {', '.join(served)}): drop them, or train with "
+                             f"{' / '.join(trainers)}")
         return self
 
     @model_validator(mode="after")

@@ -15,9 +15,12 @@ from ppdkit.models.loading import load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
 from .acceptance import Sampling
+from .draft_heads import DraftHeadSet, HeadTree
+from .head_loading import load_draft_heads
 from .llama import LeanLlama
 from .lookup import root_only, with_lookup_chains
-from .methods import HEAD, METHODS, PROMPT_TOKENS, TREES, get_method, lookup_rows
+from .methods import (FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, TREES, get_method,
+                      lookup_rows)
 from .ppd import PromptTokenSet
 from .profile import profile_trees
 from .tree import DynamicTree
@@ -60,6 +63,8 @@ class Decoder:
         self.lookup_chains = lookup_chains
         self.fingerprint: str | None = None
         self.profile: dict | None = None
+        self.heads: DraftHeadSet | None = None  # a draft-head component's heads (feature-head, medusa)
+        self.head_tree: HeadTree | None = None  # and the calibrated tree they draft
         self.set_tree(tree)
 
     def set_tree(self, tree: DynamicTree | None) -> None:
@@ -94,14 +99,25 @@ class Decoder:
         component = read_component(directory)
         base = load_base_model(component.base_model["name"], quantization="none", dtype=dtype)
         read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
-        prompts, by_size, ngrams = _drafts(component, base.model)
-        decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
+        if "draft_vocab" in component.tensors:  # draft heads over the base model's features
+            heads, head_trees = load_draft_heads(component, base.model)
+            decoder = cls(base.model, base.tokenizer, None, None, max_length)
+            decoder.heads, taus = heads, {s: tau for s, (_, tau) in head_trees.items()}
+        else:
+            prompts, by_size, ngrams = _drafts(component, base.model)
+            decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
+            taus = {s: t.tau for s, t in by_size.items()}
         decoder.fingerprint = base.fingerprint
-        if by_size:
+        if taus:
             if tree_size is None:  # hardware-aware: measured once per machine, then cached
-                decoder.profile = profile_trees(decoder.model, {s: t.tau for s, t in by_size.items()}, base.fingerprint)
+                decoder.profile = profile_trees(decoder.model, taus, base.fingerprint,
+                                                drafter="ppd" if decoder.heads is None else "heads")
                 tree_size = decoder.profile["chosen"]
-            decoder.set_tree(by_size[min(by_size, key=lambda s: abs(s - tree_size))])
+            size = min(taus, key=lambda s: abs(s - tree_size))
+            if decoder.heads is not None:
+                decoder.head_tree = head_trees[size][0]
+            else:
+                decoder.set_tree(by_size[size])
         return decoder
 
     def encode_chat(self, prompt: str) -> list[int]:
@@ -195,6 +211,10 @@ class Decoder:
                 found.add(HEAD)
         if self.layouts:
             found.add(TREES)
+        if self.heads is not None:
+            found.add(FEATURE_HEAD if self.heads.kind == "feature" else MEDUSA_HEADS)
+        if self.head_tree is not None:
+            found.add(HEAD_TREE)
         return found
 
     def methods(self) -> list[str]:
@@ -203,6 +223,8 @@ class Decoder:
 
     def _tree_size(self, method: str) -> int:
         """The most rows one step of `method` feeds the model (lookup nodes carry no prompt tokens)."""
+        if HEAD_TREE in get_method(method).needs and self.head_tree is not None:
+            return self.head_tree.layout.size
         if TREES not in get_method(method).needs or not self.layouts:
             return 1
         largest = max(layout.size for layout in self.layouts.values())

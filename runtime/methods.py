@@ -13,6 +13,7 @@ from functools import partial
 
 # What a component can carry that a method may need; Decoder.carries() says which a decoder has.
 PROMPT_TOKENS, TREES, HEAD = "prompt tokens", "calibrated trees", "a custom decoding head"
+FEATURE_HEAD, MEDUSA_HEADS, HEAD_TREE = "a feature draft head", "Medusa heads", "a calibrated head tree"
 LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' reach), doubled after a chain
 # was accepted whole (the text is copying itself). Measured with the committed component, tree of 6,
 # 20 prompts, 128 tokens, one process: 1.65 -> 1.70 tokens per step on MT-Bench (speed alike), 2.25 -> 2.59
@@ -23,7 +24,7 @@ LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' rea
 class DecodingMethod:
     name: str
     summary: str
-    needs: tuple[str, ...]  # of PROMPT_TOKENS, TREES, HEAD
+    needs: tuple[str, ...]  # of PROMPT_TOKENS, TREES, HEAD, FEATURE_HEAD, MEDUSA_HEADS, HEAD_TREE
     loop: str  # "module:function" in ppdkit.runtime: (decoder, ids [P], cache, emit, sampling, generator, **options)
     options: dict = field(default_factory=dict)  # keyword arguments of the loop
 
@@ -47,6 +48,10 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                    (PROMPT_TOKENS, TREES), "ppd:decode_ppd", {"lookup": True}),
     DecodingMethod("ppd-head", "ppd with the guesses read through the component's custom decoding head",
                    (PROMPT_TOKENS, TREES, HEAD), "ppd:decode_ppd", {"head": True}),
+    DecodingMethod("feature-head", "a tree drafted by the feature head from the last hidden state, level by level",
+                   (FEATURE_HEAD, HEAD_TREE), "draft_heads:decode_heads"),
+    DecodingMethod("medusa", "a tree drafted by Medusa-1 heads from the last hidden state",
+                   (MEDUSA_HEADS, HEAD_TREE), "draft_heads:decode_heads"),
 )}
 
 

@@ -40,10 +40,11 @@ def measure_latency(model: LeanLlama, size: int, context: int = 256, repeats: in
 
 
 def profile_trees(model: LeanLlama, taus: dict[int, float], fingerprint: str, refresh: bool = False,
-                  context: int = 256) -> dict:
-    """{"rows": [{size, tau, latency_ms, tokens_per_s}], "chosen": size}; cached per machine and model."""
+                  context: int = 256, drafter: str = "ppd") -> dict:
+    """{"rows": [{size, tau, latency_ms, tokens_per_s}], "chosen": size}; cached per machine, model and drafter
+    kind ("ppd" or "heads": one component of each may serve the same base model)."""
     path_kind = "native" if model.native is not None else "torch"  # the kernels change L(n): one profile each
-    name = f"{fingerprint.split(':')[-1][:16]}-{machine_key()}-{path_kind}-r{RUNTIME_REVISION}.json"
+    name = f"{fingerprint.split(':')[-1][:16]}-{drafter}-{machine_key()}-{path_kind}-r{RUNTIME_REVISION}.json"
     path = cache_dir() / "profiles" / name
     key = sorted(taus)
     if path.is_file() and not refresh:

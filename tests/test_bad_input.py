@@ -50,10 +50,11 @@ OUT_OF_RANGE = [
     ("train.alpha=0", ["'train.alpha' = 0", "allowed 0 < train.alpha <= 1"]),
     ("train.alpha=1.5", ["'train.alpha' = 1.5", "allowed 0 < train.alpha <= 1"]),
     ("train.weight_decay=-1", ["'train.weight_decay' = -1", "allowed 0 <= train.weight_decay"]),
-    ("train.method=medusa", ["'train.method'", "'ept'", "medusa"]),
+    ("train.method=eagle", ["'train.method'", "'ept'", "'medusa'", "eagle"]),
     ("train.init_token_ids=[1,2]", ["'train.init_token_ids'", "3 * 1 = 3 token ids, not 2"]),
-    ("evaluate.methods=[ppd,medusa]", ["'evaluate.methods[1]'", "'hf-greedy', 'hf-pld', 'ar', 'ppd', 'ppd-lookup' or 'ppd-head'",
-                                       "'medusa'"]),
+    ("evaluate.methods=[ppd,eagle]", ["'evaluate.methods[1]'",
+                                      "'hf-greedy', 'hf-pld', 'ar', 'ppd', 'ppd-lookup', 'ppd-head', 'feature-head' or "
+                                      "'medusa'", "'eagle'"]),
     ("evaluate.methods=[]", ["'evaluate.methods'", "at least 1 item"]),
     ("evaluate.methods=ppd", ["'evaluate.methods'", "valid list", "write a YAML list"]),
     ("evaluate.methods=[ar,ppd,ar]", ["'evaluate.methods' lists ar more than once"]),
@@ -321,9 +322,16 @@ def test_the_job_api_address_given_is_the_one_used(monkeypatch):
 
 
 def test_a_head_method_evaluated_without_a_head_is_refused(job):
-    with pytest.raises(SpecError, match=r"evaluate.methods \['ppd-head'\] need a custom decoding head, which "
-                                        "train.method=ept does not train"):
+    with pytest.raises(SpecError, match=r"evaluate.methods \['ppd-head'\] cannot decode with what train.method=ept "
+                                        r"trains \(its component serves ar, ppd, ppd-lookup\): drop them, or train "
+                                        "with ept-head"):
         load_spec(job, ["evaluate.methods=[ar,ppd-head]"])
     assert load_spec(job, ["evaluate.methods=[ar,ppd-head]", "train.method=ept-head"]).train.method == "ept-head"
-    with pytest.raises(SpecError, match="head_start_step only apply to a method that trains a head"):
+    with pytest.raises(SpecError, match=r"evaluate.methods \['ppd'\] cannot decode with what train.method=medusa"):
+        load_spec(job, ["evaluate.methods=[ar,ppd,medusa]", "train.method=medusa"])
+    with pytest.raises(SpecError, match="head_start_step only apply to ept-head, not ept"):
         load_spec(job, ["train.head_start_step=5"])
+    with pytest.raises(SpecError, match="draft_vocab only apply to feature-head and medusa, not ept-head"):
+        load_spec(job, ["train.method=ept-head", "train.draft_vocab=100"])
+    with pytest.raises(SpecError, match="feature_weight only apply to feature-head, not medusa"):
+        load_spec(job, ["train.method=medusa", "train.feature_weight=0.5"])

@@ -147,12 +147,12 @@ def test_a_head_step_changes_only_the_drafts(teacher_dir):
     base = load_base_model("tiny-llama", quantization="nf4", for_training=True)
     before = {k: v.clone() for k, v in base.model.state_dict().items()}
     cfg = TrainConfig(method="ept-head", num_prompt_tokens=3, num_epts=1)
-    method = TRAINING_METHODS["ept-head"]
-    drafts = method.build(cfg, init_from_token_embeddings(base.model.get_input_embeddings(), 3, 1))
-    groups, _ = method.param_groups(drafts, cfg, total_steps=10)
+    run = TRAINING_METHODS["ept-head"].start(cfg, base, [])
+    drafts = run.module
+    groups, _ = run.param_groups(total_steps=10)
     opt = torch.optim.AdamW(groups, lr=0.01)
     batch = collate(list(TeacherCache(teacher_dir).sequences("train"))[:2], 3, 1, 4, "ensemble", random.Random(0))
-    emb, weights, head = drafts(method.head_active(cfg, 0))
+    emb, weights, head = drafts(run.head_active(0))
     logp = student_logprobs(base.model, emb, weights, 3, 1, batch, head).flatten(0, 1)
     per = kl_to_compressed_teacher(logp, batch.teacher_ids.flatten(0, 1), batch.teacher_logp.flatten(0, 1),
                                    batch.teacher_rest.flatten(0, 1))

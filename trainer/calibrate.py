@@ -14,12 +14,16 @@ from tqdm import tqdm
 
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
 from ppdkit.models.artifact import read_component
+from ppdkit.models.draft_heads import TENSORS, draft_logits, path_states
 from ppdkit.models.heads import HEAD_TENSORS
 from ppdkit.models.loading import load_base_model
-from ppdkit.runtime.tree import best_tree_for_size
+from ppdkit.runtime.tree import best_tree_for_size, candidate_tree
 
 from .batch import collate
+from .head_batch import head_batch, path_starts
 from .student import student_forward
+
+OUTSIDE = 10**6  # the rank of a token the draft vocabulary does not hold: never guessed
 
 
 def guess_ranks(base_model, component, sequences, groups: int, micro_batch: int, seed: int = 0) -> torch.Tensor:
@@ -50,6 +54,42 @@ def guess_ranks(base_model, component, sequences, groups: int, micro_batch: int,
     return torch.cat(out)
 
 
+def head_guess_ranks(base_model, component, sequences, groups: int, seed: int = 0) -> torch.Tensor:
+    """[N, D]: rank of the base model's greedy token among a draft head's guesses at each depth of paths along
+    the held-out text (0 = top-1; OUTSIDE when the draft vocabulary lacks it; -1 where there is no target)."""
+    h, tensors = component.hyperparameters, component.tensors
+    kind, depth = h["head_kind"], h["head_depth"]
+    embed = base_model.get_input_embeddings().weight.detach()  # [V, H]
+    vocab = tensors["draft_vocab"].long()
+    vocab_index = torch.full((embed.shape[0],), -1, dtype=torch.long)
+    vocab_index[vocab] = torch.arange(len(vocab))
+    heads = tuple(tensors[name].to(embed.dtype) for name in TENSORS[kind])
+    lm_head = base_model.get_output_embeddings()
+    rng = random.Random(seed)
+    out = []
+    with torch.no_grad():
+        for seq in tqdm(sequences, desc="calibrating", unit="sequence"):
+            features = base_model.get_decoder()(input_ids=seq.input_ids[None]).last_hidden_state[0]  # [T, H]
+            batch = head_batch([seq], [features], depth, vocab_index, [path_starts(seq, groups, rng)])
+            logits = draft_logits(path_states(kind, heads, batch.start, batch.path_tokens, embed), embed[vocab])
+            greedy = vocab_index[lm_head(batch.features).argmax(-1)]  # [N, D] the base's token after x_{t+j}
+            rank = (logits > logits.gather(-1, greedy.clamp_min(0)[..., None])).sum(-1)  # [N, D]
+            rank = torch.where(greedy >= 0, rank, torch.full_like(rank, OUTSIDE))
+            out.append(torch.where(batch.valid, rank, torch.full_like(rank, -1)))
+    return torch.cat(out)
+
+
+def head_trees(table: list[list[float]], sizes: list[int]) -> dict[str, dict]:
+    """{size: {parents, depths, ranks, tau}}: the size - 1 most probable guess paths (prop. 5.6.1 without
+    prompt tokens: every input token of a head tree is a node)."""
+    trees = {}
+    for size in sizes:
+        parents, depths, ranks, probs = candidate_tree(table, len(table), size - 1)
+        trees[str(size)] = {"parents": parents, "depths": depths, "ranks": ranks, "tau": 1.0 + sum(probs[1:]),
+                            "size": len(parents)}
+    return trees
+
+
 def acceptance_table(ranks: torch.Tensor, max_rank: int) -> list[list[float]]:
     """p[d][r] = P(greedy token is guess r at distance d+1 | every nearer distance hit within max_rank)."""
     k = ranks.shape[1]
@@ -70,9 +110,14 @@ def calibrate(base_name: str, component_dir: Path, teacher_dir: Path, sizes: lis
     cache = TeacherCache(teacher_dir)
     split = "holdout" if cache.shards("holdout") else "train"
     sequences = [s for s in cache.sequences(split) if len(s.positions) > 1][:max_sequences]
-    ranks = guess_ranks(base.model, component, sequences, groups, micro_batch)
-    table = acceptance_table(ranks, max_rank)
-    n = component.hyperparameters["num_epts"]
-    trees = {str(size): best_tree_for_size(table, size, n).to_json() for size in sizes}
-    return {"split": split, "sequences": len(sequences), "insertions": len(ranks), "max_rank": max_rank,
-            "acceptance": table, "trees": trees}
+    if "draft_vocab" in component.tensors:  # draft heads over the features (feature-head, medusa)
+        ranks = head_guess_ranks(base.model, component, sequences, groups)
+        table = acceptance_table(ranks, max_rank)
+        kind, trees = "heads", head_trees(table, sizes)
+    else:
+        ranks = guess_ranks(base.model, component, sequences, groups, micro_batch)
+        table = acceptance_table(ranks, max_rank)
+        n = component.hyperparameters["num_epts"]
+        kind, trees = "ppd", {str(size): best_tree_for_size(table, size, n).to_json() for size in sizes}
+    return {"kind": kind, "split": split, "sequences": len(sequences), "insertions": len(ranks),
+            "max_rank": max_rank, "acceptance": table, "trees": trees}

@@ -29,6 +29,12 @@ class TrainConfig(Section):
                                                       "2-stage, the prompt tokens alone before it)")
     head_lr_scale: float = Field(1.0, gt=0.0, le=1.0, description="ept-head: lr factor of both parts once the head "
                                                                   "trains in 2-stage, of the head in 1-stage")
+    # draft heads over the base model's features (methods feature-head and medusa)
+    head_depth: int = Field(4, ge=1, le=16, description="feature-head, medusa: token distances guessed per step")
+    draft_vocab: int = Field(4096, ge=16, description="feature-head, medusa: the most frequent training tokens "
+                                                      "the heads guess among")
+    head_inner: int = Field(1024, ge=1, description="feature-head: width of the head's MLP")
+    feature_weight: float = Field(1.0, ge=0.0, description="feature-head: weight of the feature regression loss")
     # the objective
     loss: Literal["kd", "ce"] = Field("kd", description="kd: decayed KL to the teacher; ce: hard labels (ablation)")
     alpha: float = Field(0.8, gt=0.0, le=1.0, description="decay per token distance")
@@ -58,12 +64,14 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _head_settings_need_a_head(self) -> "TrainConfig":
-        if not TRAINING_METHODS[self.method].trains_head:
-            defaults = type(self).model_fields
-            set_here = [k for k in ("head_start_step", "head_lr_scale") if getattr(self, k) != defaults[k].default]
-            if set_here:
-                raise ValueError(f"{', '.join(set_here)} only apply to a method that trains a head (ept-head), "
-                                 f"not {self.method}")
+        method, defaults = TRAINING_METHODS[self.method], type(self).model_fields
+        for keys, applies, owners in ((("head_start_step", "head_lr_scale"), method.trains_head, "ept-head"),
+                                      (("head_depth", "draft_vocab", "head_inner"), method.head_kind is not None,
+                                       "feature-head and medusa"),
+                                      (("feature_weight",), method.head_kind == "feature", "feature-head")):
+            set_here = [k for k in keys if getattr(self, k) != defaults[k].default]
+            if set_here and not applies:
+                raise ValueError(f"{', '.join(set_here)} only apply to {owners}, not {self.method}")
         if self.max_steps is not None and self.head_start_step >= self.max_steps:
             raise ValueError(f"head_start_step={self.head_start_step} is not before max_steps={self.max_steps}: "
                              "the head would never train")

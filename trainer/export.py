@@ -16,15 +16,13 @@ from .checkpoint import replace_dir
 from .plots import plot_accuracy_by_distance, plot_loss
 
 
-def export_component(out: Path, base, cfg, method, config: dict, history: list, evals: list, best: dict,
+def export_component(out: Path, base, cfg, method_run, config: dict, history: list, evals: list, best: dict,
                      extra: dict | None = None) -> dict:
+    """`method_run`: the method's run (trainer/prompt_run.py, head_run.py), which names the tensors and hyperparameters."""
     chosen = out / "best"
-    tensors = method.export_tensors(load_state(chosen / "rank-0")["module"])
+    tensors = method_run.export_tensors(load_state(chosen / "rank-0")["module"])
     meta = json.loads((chosen / "meta.json").read_text())
-    hyper = {key: getattr(cfg, key) for key in ("num_prompt_tokens", "num_epts", "mask", "aggregation", "loss",
-                                                 "alpha", "groups_per_sequence", "lr", "epochs", "seed")}
-    if method.trains_head:
-        hyper.update(head_start_step=cfg.head_start_step, head_lr_scale=cfg.head_lr_scale)
+    hyper = method_run.hyperparameters()
     run = {"mlflow_run_id": config["tracker"].run_id, "step": meta["step"], "steps": history[-1][0] if history else 0}
     tmp = out / "component.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # an export a crash interrupted
@@ -40,6 +38,6 @@ def export_component(out: Path, base, cfg, method, config: dict, history: list, 
     plots.mkdir(exist_ok=True)
     plot_loss(history, plots / "loss.png")
     if best_eval:
-        plot_accuracy_by_distance(best_eval, cfg.num_prompt_tokens, plots / "accuracy_by_distance.png")
+        plot_accuracy_by_distance(best_eval, method_run.distances, plots / "accuracy_by_distance.png")
     write_json_atomic(out / "result.json", result)
     return result

@@ -51,3 +51,10 @@ def prompt_token_loss(logp: torch.Tensor, batch, loss: str, alpha: float) -> tor
     else:
         per = hard_label_ce(logp, batch.next_tokens.flatten(0, 1))
     return decay_mean(per, batch.target_valid.flatten(0, 1), alpha)
+
+
+def soft_cross_entropy(logp: torch.Tensor, index: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """-sum_i p_i log q_i over the teacher's top-K: logp [N, D, V'] (the draft vocabulary), index [N, D, K]
+    (-1: outside it, probability 0), probs [N, D, K] -> [N, D]. The KL to the teacher renormalised on the
+    draft vocabulary, up to the teacher's entropy (a constant)."""
+    return -(probs * logp.gather(-1, index.clamp_min(0))).sum(-1)

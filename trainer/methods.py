@@ -1,23 +1,21 @@
-"""The training methods, in one registry: `train.method` names one. A method says what it trains (a module
-whose forward() hands out every trainable tensor), how its parameter groups move over the steps, what its
-component carries, and which decoding methods (runtime/methods.py) use that component: the evaluate stage
-benchmarks those, and the register stage tags the version with their figures.
+"""The training methods, in one registry: `train.method` names one. An entry says what the method is, which
+decoding methods (runtime/methods.py) use its component (the evaluate stage benchmarks those, the register
+stage tags the version with their figures), and which run class trains it: a module whose `Run` gets the
+config, the frozen base model and the training sequences, and gives the worker (trainer/worker.py) the
+trainable module, its parameter groups, a batch's loss, the held-out evaluation and the exported tensors.
 
-ept       PPD's prompt tokens with ensemble prompt tokens (papers/000 ch. 4).
-ept-head  the same plus PPD's custom decoding head for the prompt tokens' hidden states (papers/000 4.4.2,
-          models/heads.py). 1-stage: both from step 0 (train.head_start_step=0). 2-stage: the prompt tokens
-          alone until head_start_step, then both at lr * head_lr_scale.
+ept           PPD's prompt tokens with ensemble prompt tokens (papers/000 ch. 4).      trainer/prompt_run.py
+ept-head      the same plus PPD's custom decoding head for the prompt tokens' hidden states (papers/000
+              4.4.2, models/heads.py). 1-stage: both from step 0 (train.head_start_step=0). 2-stage: the
+              prompt tokens alone until head_start_step, then both at lr * head_lr_scale.
+feature-head  ppdkit's draft head over the base model's last hidden state and the path's tokens
+              (models/draft_heads.py), KD from the teacher cache plus feature regression.  trainer/head_run.py
+medusa        Medusa-1 heads over the last hidden state (the baseline of feature-head).
 """
 
+import importlib
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the spec reads this registry: importing it needs no torch
-    import torch
-
-    from ppdkit.models.drafts import PromptDrafts
 
 
 def cosine(step: int, total: int) -> float:
@@ -29,45 +27,27 @@ def cosine(step: int, total: int) -> float:
 class TrainingMethod:
     name: str
     summary: str
-    trains_head: bool
+    run: str  # the module in ppdkit.trainer whose `Run(method, cfg, base, train_sequences)` trains it
     decoding_methods: tuple[str, ...]  # runtime/methods.py names that use this method's component
+    trains_head: bool = False  # PPD's custom decoding head: train.head_start_step / head_lr_scale apply
+    head_kind: str | None = None  # a draft head over the base model's features (models/draft_heads.py)
 
-    def build(self, cfg, init: "torch.Tensor") -> "PromptDrafts":
-        """The trainable module, from the prompt tokens' initial embeddings init [k, n, H]."""
-        from ppdkit.models.drafts import PromptDrafts
-        from ppdkit.models.heads import ResidualHead
-        from ppdkit.models.prompt_tokens import PromptTokens
+    @property
+    def prompt_tokens(self) -> bool:
+        """Its component carries prompt tokens (train.num_prompt_tokens, num_epts, mask ... apply)."""
+        return self.head_kind is None
 
-        prompt = PromptTokens(cfg.num_prompt_tokens, cfg.num_epts, init.shape[-1], cfg.aggregation, init=init)
-        return PromptDrafts(prompt, ResidualHead(init.shape[-1]) if self.trains_head else None)
-
-    def param_groups(self, module: "PromptDrafts", cfg, total_steps: int) -> tuple[list[dict], list[Callable]]:
-        """AdamW parameter groups and, per group, the lr factor of a step (for LambdaLR)."""
-        groups = [{"params": list(module.prompt.parameters())}]
-        factors: list[Callable[[int], float]] = [lambda s: cosine(s, total_steps)]
-        if module.head is not None:
-            start, scale = cfg.head_start_step, cfg.head_lr_scale
-            groups.append({"params": list(module.head.parameters())})
-            factors = [lambda s: cosine(s, total_steps) * (scale if start and s >= start else 1.0),
-                       lambda s: cosine(s, total_steps) * scale if s >= start else 0.0]
-        return groups, factors
-
-    def head_active(self, cfg, step: int) -> bool:
-        """Whether the head takes part in step `step` (0-based); before, it is left out, so it gets no gradient."""
-        return self.trains_head and step >= cfg.head_start_step
-
-    def export_tensors(self, state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
-        """The component's weights from the module's state dict."""
-        tensors = {"prompt_embeddings": state["prompt.embeddings"]}  # [k, n, H]
-        if "prompt.ept_weights" in state:
-            tensors["ept_weights"] = state["prompt.ept_weights"]  # [k, n]
-        if self.trains_head:
-            tensors["head_weight"], tensors["head_bias"] = state["head.weight"], state["head.bias"]  # [H, H], [H]
-        return tensors
+    def start(self, cfg, base, train_sequences):
+        """The method's run: module, param_groups, loss, evaluate, export_tensors, hyperparameters."""
+        return importlib.import_module(f"ppdkit.trainer.{self.run}").Run(self, cfg, base, train_sequences)
 
 
 TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (
-    TrainingMethod("ept", "PPD's prompt tokens (papers/000 ch. 4)", False, ("ppd", "ppd-lookup")),
-    TrainingMethod("ept-head", "prompt tokens and a custom decoding head (papers/000 4.4.2)", True,
-                   ("ppd", "ppd-head", "ppd-lookup")),
+    TrainingMethod("ept", "PPD's prompt tokens (papers/000 ch. 4)", "prompt_run", ("ppd", "ppd-lookup")),
+    TrainingMethod("ept-head", "prompt tokens and a custom decoding head (papers/000 4.4.2)", "prompt_run",
+                   ("ppd", "ppd-head", "ppd-lookup"), trains_head=True),
+    TrainingMethod("feature-head", "a draft head over the last hidden state and the path's tokens", "head_run",
+                   ("feature-head",), head_kind="feature"),
+    TrainingMethod("medusa", "Medusa-1 heads over the last hidden state (the feature head's baseline)", "head_run",
+                   ("medusa",), head_kind="medusa"),
 )}

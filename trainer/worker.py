@@ -75,16 +75,11 @@ def train_loop_per_worker(config: dict) -> None:
     from ppdkit.data_pipeline.teacher_cache import TeacherCache
     from ppdkit.models.config import BaseModelConfig
     from ppdkit.models.loading import load_base_model
-    from ppdkit.models.prompt_tokens import init_from_token_embeddings
 
-    from .batch import collate
     from .checkpoint import keep_as_best, latest_checkpoint, load_checkpoint, prune, restore_best, save_checkpoint
     from .config import TrainConfig
-    from .evaluate import evaluate
     from .export import export_component
-    from .losses import prompt_token_loss
     from .methods import TRAINING_METHODS
-    from .student import student_logprobs
 
     cfg = TrainConfig(**config["train"])
     base_cfg = BaseModelConfig(**config["base_model"])
@@ -101,16 +96,13 @@ def train_loop_per_worker(config: dict) -> None:
     holdout = [s for s in cache.sequences("holdout") if len(s.positions) > 1][: cfg.eval_sequences]
     if not train_seqs:
         raise ValueError(f"the teacher cache {cache.dir} has no training sequence with targets")
-    k, n = cfg.num_prompt_tokens, cfg.num_epts
-    method = TRAINING_METHODS[cfg.method]
-    init = init_from_token_embeddings(base.model.get_input_embeddings(), k, n, cfg.init_token_ids, cfg.seed)
-    drafts = method.build(cfg, init)
+    run = TRAINING_METHODS[cfg.method].start(cfg, base, train_seqs)  # trainer/prompt_run.py, head_run.py
     steps_per_epoch = max(1, len(train_seqs) // (cfg.micro_batch * cfg.grad_accum * world))
     total_steps = min(cfg.max_steps or 10**12, steps_per_epoch * cfg.epochs)
-    groups, lr_factors = method.param_groups(drafts, cfg, total_steps)  # cosine, no warm-up (6.1.2)
+    groups, lr_factors = run.param_groups(total_steps)  # cosine, no warm-up (6.1.2)
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factors)
-    engine, _, _, _ = deepspeed.initialize(model=drafts, optimizer=optimizer, lr_scheduler=scheduler,
+    engine, _, _, _ = deepspeed.initialize(model=run.module, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=deepspeed_config(cfg))
 
     ckpt_root = out / "checkpoints"
@@ -123,12 +115,6 @@ def train_loop_per_worker(config: dict) -> None:
             restore_best(ckpt_root, out / "best", best["step"])
         log.info("rank %d: resumed from %s at step %d", rank, resume.name, step)
 
-    def run_eval() -> dict:
-        emb, weights, head = engine(method.head_active(cfg, step))
-        return evaluate(base.model, emb.detach(), None if weights is None else weights.detach(), k, n, cfg.mask,
-                        holdout, cfg.groups_per_sequence, cfg.micro_batch,
-                        head=None if head is None else tuple(t.detach() for t in head))
-
     window_positions, window_start = 0, time.time()
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
@@ -137,14 +123,11 @@ def train_loop_per_worker(config: dict) -> None:
         for micro in range(cfg.grad_accum):
             rows = micro_batch_rows(order, in_epoch, micro, cfg, rank, world)
             rng = random.Random(f"insert-{cfg.seed}-{epoch}-{in_epoch}-{micro}-{rank}")  # redrawn every epoch
-            batch = collate([train_seqs[r] for r in rows], k, n, cfg.groups_per_sequence, cfg.mask, rng)
-            emb, weights, head = engine(method.head_active(cfg, step))
-            loss = prompt_token_loss(student_logprobs(base.model, emb, weights, k, n, batch, head), batch, cfg.loss,
-                                     cfg.alpha)
+            loss, positions = run.loss(engine, [train_seqs[r] for r in rows], rng, step)
             engine.backward(loss)
             engine.step()
             step_loss += loss.item() / cfg.grad_accum
-            supervised += batch.supervised
+            supervised += positions
         step += 1
         fault = config.get("fault")
         if fault and rank == 0 and step == fault["at_step"] and not Path(fault["marker"]).exists():
@@ -155,8 +138,7 @@ def train_loop_per_worker(config: dict) -> None:
         history.append([step, step_loss])
         if rank == 0 and (step % cfg.log_every == 0 or step == total_steps):
             rate = window_positions / max(time.time() - window_start, 1e-9)
-            tracker.log_metrics({"train.loss": step_loss, "train.lr": engine.get_lr()[0],
-                                 **({"train.head_lr": engine.get_lr()[1]} if method.trains_head else {}),
+            tracker.log_metrics({"train.loss": step_loss, **run.lr_metrics(engine.get_lr()),
                                  "train.positions_per_second": rate, "train.epoch": epoch}, step=step)
             log.info("step %d/%d loss %.4f  %.0f supervised positions/s", step, total_steps, step_loss, rate)
             window_positions, window_start = 0, time.time()
@@ -165,7 +147,7 @@ def train_loop_per_worker(config: dict) -> None:
         # every checkpoint is evaluated too: the kept one is chosen by held-out accuracy
         if holdout and (step % cfg.eval_every == 0 or checkpointing):
             if rank == 0:
-                evaluated = run_eval()
+                evaluated = run.evaluate(engine, holdout, step)
                 evals.append({"step": step, **evaluated})
                 tracker.log_metrics({f"eval.{key}": v for key, v in evaluated.items()}, step=step)
             barrier()
@@ -181,7 +163,7 @@ def train_loop_per_worker(config: dict) -> None:
                 prune(ckpt_root)
     peak = _peak_rss_mb(world)
     if rank == 0:
-        export_component(out, base, cfg, method, config, history, evals, best, extra={"peak_worker_rss_mb": peak})
+        export_component(out, base, cfg, run, config, history, evals, best, extra={"peak_worker_rss_mb": peak})
     barrier()
 
 

@@ -1,0 +1,109 @@
+"""Decoding with draft heads over the base model's features (feature-head, medusa; models/draft_heads.py).
+
+A step: the heads read f, the final hidden state of the token verified last, and draft a static tree
+(calibrated: which guess ranks to try at which depth) under the root, the base model's token after f. The
+feature head walks the tree level by level, each node's state from its parent's state and its own token;
+Medusa's heads guess every depth from f at once. One forward of the base model verifies the tree
+(runtime/acceptance.py); the kept path's cache entries stay, and the deepest kept node's hidden state is
+the next step's f. The heads only choose which tokens are verified, so the output is the base model's own
+whatever they hold (greedy: identical to `ar`; sampled: its distribution).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ppdkit.models.draft_heads import draft_logits, feature_step, medusa_states
+
+from .acceptance import Sampling, choose, pick
+from .kv_cache import KVCache
+from .tree import TreeState
+from .tree_layout import TreeLayout, layout_tree
+
+
+@dataclass
+class DraftHeadSet:
+    kind: str  # "feature" | "medusa"
+    tensors: tuple[torch.Tensor, ...]  # models/draft_heads.py TENSORS[kind], in the model's dtype
+    vocab: torch.Tensor  # [V'] the draft vocabulary's token ids
+    vocab_rows: torch.Tensor  # [V', H] the base model's embedding rows of those ids
+    depth: int  # distances the heads guess
+
+
+@dataclass(frozen=True)
+class Level:
+    """One depth of a draft tree: its nodes that have children, and those children."""
+
+    expanders: torch.Tensor  # [m] node ids at this depth with children (the root alone at depth 0)
+    children: torch.Tensor  # [c] node ids one deeper
+    child_parent: torch.Tensor  # [c] index of each child's parent in `expanders`
+    child_rank: torch.Tensor  # [c] which guess of its parent's it is
+    ranks: int  # guesses read per expander
+    next_expanders: torch.Tensor  # [m'] indices into `children` of the next level's expanders
+
+
+@dataclass(frozen=True)
+class HeadTree:
+    layout: TreeLayout
+    levels: tuple[Level, ...]
+
+
+def head_tree(parents: list[int], depths: list[int], ranks: list[int]) -> HeadTree:
+    """The layout (node tokens only, no extra rows) and the drafting plan of a calibrated head tree."""
+    state = TreeState(tuple(parents), tuple(depths), tuple(ranks), (0,) * len(parents))
+    has_children = {p for p in parents if p >= 0}
+    levels, expanders = [], [0]
+    while expanders:
+        position = {node: i for i, node in enumerate(expanders)}
+        children = [c for c in range(1, len(parents)) if parents[c] in position]
+        if not children:  # a tree of the root alone (heads that were never right): no drafting
+            break
+        nxt = [i for i, c in enumerate(children) if c in has_children]
+        levels.append(Level(torch.tensor(expanders), torch.tensor(children),
+                            torch.tensor([position[parents[c]] for c in children]),
+                            torch.tensor([ranks[c] for c in children]), 1 + max(ranks[c] for c in children),
+                            torch.tensor(nxt, dtype=torch.long)))
+        expanders = [children[i] for i in nxt]
+    return HeadTree(layout_tree(state, 1, "ensemble"), tuple(levels))
+
+
+def draft(model, heads: DraftHeadSet, tree: HeadTree, feature: torch.Tensor, root: int) -> torch.Tensor:
+    """feature [H] (the hidden state that chose `root`) -> the tree's node tokens [N], node 0 the root."""
+    tokens = torch.full((tree.layout.nodes,), root, dtype=torch.long)
+    if not tree.levels:
+        return tokens
+    if heads.kind == "medusa":
+        top = draft_logits(medusa_states(feature, *heads.tensors), heads.vocab_rows)  # [D, V']
+        top = top.topk(max(level.ranks for level in tree.levels), dim=-1).indices  # [D, R]
+        tokens[1:] = heads.vocab[top[tree.layout.depths[1:] - 1, tree.layout.ranks[1:]]]
+        return tokens
+    state = feature_step(feature[None], model.embed_ids(torch.tensor([root])), *heads.tensors)  # [1, H]
+    for level in tree.levels:
+        top = draft_logits(state, heads.vocab_rows).topk(level.ranks, dim=-1).indices  # [m, ranks]
+        guessed = heads.vocab[top[level.child_parent, level.child_rank]]  # [c]
+        tokens[level.children] = guessed
+        if len(level.next_expanders):
+            chosen = level.next_expanders
+            state = feature_step(state[level.child_parent[chosen]], model.embed_ids(guessed[chosen]),
+                                 *heads.tensors)  # [m', H]
+    return tokens
+
+
+def decode_heads(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
+                 generator: torch.Generator | None) -> None:
+    """Read the prompt ids [P], then draft-and-verify steps until `emit` says stop."""
+    model, heads, tree = decoder.model, decoder.heads, decoder.head_tree
+    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
+    cache.commit(None, len(ids))
+    feature, root = hidden[-1], pick(model.logits(hidden[-1]), sampling, generator)
+    layout, done = tree.layout, emit([root])
+    while not done:
+        tokens = draft(model, heads, tree, feature, root)  # [N]
+        mask = torch.cat([torch.ones(layout.size, cache.length, dtype=torch.bool), layout.mask], dim=1)
+        hidden = model.forward(model.embed_ids(tokens), cache.length + layout.offsets, cache, mask)  # [N, H]
+        final, next_token = choose(tokens, model.logits(hidden), layout.links, sampling, generator)
+        path = layout.paths[final]
+        cache.commit(path, layout.size)
+        feature, root = hidden[final], next_token
+        done = emit(tokens[path[1:]].tolist() + [next_token])

@@ -1,0 +1,187 @@
+"""Draft heads over the base model's features (feature-head, medusa): training on Ray Train workers with
+recorded losses, only the heads move, calibration and decoding from the trained component, and the lossless
+property whatever the heads hold (poisoned heads on both kernel paths, random heads and trees in float64
+against transformers' greedy, an oracle drafter whose guesses are often right so the accepted paths and
+cache pruning run)."""
+
+import math
+import random
+
+import pytest
+import torch
+from conftest import hf_greedy, kernels_or_skip
+from test_training import BASE, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
+
+import ppdkit.runtime.draft_heads as draft_heads_module
+import ppdkit.runtime.linear as linear_module
+from ppdkit.data_pipeline.teacher_cache import TeacherCache
+from ppdkit.models.artifact import ArtifactError, read_component
+from ppdkit.models.draft_heads import DraftHeads, frequent_tokens
+from ppdkit.models.loading import load_base_model
+from ppdkit.models.tiny import build_tiny_llama
+from ppdkit.registry.tracking import TrackerRef
+from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_heads import DraftHeadSet, head_tree
+from ppdkit.runtime.tree import candidate_tree
+from ppdkit.trainer.calibrate import calibrate
+from ppdkit.trainer.launch import run_training
+from ppdkit.trainer.methods import TRAINING_METHODS
+
+HIDDEN, VOCAB = 64, 384
+HEAD_TRAIN = TRAIN.model_copy(update={"head_depth": 3, "draft_vocab": 128, "head_inner": 32, "lr": 0.001})
+# Losses of the first two steps of HEAD_TRAIN on the fixture (tiny-llama, fp32 base, 2 ranks), recorded once.
+RECORDED_LOSSES = {"feature-head": [3.56157947, 3.50688004], "medusa": [3.15794349, 3.14140189]}
+
+
+def _heads(kind: str, depth: int, g: torch.Generator, model, vocab: torch.Tensor, scale: float = 0.1,
+           dtype=torch.float32) -> DraftHeadSet:
+    module = DraftHeads(kind, HIDDEN, depth, 32, seed=int(torch.randint(0, 1000, (), generator=g)))
+    tensors = tuple((t.detach() + scale * torch.randn(t.shape, generator=g)).to(dtype) for t in module())
+    return DraftHeadSet(kind, tensors, vocab, model.get_input_embeddings().weight.detach()[vocab].to(dtype), depth)
+
+
+def _random_tree(rng: random.Random, depth: int, size: int):
+    table = [sorted((rng.random() * 0.5 for _ in range(4)), reverse=True) for _ in range(depth)]
+    parents, depths, ranks, _ = candidate_tree(table, depth, size - 1)
+    return head_tree(parents, depths, ranks)
+
+
+def _decoder(model, tok, heads: DraftHeadSet, tree) -> Decoder:
+    decoder = Decoder(model, tok, None, None)
+    decoder.heads, decoder.head_tree = heads, tree
+    return decoder
+
+
+@pytest.mark.parametrize("method", ["feature-head", "medusa"])
+def test_two_steps_on_two_ray_workers_match_the_recorded_losses(method, teacher_dir, tmp_path):  # noqa: F811
+    cfg = HEAD_TRAIN.model_copy(update={"method": method})
+    result = run_training(BASE, cfg, teacher_dir, tmp_path / "train", TrackerRef())
+    losses = [loss for _, loss in result["history"]]
+    print(method, "losses:", losses)
+    assert losses == pytest.approx(RECORDED_LOSSES[method], rel=1e-4)
+    fingerprint = load_base_model("tiny-llama").fingerprint
+    component = read_component(tmp_path / "train" / "component", expect_fingerprint=fingerprint)
+    assert component.method == method and component.hyperparameters["head_depth"] == 3
+    assert component.tensors["draft_vocab"].shape == (128,)
+    assert set(result["best"]) >= {"acc_top1_d1", "acc_top5_d3", "acc_top10_mean", "draft_vocab_coverage"}
+    with pytest.raises(ArtifactError, match="trained for base model tiny-llama"):
+        read_component(tmp_path / "train" / "component", expect_fingerprint="sha256:" + "1" * 64)
+    # calibrated trees, then the bundled decoder runs the component: identical to plain greedy decoding
+    trees = calibrate("tiny-llama", tmp_path / "train" / "component", teacher_dir, [4, 8], 4, 4, 8, 2)
+    assert trees["kind"] == "heads" and set(trees["trees"]) == {"4", "8"}
+    assert trees["trees"]["8"]["tau"] >= trees["trees"]["4"]["tau"] >= 1.0
+    from ppdkit.models.artifact import add_files
+
+    add_files(tmp_path / "train" / "component", json_files={"trees": trees})
+    decoder = Decoder.from_pretrained(tmp_path / "train" / "component", tree_size=8)
+    assert decoder.methods() == ["ar", method] and decoder.head_tree.layout.size == len(trees["trees"]["8"]["parents"])
+    for prompt in ("Hello there", "Name three colors."):
+        assert decoder.generate(prompt, 16, method).tokens == decoder.generate(prompt, 16, "ar").tokens
+    with pytest.raises(ValueError, match="method ppd needs prompt tokens"):
+        decoder.generate("Hi", 4, "ppd")
+
+
+@pytest.mark.parametrize("kind", ["feature", "medusa"])
+def test_a_head_step_changes_only_the_heads(kind, teacher_dir):  # noqa: F811
+    """One step on the 4-bit base: the heads move, the base model stays bit-identical and gets no gradient."""
+    base = load_base_model("tiny-llama", quantization="nf4", for_training=True)
+    before = {k: v.clone() for k, v in base.model.state_dict().items()}
+    seqs = list(TeacherCache(teacher_dir).sequences("train"))[:2]
+    cfg = HEAD_TRAIN.model_copy(update={"method": "feature-head" if kind == "feature" else "medusa"})
+    run = TRAINING_METHODS[cfg.method].start(cfg, base, seqs)
+    start = {k: v.detach().clone() for k, v in run.module.state_dict().items()}
+    groups, _ = run.param_groups(total_steps=10)
+    opt = torch.optim.AdamW(groups, lr=0.01)
+    loss, supervised = run.loss(run.module, seqs, random.Random(0), 0)
+    assert supervised > 0 and torch.isfinite(loss)
+    loss.backward()
+    opt.step()
+    moved = [k for k, v in run.module.state_dict().items() if not torch.equal(v, start[k])]
+    assert sorted(moved) == sorted(k for k in start if k != "draft_vocab")
+    after = base.model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert all(p.grad is None for p in base.model.parameters())
+
+
+def test_the_draft_vocabulary_is_the_most_frequent_tokens():
+    ids = [torch.tensor([5, 5, 5, 9, 9, 2, 7]), torch.tensor([9, 1])]
+    assert frequent_tokens(ids, 2, 12).tolist() == [5, 9]  # 9 and 5 three times each, then by id
+    assert frequent_tokens(ids, 4, 12).tolist() == [1, 2, 5, 9]  # 1, 2 and 7 once: the smaller ids first
+
+
+@pytest.mark.parametrize("path", ["native", "pytorch"])
+def test_poisoned_heads_cannot_change_greedy_output(path, monkeypatch):
+    """Heads full of NaN, inf or huge values draft garbage; the verified output is still ar's exactly."""
+    module = kernels_or_skip("native") if path == "native" else None
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    model, tok = build_tiny_llama()
+    model = model.float().eval()
+    rng, g = random.Random(0), torch.Generator().manual_seed(0)
+    vocab = torch.arange(3, VOCAB, 3)
+    for case, value in enumerate((math.nan, math.inf, -math.inf, 1e30, 3e38)):
+        kind, depth = ("feature", "medusa")[case % 2], 1 + case % 4
+        heads = _heads(kind, depth, g, model, vocab)
+        heads.tensors = tuple(torch.full_like(t, value) if i % 2 == case % 2 else t for i, t in enumerate(heads.tensors))
+        decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([4, 8, 16, 32])))
+        assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
+        for seed in range(3):
+            ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))]
+            method = "feature-head" if kind == "feature" else "medusa"
+            assert decoder.generate(ids, 20, method).tokens == decoder.generate(ids, 20, "ar").tokens, (case, seed)
+
+
+def test_random_heads_and_trees_never_change_greedy_output(tiny_f64):
+    """Many random cases in float64 against transformers' greedy: random heads of both kinds, depths 1-5,
+    every tree size the calibrate stage builds up to 64, random prompts and budgets."""
+    model, tok = tiny_f64
+    rng, g = random.Random(3), torch.Generator().manual_seed(3)
+    for case in range(40):
+        kind, depth = rng.choice(["feature", "medusa"]), rng.randint(1, 5)
+        vocab = torch.tensor(sorted(rng.sample(range(VOCAB), rng.choice([16, 128, VOCAB]))))
+        heads = _heads(kind, depth, g, model, vocab, scale=rng.choice([0.01, 0.3, 3.0]), dtype=torch.float64)
+        decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([2, 4, 8, 16, 32, 64])))
+        ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))]
+        budget = rng.randint(1, 40)
+        truth = hf_greedy(model, ids, budget)
+        out = decoder.generate(ids, budget, "feature-head" if kind == "feature" else "medusa")
+        assert out.tokens == truth[:len(out.tokens)] and len(out.tokens) in (budget, len(truth)), case
+
+
+def test_guesses_that_are_often_right_keep_the_output_exact(tiny_f64, monkeypatch):
+    """An oracle drafter (the true continuation on some branches, noise on others): steps accept several
+    tokens, the cache keeps only the kept path, and the output is still transformers' greedy."""
+    model, tok = tiny_f64
+    rng = random.Random(4)
+    truth_of: dict[tuple, list[int]] = {}
+    real_draft = draft_heads_module.draft
+
+    def oracle(model_, heads, tree, feature, root):
+        tokens = real_draft(model_, heads, tree, feature, root)
+        assert oracle.context[-1] == root  # the root was emitted (streamed) by the step before
+        truth = truth_of[tuple(oracle.ids)][len(oracle.context) - len(oracle.ids):]  # what follows the root
+        for node in range(1, tree.layout.nodes):
+            path = tree.layout.paths[node].tolist()
+            if rng.random() < 0.8 and len(path) - 1 <= len(truth):
+                tokens[node] = truth[len(path) - 2]  # right if its ancestors are
+        return tokens
+
+    monkeypatch.setattr(draft_heads_module, "draft", oracle)
+    g = torch.Generator().manual_seed(4)
+    steps = emitted = 0
+    for case in range(12):
+        kind, depth = ("feature", "medusa")[case % 2], rng.randint(2, 5)
+        heads = _heads(kind, depth, g, model, torch.arange(VOCAB), dtype=torch.float64)
+        decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([8, 16, 32])))
+        ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))]
+        truth = hf_greedy(model, ids, 60)
+        truth_of[tuple(ids)] = truth
+        oracle.ids, oracle.context = ids, list(ids)
+
+        def follow(tokens):
+            oracle.context.extend(tokens)
+
+        out = decoder.generate(ids, 30, "feature-head" if kind == "feature" else "medusa", stream=follow)
+        assert out.tokens == truth[:30], case
+        steps, emitted = steps + out.steps, emitted + len(out.tokens)
+    print("tokens per step", emitted / steps)
+    assert emitted / steps > 1.5  # guesses were accepted, so the pruning of the cache really ran
