@@ -111,7 +111,7 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     assert set(trees["trees"]) == {"6", "12"} and len(trees["acceptance"]) == 3
     assert (out / "calibrate" / "component" / "ngrams.safetensors").is_file()
     bench = json.loads((out / "evaluate" / "bench.json").read_text())
-    assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "ppd"}
+    assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "ppd", "ppd-lookup"}  # the method's own
     assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
     for key in ("calibrate.tau_size6", "calibrate.ngram_entries", "evaluate.ppd_speedup",
                 "evaluate.ar_identical_to_greedy"):
@@ -136,6 +136,31 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     assert json.loads((out / "teacher" / "summary.json").read_text())["compute_seconds"] == teacher["compute_seconds"]
     # A different top_k is another cache.
     assert main(["run", str(spec_file), "--output", str(out), "teacher.top_k=4"]) == 2
+
+
+def test_a_feature_head_runs_through_every_stage_and_decodes_from_the_registry(ray_local, tracking_uri, spec_file,
+                                                                              tmp_path):
+    out = tmp_path / "out"
+    assert main(["run", str(spec_file), "--output", str(out), "train.method=feature-head", "train.head_depth=3",
+                 "train.draft_vocab=128", "train.head_inner=32", "train.lr=0.001"]) == 0
+    run = MlflowClient(tracking_uri).get_run(json.loads((out / "run.json").read_text())["run_id"])
+    for key in ("train.loss", "eval.acc_top1_d3", "eval.draft_vocab_coverage", "calibrate.tau_size12",
+                "evaluate.feature_head_tokens_per_s", "evaluate.feature_head_identical_to_greedy"):
+        assert key in run.data.metrics, key
+    trees = json.loads((out / "calibrate" / "component" / "trees.json").read_text())
+    assert trees["kind"] == "heads" and set(trees["trees"]) == {"6", "12"}
+    assert not (out / "calibrate" / "component" / "ngrams.safetensors").exists()  # no lookup for head components
+    bench = json.loads((out / "evaluate" / "bench.json").read_text())
+    assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "feature-head"}
+    assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
+    version = MlflowClient(tracking_uri).get_model_version_by_alias("ppdkit-tiny-llama", "challenger")
+    assert version.tags["method"] == "feature-head" and "feature_head_speedup" in version.tags
+    assert int(version.tags["tree_size"]) >= 1 and "ppd_speedup" not in version.tags  # only what was measured
+    from ppdkit.runtime.decoder import Decoder
+
+    decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@challenger")
+    for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
+        assert decoder.generate(prompt, 12, "feature-head").tokens == decoder.generate(prompt, 12, "ar").tokens
 
 
 def test_embedded_ray_listens_on_loopback_only(ray_local):
