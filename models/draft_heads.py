@@ -1,7 +1,7 @@
 """Draft heads over the base model's features: guesses from the last verified hidden state, no extra rows.
 
 Two kinds, trained on the frozen base model's own final hidden states f (after its final norm, what its LM
-head reads) and read out through the base model's frozen embedding rows of a reduced draft vocabulary
+head reads) and read out through the base model's frozen LM-head rows of a reduced draft vocabulary
 (the most frequent tokens of the training text): V' = 4096 rows cost 1/12 of SmolLM2's 49152-row LM head
 per guess, and a guess outside V' could rarely have been accepted anyway.
 
@@ -40,7 +40,7 @@ def medusa_states(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 
 def draft_logits(state: torch.Tensor, vocab_rows: torch.Tensor) -> torch.Tensor:
-    """state [..., H], vocab_rows [V', H] (the base model's embedding rows of the draft vocabulary) -> [..., V']."""
+    """state [..., H], vocab_rows [V', H] (the base model's LM-head rows of the draft vocabulary) -> [..., V']."""
     return nn.functional.linear(state, vocab_rows)
 
 

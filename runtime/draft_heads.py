@@ -27,7 +27,7 @@ class DraftHeadSet:
     kind: str  # "feature" | "medusa"
     tensors: tuple[torch.Tensor, ...]  # models/draft_heads.py TENSORS[kind], in the model's dtype
     vocab: torch.Tensor  # [V'] the draft vocabulary's token ids
-    vocab_rows: torch.Tensor  # [V', H] the base model's embedding rows of those ids
+    vocab_rows: torch.Tensor  # [V', H] the base model's LM-head rows of those ids
     depth: int  # distances the heads guess
 
 

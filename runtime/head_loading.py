@@ -30,7 +30,7 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
                             f"found {found}")
     dtype = next(model.parameters()).dtype
     vocab = vocab.long()
-    rows = model.get_input_embeddings().weight.detach()[vocab].to(dtype)  # [V', H]
+    rows = model.get_output_embeddings().weight.detach()[vocab].to(dtype)  # [V', H] the LM head's rows
     heads = DraftHeadSet(kind, tuple(tensors[name].to(dtype) for name in TENSORS[kind]), vocab, rows, depth)
     trees = {}
     for size, data in (component.extras.get("trees") or {}).get("trees", {}).items():

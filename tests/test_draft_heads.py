@@ -37,7 +37,7 @@ def _heads(kind: str, depth: int, g: torch.Generator, model, vocab: torch.Tensor
            dtype=torch.float32) -> DraftHeadSet:
     module = DraftHeads(kind, HIDDEN, depth, 32, seed=int(torch.randint(0, 1000, (), generator=g)))
     tensors = tuple((t.detach() + scale * torch.randn(t.shape, generator=g)).to(dtype) for t in module())
-    return DraftHeadSet(kind, tensors, vocab, model.get_input_embeddings().weight.detach()[vocab].to(dtype), depth)
+    return DraftHeadSet(kind, tensors, vocab, model.get_output_embeddings().weight.detach()[vocab].to(dtype), depth)
 
 
 def _random_tree(rng: random.Random, depth: int, size: int):

@@ -65,13 +65,14 @@ def head_guess_ranks(base_model, component, sequences, groups: int, seed: int = 
     vocab_index[vocab] = torch.arange(len(vocab))
     heads = tuple(tensors[name].to(embed.dtype) for name in TENSORS[kind])
     lm_head = base_model.get_output_embeddings()
+    readout = lm_head.weight.detach()[vocab]  # [V', H] the LM head's rows of the draft vocabulary
     rng = random.Random(seed)
     out = []
     with torch.no_grad():
         for seq in tqdm(sequences, desc="calibrating", unit="sequence"):
             features = base_model.get_decoder()(input_ids=seq.input_ids[None]).last_hidden_state[0]  # [T, H]
             batch = head_batch([seq], [features], depth, vocab_index, [path_starts(seq, groups, rng)])
-            logits = draft_logits(path_states(kind, heads, batch.start, batch.path_tokens, embed), embed[vocab])
+            logits = draft_logits(path_states(kind, heads, batch.start, batch.path_tokens, embed), readout)
             greedy = vocab_index[lm_head(batch.features).argmax(-1)]  # [N, D] the base's token after x_{t+j}
             rank = (logits > logits.gather(-1, greedy.clamp_min(0)[..., None])).sum(-1)  # [N, D]
             rank = torch.where(greedy >= 0, rank, torch.full_like(rank, OUTSIDE))

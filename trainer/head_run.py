@@ -33,7 +33,8 @@ class Run:
         vocab = frequent_tokens([s.input_ids for s in train_sequences], cfg.draft_vocab, vocab_size)  # [V']
         self.vocab_index = torch.full((vocab_size,), -1, dtype=torch.long)
         self.vocab_index[vocab] = torch.arange(len(vocab))
-        self.vocab_rows = self.embed[vocab]  # [V', H]: the frozen readout (tied to the LM head in SmolLM2)
+        # [V', H] the frozen readout: the base model's own LM-head rows (tied to the embeddings in SmolLM2)
+        self.vocab_rows = base.model.get_output_embeddings().weight.detach().float()[vocab]
         self.module = DraftHeads(self.kind, hidden, cfg.head_depth, cfg.head_inner, cfg.seed)
         self.module.register_buffer("draft_vocab", vocab)  # saved with every checkpoint and exported
         # split -> sequence row -> [T, H] float16 (a row number is unique within its split only)
