@@ -21,6 +21,7 @@ from ppdkit.runtime.methods import METHODS
 log = logging.getLogger(__name__)
 HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
 ALL_METHODS = (*HF_METHODS, *METHODS)
+DYNAMIC = "+dyn"  # a tree method with this suffix picks its tree size per step (runtime/tree_sizer.py)
 NEAR_TIE = 1e-4
 
 
@@ -40,13 +41,15 @@ def _hf_generate(decoder: Decoder, ids: list[int], max_new_tokens: int, pld: boo
     return out[0, len(ids):].tolist()
 
 
-def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], int]:
-    """(new tokens, decoding steps)."""
+def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], int, list[int]]:
+    """(new tokens, decoding steps, the tree size of each step)."""
     if method in HF_METHODS:
         tokens = _hf_generate(decoder, ids, max_new_tokens, pld=method == "hf-pld")
-        return tokens, len(tokens)
-    result = decoder.generate(ids, max_new_tokens, method)
-    return result.tokens, result.steps
+        return tokens, len(tokens), []
+    decoder.dynamic_size = method.endswith(DYNAMIC)
+    result = decoder.generate(ids, max_new_tokens, method.removesuffix(DYNAMIC))
+    fixed = [decoder.size] * (result.steps - 1) if result.tree_size > 1 else []  # a tree method, one size
+    return result.tokens, result.steps, result.tree_sizes or fixed
 
 
 def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[int]) -> dict:
@@ -61,23 +64,26 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
 
 def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
               tree_size: int | None = None, lookup_chains: int = 1) -> dict:
-    unknown = [m for m in methods if m not in ALL_METHODS]
+    unknown = [m for m in methods if m.removesuffix(DYNAMIC) not in ALL_METHODS
+               or m.endswith(DYNAMIC) and m.removesuffix(DYNAMIC) in ("ar", *HF_METHODS)]
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}")
-    decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains)
+        raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}, a tree method with "
+                         f"{DYNAMIC} for its size picked per step")
+    decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True)
     prompts = [decoder.encode_chat(p) for p in load_prompts(prompts_source, limit)]
     order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy is the reference
     for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured
         run_method(decoder, method, prompts[0][:16], 4)
     outputs: dict[str, list[list[int]]] = {m: [] for m in order}
-    stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0} for m in order}
+    stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0, "sizes": []} for m in order}
     for ids in tqdm(prompts, desc="bench", unit="prompt"):
         for method in order:  # interleaved: drift in machine speed hits every method alike
             started = time.perf_counter()
-            tokens, steps = run_method(decoder, method, ids, max_new_tokens)
+            tokens, steps, sizes = run_method(decoder, method, ids, max_new_tokens)
             stats[method]["seconds"] += time.perf_counter() - started
             stats[method]["new_tokens"] += len(tokens)
             stats[method]["steps"] += steps
+            stats[method]["sizes"] += sizes
             outputs[method].append(tokens)
     results = []
     for method in order:
@@ -86,6 +92,8 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
                "seconds": stats[method]["seconds"],
                "tokens_per_s": stats[method]["new_tokens"] / stats[method]["seconds"],
                "mean_accepted_per_step": stats[method]["new_tokens"] / max(stats[method]["steps"], 1),
+               "mean_tree_size": sum(stats[method]["sizes"]) / len(stats[method]["sizes"]) if stats[method]["sizes"]
+               else None,
                "identical_to_greedy": sum(same) / len(same)}
         row["divergences"] = [{"prompt": i, **divergence(decoder, prompts[i], outputs[method][i],
                                                          outputs["hf-greedy"][i])}
@@ -104,12 +112,13 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
 
 
 def print_table(report: dict) -> None:
-    print(f"\n{'method':<12} {'prompts':>7} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'x greedy':>8} {'x ar':>6} "
-          f"{'tok/step':>8} {'identical':>9}")
+    print(f"\n{'method':<16} {'prompts':>7} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'x greedy':>8} {'x ar':>6} "
+          f"{'tok/step':>8} {'tree':>5} {'identical':>9}")
     for r in report["results"]:
         vs_ar = f"{r['speedup_vs_ar']:>6.2f}" if "speedup_vs_ar" in r else f"{'-':>6}"
-        print(f"{r['method']:<12} {r['prompts']:>7} {r['new_tokens']:>7} {r['seconds']:>8.1f} {r['tokens_per_s']:>7.1f} "
-              f"{r['speedup_vs_hf_greedy']:>8.2f} {vs_ar} {r['mean_accepted_per_step']:>8.2f} "
+        tree = f"{r['mean_tree_size']:>5.1f}" if r.get("mean_tree_size") else f"{'-':>5}"
+        print(f"{r['method']:<16} {r['prompts']:>7} {r['new_tokens']:>7} {r['seconds']:>8.1f} {r['tokens_per_s']:>7.1f} "
+              f"{r['speedup_vs_hf_greedy']:>8.2f} {vs_ar} {r['mean_accepted_per_step']:>8.2f} {tree} "
               f"{r['identical_to_greedy']:>9.2f}")
         for d in r["divergences"]:
             kind = "near-tie" if d["near_tie"] else "NOT a near-tie"

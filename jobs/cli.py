@@ -114,7 +114,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
     from .console import text_streamer
 
-    decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains)
+    decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
+                                      dynamic_size=args.dynamic_size)
     result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=text_streamer(decoder.tokenizer),
                               temperature=args.temperature, acceptance=args.acceptance, epsilon=args.epsilon,
                               delta=args.delta, seed=args.seed)
@@ -233,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--max-new-tokens", type=int, default=128)
     decode.add_argument("--method", default="ppd", choices=list(DECODING_METHODS))
     decode.add_argument("--tree-size", type=int, help="default: the size profiled as fastest on this machine")
+    decode.add_argument("--dynamic-size", action="store_true",
+                        help="pick the tree size per step from measured step times and acceptance (ProPD 4.2)")
     decode.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     decode.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
     decode.add_argument("--acceptance", default="speculative", choices=["speculative", "typical"],
@@ -253,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dec.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
     bench_dec.add_argument("--limit", type=int, default=10)
     bench_dec.add_argument("--max-new-tokens", type=int, default=128)
-    bench_dec.add_argument("--methods", default="hf-greedy,hf-pld,ar,ppd,ppd-lookup")
+    bench_dec.add_argument("--methods", default="hf-greedy,hf-pld,ar,ppd,ppd-lookup",
+                           help="comma-separated; a tree method with +dyn picks its tree size per step, e.g. ppd+dyn")
     bench_dec.add_argument("--tree-size", type=int)
     bench_dec.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     bench_dec.add_argument("--out", help="write the report as JSON here")

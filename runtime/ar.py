@@ -9,8 +9,8 @@ from .kv_cache import KVCache
 
 
 def decode_ar(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-              generator: torch.Generator | None) -> None:
-    """Read the prompt ids [P], then one token per forward until `emit` says stop."""
+              generator: torch.Generator | None, sizer=None) -> None:
+    """Read the prompt ids [P], then one token per forward until `emit` says stop (no tree: `sizer` is None)."""
     model = decoder.model
     hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)
     cache.commit(None, len(ids))

@@ -25,6 +25,7 @@ from .ppd import PromptTokenSet
 from .profile import profile_trees
 from .tree import DynamicTree
 from .tree_layout import TreeLayout, layout_tree
+from .tree_sizer import TreeSizer
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class GenerateResult:
     accepted_per_step: list[int] = field(default_factory=list)  # tokens emitted by each step
     tree_size: int = 0
     seconds: float = 0.0
+    tree_sizes: list[int] = field(default_factory=list)  # with dynamic_size: the tree size of every step
 
     @property
     def mean_accepted_per_step(self) -> float:
@@ -65,12 +67,20 @@ class Decoder:
         self.profile: dict | None = None
         self.heads: DraftHeadSet | None = None  # a draft-head component's heads (feature-head, medusa)
         self.head_tree: HeadTree | None = None  # and the calibrated tree they draft
+        # dynamic_size (runtime/tree_sizer.py): every calibrated tree, by size, and their tau and rows
+        self.dynamic_size = False
+        self.size_layouts: dict[int, dict[int, TreeLayout]] = {}  # ppd: size -> state -> layout
+        self.head_trees: dict[int, HeadTree] = {}  # draft heads: size -> tree
+        self.size_taus: dict[int, float] = {}
+        self.size_rows: dict[int, int] = {}
+        self.size = 0  # the calibrated size in use (the profile's choice)
         self.set_tree(tree)
 
     def set_tree(self, tree: DynamicTree | None) -> None:
         self.tree = tree
         self.layouts: dict[int, TreeLayout] = {}
-        self._lookup_layouts: dict[tuple[int, int, int], TreeLayout] = {}  # built on first use by ppd-lookup
+        self._lookup_layouts: dict[tuple, TreeLayout] = {}  # built on first use by ppd-lookup
+        self._size_states: dict[int, dict] = {}
         self.ranks = 1
         if tree is not None and self.prompts is not None:
             # state 0: the last step ended on a lookup node, which has no prompt tokens behind it
@@ -78,19 +88,40 @@ class Decoder:
             self.layouts = {k: layout_tree(s, self.prompts.n, self.prompts.mask_kind) for k, s in self.states.items()}
             self.ranks = 1 + max(max(s.ranks) for s in tree.states.values())
 
-    def lookup_layout(self, state: int, chains: int, length: int) -> TreeLayout:
-        """The tree of `state` with `chains` lookup chains of `length` nodes under its root."""
-        key = (state, chains, length)
+    def use_every_size(self, trees: dict[int, DynamicTree]) -> None:
+        """Keep every calibrated tree of a PPD component for dynamic sizing (the one in use stays set_tree's)."""
+        for size, tree in trees.items():
+            states = {0: root_only(self.prompts.k), **tree.states}
+            self.size_layouts[size] = {k: layout_tree(s, self.prompts.n, self.prompts.mask_kind)
+                                       for k, s in states.items()}
+            self._size_states[size] = states
+            self.ranks = max(self.ranks, 1 + max(max(s.ranks) for s in tree.states.values()))
+        self.size_taus = {size: tree.tau for size, tree in trees.items()}
+        self.size_rows = {size: max(layout.size for layout in self.size_layouts[size].values()) for size in trees}
+
+    def new_sizer(self) -> TreeSizer | None:
+        """A fresh dynamic tree sizer for one generate call, or None without dynamic_size."""
+        if not self.dynamic_size or len(self.size_taus) < 2:
+            return None
+        return TreeSizer.from_profile(self.size_taus, self.size_rows, self.profile, self.size)
+
+    def lookup_layout(self, state: int, chains: int, length: int, size: int | None = None) -> TreeLayout:
+        """The tree of `state` (of calibrated size `size`, default the one in use) with `chains` lookup chains
+        of `length` nodes under its root."""
+        key = (state, chains, length, size)
         if key not in self._lookup_layouts:
-            grown = with_lookup_chains(self.states[state], chains, length)
+            states = self.states if size is None else self._size_states[size]
+            grown = with_lookup_chains(states[state], chains, length)
             self._lookup_layouts[key] = layout_tree(grown, self.prompts.n, self.prompts.mask_kind)
         return self._lookup_layouts[key]
 
     @classmethod
     def from_pretrained(cls, source: str | Path, dtype: str = "float32", tree_size: int | None = None,
-                        max_length: int = 2048, lookup_chains: int = 1) -> "Decoder":
+                        max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False) -> "Decoder":
         """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens,
-        trees and n-gram table. `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps."""
+        trees and n-gram table. `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
+        `dynamic_size` picks the tree size while decoding (runtime/tree_sizer.py), starting from the
+        profiled (or given) size."""
         if str(source).startswith("models:/"):
             from ppdkit.registry.models import resolve  # the registry (MLflow) only for registry URIs
 
@@ -113,11 +144,17 @@ class Decoder:
                 decoder.profile = profile_trees(decoder.model, taus, base.fingerprint,
                                                 drafter="ppd" if decoder.heads is None else "heads")
                 tree_size = decoder.profile["chosen"]
-            size = min(taus, key=lambda s: abs(s - tree_size))
+            decoder.size = min(taus, key=lambda s: abs(s - tree_size))
             if decoder.heads is not None:
-                decoder.head_tree = head_trees[size][0]
+                decoder.head_tree = head_trees[decoder.size][0]
+                decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
+                decoder.size_taus = taus
+                decoder.size_rows = {s: tree.layout.size for s, tree in decoder.head_trees.items()}
             else:
-                decoder.set_tree(by_size[size])
+                decoder.set_tree(by_size[decoder.size])
+                if dynamic_size:
+                    decoder.use_every_size(by_size)
+            decoder.dynamic_size = dynamic_size
         return decoder
 
     def encode_chat(self, prompt: str) -> list[int]:
@@ -196,11 +233,12 @@ class Decoder:
                 stream(tokens)
             return False
 
-        get_method(method).decode(self, ids, cache, emit, sampling, generator)
+        sizer = self.new_sizer() if {TREES, HEAD_TREE} & set(get_method(method).needs) else None
+        get_method(method).decode(self, ids, cache, emit, sampling, generator, sizer=sizer)
         out = out[:max_new_tokens]
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
-                              self._tree_size(method),
-                              time.perf_counter() - started)
+                              self._tree_size(method), time.perf_counter() - started,
+                              sizer.chosen if sizer is not None else [])
 
     def carries(self) -> set[str]:
         """What the loaded component provides, in the terms of runtime/methods.py's `needs`."""
@@ -224,10 +262,10 @@ class Decoder:
     def _tree_size(self, method: str) -> int:
         """The most rows one step of `method` feeds the model (lookup nodes carry no prompt tokens)."""
         if HEAD_TREE in get_method(method).needs and self.head_tree is not None:
-            return self.head_tree.layout.size
+            return max([self.head_tree.layout.size, *(t.layout.size for t in self.head_trees.values())])
         if TREES not in get_method(method).needs or not self.layouts:
             return 1
-        largest = max(layout.size for layout in self.layouts.values())
+        largest = max(layout.size for layouts in (self.layouts, *self.size_layouts.values()) for layout in layouts.values())
         return largest + (lookup_rows(self.lookup_chains) if get_method(method).lookup else 0)
 
     def _eos_ids(self) -> set[int]:

@@ -9,6 +9,7 @@ the next step's f. The heads only choose which tokens are verified, so the outpu
 whatever they hold (greedy: identical to `ar`; sampled: its distribution).
 """
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
 from .tree import TreeState
 from .tree_layout import TreeLayout, layout_tree
+from .tree_sizer import TreeSizer
 
 
 @dataclass
@@ -91,14 +93,17 @@ def draft(model, heads: DraftHeadSet, tree: HeadTree, feature: torch.Tensor, roo
 
 
 def decode_heads(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-                 generator: torch.Generator | None) -> None:
-    """Read the prompt ids [P], then draft-and-verify steps until `emit` says stop."""
-    model, heads, tree = decoder.model, decoder.heads, decoder.head_tree
+                 generator: torch.Generator | None, sizer: TreeSizer | None = None) -> None:
+    """Read the prompt ids [P], then draft-and-verify steps until `emit` says stop; `sizer` picks each step's
+    tree size (runtime/tree_sizer.py), otherwise the decoder's one tree."""
+    model, heads = decoder.model, decoder.heads
     hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
     cache.commit(None, len(ids))
     feature, root = hidden[-1], pick(model.logits(hidden[-1]), sampling, generator)
-    layout, done = tree.layout, emit([root])
+    done = emit([root])
     while not done:
+        tree = decoder.head_tree if sizer is None else decoder.head_trees[sizer.size]
+        layout, started = tree.layout, time.perf_counter()
         tokens = draft(model, heads, tree, feature, root)  # [N]
         mask = torch.cat([torch.ones(layout.size, cache.length, dtype=torch.bool), layout.mask], dim=1)
         hidden = model.forward(model.embed_ids(tokens), cache.length + layout.offsets, cache, mask)  # [N, H]
@@ -106,4 +111,6 @@ def decode_heads(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[lis
         path = layout.paths[final]
         cache.commit(path, layout.size)
         feature, root = hidden[final], next_token
+        if sizer is not None:  # the draft's time counts: it is part of what a larger tree costs
+            sizer.observe(layout.size, time.perf_counter() - started, len(path))
         done = emit(tokens[path[1:]].tolist() + [next_token])

@@ -11,6 +11,7 @@ With exact matching every emitted token is the base model's greedy token for exa
 prefix: lossless.
 """
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -25,6 +26,7 @@ from .llama import LeanLlama
 from .lookup import ContextIndex, draft_chains
 from .methods import LOOKUP_LENGTHS
 from .tree_layout import TreeLayout
+from .tree_sizer import TreeSizer
 
 
 @dataclass
@@ -102,10 +104,12 @@ def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: Tr
 
 
 def decode_ppd(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-               generator: torch.Generator | None, lookup: bool = False, head: bool = False) -> None:
+               generator: torch.Generator | None, lookup: bool = False, head: bool = False,
+               sizer: TreeSizer | None = None) -> None:
     """Decode until `emit` says stop: a prefill, then one tree step after another (`decoder`'s prompt tokens,
     trees by state, lookup layouts). `lookup` adds the context's (and table's) chains under each root;
-    `head` reads the guesses through the component's custom decoding head, otherwise the base LM head alone."""
+    `head` reads the guesses through the component's custom decoding head, otherwise the base LM head alone;
+    `sizer` picks each step's tree size (runtime/tree_sizer.py), otherwise the decoder's one tree."""
     prompts = decoder.prompts if head else replace(decoder.prompts, head=None)
     root, guesses = prefill(decoder.model, cache, ids, prompts, decoder.ranks, sampling, generator)
     state = prompts.k
@@ -113,15 +117,19 @@ def decode_ppd(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[
     context = ContextIndex(ids.tolist() + [root]) if lookup else None
     level = 0  # index into LOOKUP_LENGTHS
     while not done:
-        layout, chain = decoder.layouts[state], []
+        size = None if sizer is None else sizer.size
+        layout, chain = (decoder.layouts if size is None else decoder.size_layouts[size])[state], []
         if context is not None:
             length = LOOKUP_LENGTHS[level]
             chains = draft_chains(context, decoder.ngrams, 1 if level else decoder.lookup_chains, length)
             if chains:
-                layout = decoder.lookup_layout(state, len(chains), length)
+                layout = decoder.lookup_layout(state, len(chains), length, size)
                 chain = [t for c in chains for t in c]
+        started = time.perf_counter()
         step = ppd_step(decoder.model, cache, prompts, layout, root, guesses, decoder.ranks, sampling, generator,
                         chain)
+        if sizer is not None:
+            sizer.observe(layout.size, time.perf_counter() - started, len(step.accepted) + 1)
         whole_chain = bool(chain) and step.state == 0 and len(step.accepted) == length
         level = min(level + 1, len(LOOKUP_LENGTHS) - 1) if whole_chain else 0
         done = emit(step.accepted + [step.next_token])
