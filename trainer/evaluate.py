@@ -36,12 +36,20 @@ def evaluate(base_model, embeddings: torch.Tensor, ept_weights: torch.Tensor | N
                                           batch.teacher_rest.flatten(0, 1))
             kl_sum += (kl * valid).sum(0)
             count += valid.sum(0)
+    return by_distance(hits, {"kl": kl_sum}, count)
+
+
+def by_distance(hits: dict[int, torch.Tensor], sums: dict[str, torch.Tensor], count: torch.Tensor) -> dict[str, float]:
+    """Per-distance figures from counts over k distances: hits {top: [k]} -> acc_top{top}_d{i} and their mean
+    over distances, sums {name: [k]} -> {name}_d{i} means, count [k] positions scored at each distance."""
+    k = len(count)
     out: dict[str, float] = {}
     for d in range(k):
-        for top in TOPS:
-            out[f"acc_top{top}_d{d + 1}"] = (hits[top][d] / count[d].clamp_min(1)).item()
-        out[f"kl_d{d + 1}"] = (kl_sum[d] / count[d].clamp_min(1)).item()
-    for top in TOPS:
+        for top, hit in hits.items():
+            out[f"acc_top{top}_d{d + 1}"] = (hit[d] / count[d].clamp_min(1)).item()
+        for name, total in sums.items():
+            out[f"{name}_d{d + 1}"] = (total[d] / count[d].clamp_min(1)).item()
+    for top in hits:
         out[f"acc_top{top}_mean"] = sum(out[f"acc_top{top}_d{d + 1}"] for d in range(k)) / k
     out["eval_positions"] = count.sum().item()
     return out

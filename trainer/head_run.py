@@ -15,11 +15,11 @@ import torch
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.draft_heads import TENSORS, DraftHeads, draft_logits, frequent_tokens, path_states
 
+from .evaluate import TOPS, by_distance
 from .head_batch import HeadBatch, head_batch, path_starts
 from .losses import decay_mean, soft_cross_entropy, topk_hits
 from .methods import cosine
 
-TOPS = (1, 5, 10)
 HYPERPARAMETERS = ("head_depth", "draft_vocab", "head_inner", "feature_weight", "loss", "alpha",
                    "groups_per_sequence", "lr", "epochs", "seed")
 
@@ -96,16 +96,8 @@ class Run:
                 loss_sum += (self.per_depth_loss(logp, states, batch) * valid).sum(0)
                 count += valid.sum(0)
                 covered += float(((batch.teacher_top1 >= 0) & valid).sum())
-        out: dict[str, float] = {}
-        for j in range(d):
-            for top in TOPS:
-                out[f"acc_top{top}_d{j + 1}"] = (hits[top][j] / count[j].clamp_min(1)).item()
-            out[f"loss_d{j + 1}"] = (loss_sum[j] / count[j].clamp_min(1)).item()
-        for top in TOPS:
-            out[f"acc_top{top}_mean"] = sum(out[f"acc_top{top}_d{j + 1}"] for j in range(d)) / d
-        out["draft_vocab_coverage"] = covered / max(count.sum().item(), 1.0)
-        out["eval_positions"] = count.sum().item()
-        return out
+        return {**by_distance(hits, {"loss": loss_sum}, count),
+                "draft_vocab_coverage": covered / max(count.sum().item(), 1.0)}
 
     def lr_metrics(self, lrs: list[float]) -> dict[str, float]:
         return {"train.lr": lrs[0]}
