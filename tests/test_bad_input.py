@@ -331,7 +331,7 @@ def test_a_head_method_evaluated_without_a_head_is_refused(job):
         load_spec(job, ["evaluate.methods=[ar,ppd,medusa]", "train.method=medusa"])
     with pytest.raises(SpecError, match="head_start_step only apply to ept-head, not ept"):
         load_spec(job, ["train.head_start_step=5"])
-    with pytest.raises(SpecError, match="draft_vocab only apply to feature-head and medusa, not ept-head"):
+    with pytest.raises(SpecError, match="draft_vocab only apply to feature-head, medusa and early-head, not ept-head"):
         load_spec(job, ["train.method=ept-head", "train.draft_vocab=100"])
     with pytest.raises(SpecError, match="feature_weight only apply to feature-head, not medusa"):
         load_spec(job, ["train.method=medusa", "train.feature_weight=0.5"])

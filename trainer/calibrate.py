@@ -111,6 +111,9 @@ def calibrate(base_name: str, component_dir: Path, teacher_dir: Path, sizes: lis
     cache = TeacherCache(teacher_dir)
     split = "holdout" if cache.shards("holdout") else "train"
     sequences = [s for s in cache.sequences(split) if len(s.positions) > 1][:max_sequences]
+    if "early_weight" in component.tensors:
+        raise ValueError(f"{component_dir} is an early-head component: it prunes the trees of another component and "
+                         "has none of its own to calibrate; run its job with --stages data,teacher,train")
     if "draft_vocab" in component.tensors:  # draft heads over the features (feature-head, medusa)
         ranks = head_guess_ranks(base.model, component, sequences, groups)
         table = acceptance_table(ranks, max_rank)

@@ -35,6 +35,7 @@ class TrainConfig(Section):
                                                       "the heads guess among")
     head_inner: int = Field(1024, ge=1, description="feature-head: width of the head's MLP")
     feature_weight: float = Field(1.0, ge=0.0, description="feature-head: weight of the feature regression loss")
+    early_layer: int = Field(4, ge=1, description="early-head: the decoder layers before the head (ProPD's n)")
     # the objective
     loss: Literal["kd", "ce"] = Field("kd", description="kd: decayed KL to the teacher; ce: hard labels (ablation)")
     alpha: float = Field(0.8, gt=0.0, le=1.0, description="decay per token distance")
@@ -66,9 +67,12 @@ class TrainConfig(Section):
     def _head_settings_need_a_head(self) -> "TrainConfig":
         method, defaults = TRAINING_METHODS[self.method], type(self).model_fields
         for keys, applies, owners in ((("head_start_step", "head_lr_scale"), method.trains_head, "ept-head"),
-                                      (("head_depth", "draft_vocab", "head_inner"), method.head_kind is not None,
+                                      (("head_depth", "head_inner"), method.head_kind in ("feature", "medusa"),
                                        "feature-head and medusa"),
-                                      (("feature_weight",), method.head_kind == "feature", "feature-head")):
+                                      (("draft_vocab",), method.head_kind is not None,
+                                       "feature-head, medusa and early-head"),
+                                      (("feature_weight",), method.head_kind == "feature", "feature-head"),
+                                      (("early_layer",), method.head_kind == "early", "early-head")):
             set_here = [k for k in keys if getattr(self, k) != defaults[k].default]
             if set_here and not applies:
                 raise ValueError(f"{', '.join(set_here)} only apply to {owners}, not {self.method}")

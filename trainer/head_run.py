@@ -1,10 +1,6 @@
 """Training draft heads over the base model's features (feature-head, medusa; models/draft_heads.py): what
-trainer/worker.py runs for those methods (trainer/methods.py).
-
-The base model is frozen, so its final hidden states of a training sequence never change: each worker
-computes them once per sequence (one forward without autograd) and keeps them in memory in float16
-(2 * H bytes per position: 1152 for SmolLM2, about 0.2 GB for 512 sequences of 300 tokens), so after the
-first epoch a step costs only the head. The teacher cache already holds the targets.
+trainer/worker.py runs for those methods (trainer/methods.py). The features come from trainer/features.py
+(once per sequence), the targets from the teacher cache.
 """
 
 import random
@@ -16,6 +12,7 @@ from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.draft_heads import TENSORS, DraftHeads, draft_logits, frequent_tokens, path_states
 
 from .evaluate import TOPS, by_distance
+from .features import FeatureCache
 from .head_batch import HeadBatch, head_batch, path_starts
 from .losses import decay_mean, soft_cross_entropy, topk_hits
 from .methods import cosine
@@ -37,17 +34,7 @@ class Run:
         self.vocab_rows = base.model.get_output_embeddings().weight.detach().float()[vocab]
         self.module = DraftHeads(self.kind, hidden, cfg.head_depth, cfg.head_inner, cfg.seed)
         self.module.register_buffer("draft_vocab", vocab)  # saved with every checkpoint and exported
-        # split -> sequence row -> [T, H] float16 (a row number is unique within its split only)
-        self._features: dict[str, dict[int, torch.Tensor]] = {"train": {}, "holdout": {}}
-
-    def features(self, seq: ShardSequence, split: str) -> torch.Tensor:
-        """The base model's final hidden states of one sequence, [T, H] (post-norm: what its LM head reads)."""
-        known = self._features[split]
-        if seq.row not in known:
-            with torch.no_grad():
-                out = self.base.model.get_decoder()(input_ids=seq.input_ids[None])
-            known[seq.row] = out.last_hidden_state[0].to(torch.float16)
-        return known[seq.row].float()
+        self.features = FeatureCache(base.model)  # final hidden states, computed once per sequence
 
     def batch(self, sequences: list[ShardSequence], rng: random.Random, split: str) -> HeadBatch:
         starts = [path_starts(s, self.cfg.groups_per_sequence, rng) for s in sequences]

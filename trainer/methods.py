@@ -11,6 +11,8 @@ ept-head      the same plus PPD's custom decoding head for the prompt tokens' hi
 feature-head  ppdkit's draft head over the base model's last hidden state and the path's tokens
               (models/draft_heads.py), KD from the teacher cache plus feature regression.  trainer/head_run.py
 medusa        Medusa-1 heads over the last hidden state (the baseline of feature-head).
+early-head    ProPD's early prediction head after n layers, for pruning tree nodes (papers/004 4.1).
+                                                                                        trainer/early_run.py
 """
 
 import importlib
@@ -30,12 +32,8 @@ class TrainingMethod:
     run: str  # the module in ppdkit.trainer whose `Run(method, cfg, base, train_sequences)` trains it
     decoding_methods: tuple[str, ...]  # runtime/methods.py names that use this method's component
     trains_head: bool = False  # PPD's custom decoding head: train.head_start_step / head_lr_scale apply
-    head_kind: str | None = None  # a draft head over the base model's features (models/draft_heads.py)
-
-    @property
-    def prompt_tokens(self) -> bool:
-        """Its component carries prompt tokens (train.num_prompt_tokens, num_epts, mask ... apply)."""
-        return self.head_kind is None
+    head_kind: str | None = None  # a head over the base model's features: feature, medusa (models/draft_heads.py),
+    # early (trainer/early_run.py)
 
     def start(self, cfg, base, train_sequences):
         """The method's run: module, param_groups, loss, evaluate, export_tensors, hyperparameters."""
@@ -50,4 +48,6 @@ TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (
                    ("feature-head",), head_kind="feature"),
     TrainingMethod("medusa", "Medusa-1 heads over the last hidden state (the feature head's baseline)", "head_run",
                    ("medusa",), head_kind="medusa"),
+    TrainingMethod("early-head", "ProPD's early prediction head after train.early_layer layers (papers/004 4.1)",
+                   "early_run", (), head_kind="early"),
 )}
