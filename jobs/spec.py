@@ -75,9 +75,9 @@ class JobSpec(Section):
         unserved = [m for m in self.evaluate.methods if m in DECODING_METHODS and m not in served]
         if unserved:
             trainers = sorted({t.name for m in unserved for t in TRAINING_METHODS.values() if m in t.decoding_methods})
+            fix = f"train with {' / '.join(trainers)}" if trainers else "run them with ppdkit bench"
             raise ValueError(f"evaluate.methods {unserved} cannot decode with what train.method={self.train.method} "
-                             f"trains (its component serves {', '.join(served)}): drop them, or train with "
-                             f"{' / '.join(trainers)}")
+                             f"trains (its component serves {', '.join(served)}): drop them, or {fix}")
         return self
 
     @model_validator(mode="after")

@@ -73,14 +73,15 @@ def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | 
 
 
 def choose(tokens: torch.Tensor, logits: torch.Tensor, links: TreeLinks, sampling: Sampling,
-           generator: torch.Generator | None = None) -> tuple[int, int]:
-    """tokens [N] (node 0 the root), logits [N, V] -> (deepest kept node, next token)."""
+           generator: torch.Generator | None = None, alive: torch.Tensor | None = None) -> tuple[int, int]:
+    """tokens [N] (node 0 the root), logits [N, V] -> (deepest kept node, next token). alive [N] bool: nodes
+    pruned before verification (ProPD) are never kept, whatever their rows of `logits` hold."""
     if sampling.greedy:
-        return _exact(tokens, logits, links)
+        return _exact(tokens, logits, links, alive)
     probs = next_token_distribution(logits, sampling.temperature)  # [N, V]
     if sampling.acceptance == "typical":
-        return _typical(tokens, probs, links, sampling, generator)
-    return _speculative(tokens, probs, links, generator)
+        return _typical(tokens, probs, links, sampling, generator, alive)
+    return _speculative(tokens, probs, links, generator, alive)
 
 
 def _deepest(kept: list[bool], links: TreeLinks) -> int:
@@ -95,10 +96,12 @@ def _deepest(kept: list[bool], links: TreeLinks) -> int:
     return final
 
 
-def _exact(tokens: torch.Tensor, logits: torch.Tensor, links: TreeLinks) -> tuple[int, int]:
+def _exact(tokens: torch.Tensor, logits: torch.Tensor, links: TreeLinks,
+           alive: torch.Tensor | None) -> tuple[int, int]:
     greedy = logits.argmax(-1)  # [N]
     parents = torch.tensor(links.parents[1:], dtype=torch.long)  # long even when the tree is the root alone
-    kept = [True] + (tokens[1:] == greedy[parents]).tolist()
+    hit = tokens[1:] == greedy[parents]
+    kept = [True] + (hit if alive is None else hit & alive[1:]).tolist()
     final = _deepest(kept, links)
     return final, int(greedy[final])
 
@@ -111,21 +114,23 @@ def typical_threshold(probs: torch.Tensor, epsilon: float, delta: float) -> torc
 
 
 def _typical(tokens: torch.Tensor, probs: torch.Tensor, links: TreeLinks, sampling: Sampling,
-             generator: torch.Generator | None) -> tuple[int, int]:
+             generator: torch.Generator | None, alive: torch.Tensor | None) -> tuple[int, int]:
     parents = torch.tensor(links.parents[1:], dtype=torch.long)  # long even when the tree is the root alone
     threshold = typical_threshold(probs, sampling.epsilon, sampling.delta)  # [N]
     p_guess = probs[parents, tokens[1:]]  # [N - 1]: each guess's probability at its parent
-    kept = [True] + (p_guess > threshold[parents]).tolist()
+    hit = p_guess > threshold[parents]
+    kept = [True] + (hit if alive is None else hit & alive[1:]).tolist()
     final = _deepest(kept, links)
     return final, draw(probs[final], generator)
 
 
 def _speculative(tokens: torch.Tensor, probs: torch.Tensor, links: TreeLinks,
-                 generator: torch.Generator | None) -> tuple[int, int]:
+                 generator: torch.Generator | None, alive: torch.Tensor | None) -> tuple[int, int]:
     node = 0
     while True:
         left = probs[node].clone()  # [V] the target distribution, minus the drafts rejected so far
-        for child in links.children[node]:
+        # pruned children are drafts never made: the pruning read only the context and the tree, not the draws
+        for child in (c for c in links.children[node] if alive is None or alive[c]):
             token = int(tokens[child])
             mass = float(left[token])
             if mass > 0 and float(torch.rand((), generator=generator, dtype=torch.float64)) * float(left.sum()) < mass:

@@ -19,8 +19,9 @@ from .draft_heads import DraftHeadSet, HeadTree
 from .head_loading import load_draft_heads
 from .llama import LeanLlama
 from .lookup import root_only, with_lookup_chains
-from .methods import (FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, TREES, get_method,
-                      lookup_rows)
+from .methods import (EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, TREES,
+                      get_method, lookup_rows)
+from .pruning import EarlyHead, load_early_head
 from .ppd import PromptTokenSet
 from .profile import profile_trees
 from .tree import DynamicTree
@@ -39,6 +40,7 @@ class GenerateResult:
     tree_size: int = 0
     seconds: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)  # with dynamic_size: the tree size of every step
+    pruned_rows: list[int] = field(default_factory=list)  # with early pruning: the tree nodes each step dropped
 
     @property
     def mean_accepted_per_step(self) -> float:
@@ -74,6 +76,8 @@ class Decoder:
         self.size_taus: dict[int, float] = {}
         self.size_rows: dict[int, int] = {}
         self.size = 0  # the calibrated size in use (the profile's choice)
+        self.early_head: EarlyHead | None = None  # ProPD's early prediction head, for the pruning methods
+        self.pruned_rows: list[int] = []  # filled by a pruning method during one generate call
         self.set_tree(tree)
 
     def set_tree(self, tree: DynamicTree | None) -> None:
@@ -117,11 +121,13 @@ class Decoder:
 
     @classmethod
     def from_pretrained(cls, source: str | Path, dtype: str = "float32", tree_size: int | None = None,
-                        max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False) -> "Decoder":
+                        max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False,
+                        early_head: str | Path | None = None, prune_top_k: int = 8) -> "Decoder":
         """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens,
         trees and n-gram table. `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
         `dynamic_size` picks the tree size while decoding (runtime/tree_sizer.py), starting from the
-        profiled (or given) size."""
+        profiled (or given) size. `early_head`: an early-head component (a directory or models:/ URI) for the
+        pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses."""
         if str(source).startswith("models:/"):
             from ppdkit.registry.models import resolve  # the registry (MLflow) only for registry URIs
 
@@ -155,6 +161,13 @@ class Decoder:
                 if dynamic_size:
                     decoder.use_every_size(by_size)
             decoder.dynamic_size = dynamic_size
+        if early_head is not None:
+            if str(early_head).startswith("models:/"):
+                from ppdkit.registry.models import resolve
+
+                early_head = resolve(str(early_head))
+            early = read_component(Path(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
+            decoder.early_head = load_early_head(early, base.model, prune_top_k)
         return decoder
 
     def encode_chat(self, prompt: str) -> list[int]:
@@ -234,11 +247,12 @@ class Decoder:
             return False
 
         sizer = self.new_sizer() if {TREES, HEAD_TREE} & set(get_method(method).needs) else None
+        self.pruned_rows = []
         get_method(method).decode(self, ids, cache, emit, sampling, generator, sizer=sizer)
         out = out[:max_new_tokens]
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
                               self._tree_size(method), time.perf_counter() - started,
-                              sizer.chosen if sizer is not None else [])
+                              sizer.chosen if sizer is not None else [], self.pruned_rows)
 
     def carries(self) -> set[str]:
         """What the loaded component provides, in the terms of runtime/methods.py's `needs`."""
@@ -253,6 +267,8 @@ class Decoder:
             found.add(FEATURE_HEAD if self.heads.kind == "feature" else MEDUSA_HEADS)
         if self.head_tree is not None:
             found.add(HEAD_TREE)
+        if self.early_head is not None:
+            found.add(EARLY_HEAD)
         return found
 
     def methods(self) -> list[str]:

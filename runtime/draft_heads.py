@@ -19,6 +19,7 @@ from ppdkit.models.draft_heads import draft_logits, feature_step, medusa_states
 
 from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
+from .pruning import pruned_forward
 from .tree import TreeState
 from .tree_layout import TreeLayout, layout_tree
 from .tree_sizer import TreeSizer
@@ -92,10 +93,29 @@ def draft(model, heads: DraftHeadSet, tree: HeadTree, feature: torch.Tensor, roo
     return tokens
 
 
+def _pruned_step(decoder, cache: KVCache, layout: TreeLayout, tokens: torch.Tensor, sampling: Sampling,
+                 generator: torch.Generator | None):
+    """A verification with ProPD's early pruning (runtime/pruning.py): (the kept node's hidden state, the next
+    token, the kept path)."""
+    hidden, keep = pruned_forward(decoder.model, cache, layout, tokens, decoder.early_head)  # [S, H], [S]
+    logits = torch.zeros(layout.nodes, decoder.model.vocab_size, dtype=hidden.dtype)
+    logits[keep] = decoder.model.logits(hidden)
+    alive = torch.zeros(layout.nodes, dtype=torch.bool)
+    alive[keep] = True
+    final, next_token = choose(tokens, logits, layout.links, sampling, generator, alive)
+    row = torch.full((layout.nodes,), -1, dtype=torch.long)
+    row[keep] = torch.arange(len(keep))  # node -> its row among the survivors
+    path = layout.paths[final]
+    cache.commit(row[path], len(keep))
+    decoder.pruned_rows.append(layout.nodes - len(keep))
+    return hidden[row[final]], next_token, path
+
+
 def decode_heads(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-                 generator: torch.Generator | None, sizer: TreeSizer | None = None) -> None:
+                 generator: torch.Generator | None, sizer: TreeSizer | None = None, prune: bool = False) -> None:
     """Read the prompt ids [P], then draft-and-verify steps until `emit` says stop; `sizer` picks each step's
-    tree size (runtime/tree_sizer.py), otherwise the decoder's one tree."""
+    tree size (runtime/tree_sizer.py), otherwise the decoder's one tree; `prune` drops nodes after the early
+    head's layer (runtime/pruning.py)."""
     model, heads = decoder.model, decoder.heads
     hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
     cache.commit(None, len(ids))
@@ -105,12 +125,16 @@ def decode_heads(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[lis
         tree = decoder.head_tree if sizer is None else decoder.head_trees[sizer.size]
         layout, started = tree.layout, time.perf_counter()
         tokens = draft(model, heads, tree, feature, root)  # [N]
-        mask = torch.cat([torch.ones(layout.size, cache.length, dtype=torch.bool), layout.mask], dim=1)
-        hidden = model.forward(model.embed_ids(tokens), cache.length + layout.offsets, cache, mask)  # [N, H]
-        final, next_token = choose(tokens, model.logits(hidden), layout.links, sampling, generator)
-        path = layout.paths[final]
-        cache.commit(path, layout.size)
-        feature, root = hidden[final], next_token
+        if prune:
+            feature, next_token, path = _pruned_step(decoder, cache, layout, tokens, sampling, generator)
+        else:
+            mask = torch.cat([torch.ones(layout.size, cache.length, dtype=torch.bool), layout.mask], dim=1)
+            hidden = model.forward(model.embed_ids(tokens), cache.length + layout.offsets, cache, mask)  # [N, H]
+            final, next_token = choose(tokens, model.logits(hidden), layout.links, sampling, generator)
+            path = layout.paths[final]
+            cache.commit(path, layout.size)
+            feature = hidden[final]
+        root = next_token
         if sizer is not None:  # the draft's time counts: it is part of what a larger tree costs
             sizer.observe(layout.size, time.perf_counter() - started, len(path))
         done = emit(tokens[path[1:]].tolist() + [next_token])

@@ -47,5 +47,14 @@ class KVCache:
             self.v[:, :, self.length:self.length + n] = self.v[:, :, src]
         self.length += n
 
+    def keep_written(self, keep: torch.Tensor, start: int, stop: int) -> None:
+        """In layers start .. stop - 1 only, move the new rows at indices `keep` (into those written after the
+        committed ones) to the front, in that order: ProPD's pruning ran those layers on rows it then dropped,
+        and the later layers write only the kept rows."""
+        src = self.length + keep  # [K]
+        dst = slice(self.length, self.length + len(keep))
+        self.k[start:stop, :, dst] = self.k[start:stop, :, src]
+        self.v[start:stop, :, dst] = self.v[start:stop, :, src]
+
     def rollback(self, length: int) -> None:
         self.length = length

@@ -91,6 +91,16 @@ class LeanLlama:
         mask [T, length + T] bool (True: may attend), None for causal over cache + new tokens. The new
         keys/values are written after the committed ones; the caller commits what it keeps.
         """
+        return self.final_norm(self.forward_layers(x, positions, cache, mask, 0, len(self.layers)))
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self._rms(x, self.norm)
+
+    def forward_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
+                       start: int, stop: int) -> torch.Tensor:
+        """Decoder layers start .. stop - 1 only: x [T, H], the residual stream after layer start - 1 (the
+        input embeddings for start 0) -> the residual stream after layer stop - 1, no final norm. Their
+        keys/values are written like forward's (ProPD's early pruning runs a tree in two parts)."""
         t = x.shape[0]
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
@@ -98,19 +108,19 @@ class LeanLlama:
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
         bias = _attention_bias(mask, cache.length, t, self.group, self.dtype)  # [g T, S] or None
         if self.native is not None and t <= SKINNY_MAX_ROWS:
-            x = self.native.decoder_layers(x, self.native_weights, self.native_shape, self.eps, cos[:, 0], sin[:, 0],
-                                           bias, cache.k, cache.v, cache.length)
-        else:
-            x = self._layers(x, cos, sin, bias, cache)
-        return self._rms(x, self.norm)
+            return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps,
+                                              cos[:, 0], sin[:, 0], bias, cache.k[start:stop], cache.v[start:stop],
+                                              cache.length)
+        return self._layers(x, cos, sin, bias, cache, start, stop)
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
-                cache: KVCache) -> torch.Tensor:
-        """Every decoder layer in PyTorch operations: x [T, H], cos/sin [T, 1, D] -> [T, H]."""
+                cache: KVCache, start: int, stop: int) -> torch.Tensor:
+        """Decoder layers start .. stop - 1 in PyTorch operations: x [T, H], cos/sin [T, 1, D] -> [T, H]."""
         t = x.shape[0]
         hq, hkv, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         scale = 1.0 / math.sqrt(d)
-        for i, layer in enumerate(self.layers):
+        for i in range(start, stop):
+            layer = self.layers[i]
             qkv = layer.qkv(self._rms(x, layer.ln1))  # [T, (Hq + 2 Hkv) D]
             qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
             q = qk[:, :hq].reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # [Hkv, g T, D]

@@ -14,6 +14,7 @@ from functools import partial
 # What a component can carry that a method may need; Decoder.carries() says which a decoder has.
 PROMPT_TOKENS, TREES, HEAD = "prompt tokens", "calibrated trees", "a custom decoding head"
 FEATURE_HEAD, MEDUSA_HEADS, HEAD_TREE = "a feature draft head", "Medusa heads", "a calibrated head tree"
+EARLY_HEAD = "an early prediction head (Decoder.from_pretrained(early_head=...), --early-head)"
 LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' reach), doubled after a chain
 # was accepted whole (the text is copying itself). Measured with the committed component, tree of 6,
 # 20 prompts, 128 tokens, one process: 1.65 -> 1.70 tokens per step on MT-Bench (speed alike), 2.25 -> 2.59
@@ -52,6 +53,10 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                    (FEATURE_HEAD, HEAD_TREE), "draft_heads:decode_heads"),
     DecodingMethod("medusa", "a tree drafted by Medusa-1 heads from the last hidden state",
                    (MEDUSA_HEADS, HEAD_TREE), "draft_heads:decode_heads"),
+    DecodingMethod("feature-head-prune", "feature-head with ProPD's early pruning of the tree after layer n",
+                   (FEATURE_HEAD, HEAD_TREE, EARLY_HEAD), "draft_heads:decode_heads", {"prune": True}),
+    DecodingMethod("medusa-prune", "medusa with ProPD's early pruning of the tree after layer n",
+                   (MEDUSA_HEADS, HEAD_TREE, EARLY_HEAD), "draft_heads:decode_heads", {"prune": True}),
 )}
 
 

@@ -148,61 +148,105 @@ def test_random_heads_and_trees_never_change_greedy_output(tiny_f64):
         assert out.tokens == truth[:len(out.tokens)] and len(out.tokens) in (budget, len(truth)), case
 
 
+class Oracle:
+    """Replaces the heads' drafting: the true continuation on most branches (right wherever its ancestors
+    are), the heads' own guesses elsewhere. `start(ids, truth)` before a generate call whose `stream` is
+    `follow`, so the oracle knows what was emitted."""
+
+    def __init__(self, monkeypatch, rng: random.Random):
+        self.rng, self.real = rng, draft_heads_module.draft
+        monkeypatch.setattr(draft_heads_module, "draft", self.draft)
+
+    def start(self, ids: list[int], truth: list[int]) -> None:
+        self.ids, self.truth, self.context = ids, truth, list(ids)
+
+    def follow(self, tokens: list[int]) -> None:
+        self.context.extend(tokens)
+
+    def draft(self, model, heads, tree, feature, root):
+        tokens = self.real(model, heads, tree, feature, root)
+        assert self.context[-1] == root  # the root was emitted (streamed) by the step before
+        truth = self.truth[len(self.context) - len(self.ids):]  # what follows the root
+        for node in range(1, tree.layout.nodes):
+            depth = len(tree.layout.paths[node]) - 1
+            if self.rng.random() < 0.8 and depth <= len(truth):
+                tokens[node] = truth[depth - 1]
+        return tokens
+
+
 def test_guesses_that_are_often_right_keep_the_output_exact(tiny_f64, monkeypatch):
     """An oracle drafter (the true continuation on some branches, noise on others): steps accept several
     tokens, the cache keeps only the kept path, and the output is still transformers' greedy."""
     model, tok = tiny_f64
-    rng = random.Random(4)
-    truth_of: dict[tuple, list[int]] = {}
-    real_draft = draft_heads_module.draft
-
-    def oracle(model_, heads, tree, feature, root):
-        tokens = real_draft(model_, heads, tree, feature, root)
-        assert oracle.context[-1] == root  # the root was emitted (streamed) by the step before
-        truth = truth_of[tuple(oracle.ids)][len(oracle.context) - len(oracle.ids):]  # what follows the root
-        for node in range(1, tree.layout.nodes):
-            path = tree.layout.paths[node].tolist()
-            if rng.random() < 0.8 and len(path) - 1 <= len(truth):
-                tokens[node] = truth[len(path) - 2]  # right if its ancestors are
-        return tokens
-
-    monkeypatch.setattr(draft_heads_module, "draft", oracle)
-    g = torch.Generator().manual_seed(4)
+    rng, g = random.Random(4), torch.Generator().manual_seed(4)
+    oracle = Oracle(monkeypatch, rng)
     steps = emitted = 0
     for case in range(12):
         kind, depth = ("feature", "medusa")[case % 2], rng.randint(2, 5)
         heads = _heads(kind, depth, g, model, torch.arange(VOCAB), dtype=torch.float64)
         decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([8, 16, 32])))
         ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))]
-        truth = hf_greedy(model, ids, 60)
-        truth_of[tuple(ids)] = truth
-        oracle.ids, oracle.context = ids, list(ids)
-
-        def follow(tokens):
-            oracle.context.extend(tokens)
-
-        out = decoder.generate(ids, 30, "feature-head" if kind == "feature" else "medusa", stream=follow)
-        assert out.tokens == truth[:30], case
+        oracle.start(ids, hf_greedy(model, ids, 60))
+        out = decoder.generate(ids, 30, "feature-head" if kind == "feature" else "medusa", stream=oracle.follow)
+        assert out.tokens == oracle.truth[:30], case
         steps, emitted = steps + out.steps, emitted + len(out.tokens)
     print("tokens per step", emitted / steps)
     assert emitted / steps > 1.5  # guesses were accepted, so the pruning of the cache really ran
 
 
-def test_the_early_head_trains_on_the_layer_it_is_given(teacher_dir, tmp_path):  # noqa: F811
-    """ProPD's early prediction head on 2 Ray workers (recorded losses): recall at K = 1..16 reported, and
-    only the head moves; a layer the base model does not have is refused before any work."""
-    cfg = HEAD_TRAIN.model_copy(update={"method": "early-head", "early_layer": 1, "head_depth": 4,
-                                        "head_inner": 1024})
-    result = run_training(BASE, cfg, teacher_dir, tmp_path / "train", TrackerRef())
-    losses = [loss for _, loss in result["history"]]
-    print("early-head losses:", losses)
-    assert losses == pytest.approx(RECORDED_EARLY_LOSSES, rel=1e-4)
-    assert result["best"]["acc_top16_d1"] >= result["best"]["acc_top4_d1"] >= result["best"]["acc_top1_d1"]
-    component = read_component(tmp_path / "train" / "component")
-    assert component.method == "early-head" and component.hyperparameters["early_layer"] == 1
-    assert component.tensors["early_weight"].shape == (HIDDEN, HIDDEN)
-    base = load_base_model("tiny-llama", quantization="nf4", for_training=True)
-    with pytest.raises(ValueError, match=r"train.early_layer=2: the head must sit after 1 .. 1 of"):
-        TRAINING_METHODS["early-head"].start(cfg.model_copy(update={"early_layer": 2}), base, [])
-    with pytest.raises(ValueError, match="is an early-head component: it prunes the trees of another component"):
-        calibrate("tiny-llama", tmp_path / "train" / "component", teacher_dir, [4], 4, 4, 8, 2)
+def _early(g: torch.Generator, model, top_k: int, dtype=torch.float32, scale: float = 0.3) -> "EarlyHead":
+    from ppdkit.runtime.pruning import EarlyHead
+
+    vocab = torch.arange(VOCAB)
+    return EarlyHead((scale * torch.randn(HIDDEN, HIDDEN, generator=g)).to(dtype),
+                     (scale * torch.randn(HIDDEN, generator=g)).to(dtype), vocab,
+                     model.get_output_embeddings().weight.detach()[vocab].to(dtype), 1, top_k)
+
+
+@pytest.mark.parametrize("path", ["native", "pytorch"])
+def test_early_pruning_never_changes_greedy_output(path, monkeypatch):
+    """Random early heads (K from 1, pruning almost everything, to the whole vocabulary, pruning nothing),
+    poisoned ones, random heads and trees: feature-head-prune and medusa-prune give ar's tokens, the native
+    layers and the PyTorch layers alike, and rows really were dropped."""
+    module = kernels_or_skip("native") if path == "native" else None
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    model, tok = build_tiny_llama()
+    model = model.float().eval()
+    rng, g = random.Random(6), torch.Generator().manual_seed(6)
+    dropped = kept = 0
+    for case in range(10):
+        kind, depth = ("feature", "medusa")[case % 2], rng.randint(1, 4)
+        decoder = _decoder(model, tok, _heads(kind, depth, g, model, torch.arange(VOCAB)),
+                           _random_tree(rng, depth, rng.choice([4, 8, 16, 32])))
+        decoder.early_head = _early(g, model, rng.choice([1, 2, 8, 64, VOCAB]))
+        if case == 9:
+            decoder.early_head.weight = torch.full_like(decoder.early_head.weight, math.nan)
+        assert (decoder.model.native is not None) == (module is not None)
+        method = ("feature-head" if kind == "feature" else "medusa") + "-prune"
+        for _ in range(3):
+            ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))]
+            out = decoder.generate(ids, 20, method)
+            assert out.tokens == decoder.generate(ids, 20, "ar").tokens, (case, method)
+            dropped, kept = dropped + sum(out.pruned_rows), kept + len(out.pruned_rows)
+    assert dropped > 0 and kept > 0
+
+
+def test_early_pruning_keeps_accepted_paths_exact(tiny_f64, monkeypatch):  # noqa: F811
+    """The oracle drafter (often right) under a random early head in float64: whatever survives is verified
+    exactly, the cache keeps the survivors' rows in every layer, and the output is transformers' greedy."""
+    model, tok = tiny_f64
+    rng, g = random.Random(7), torch.Generator().manual_seed(7)
+    oracle = Oracle(monkeypatch, rng)
+    steps = emitted = dropped = 0
+    for case in range(10):
+        kind, depth = ("feature", "medusa")[case % 2], rng.randint(2, 4)
+        decoder = _decoder(model, tok, _heads(kind, depth, g, model, torch.arange(VOCAB), dtype=torch.float64),
+                           _random_tree(rng, depth, rng.choice([8, 16, 32])))
+        decoder.early_head = _early(g, model, rng.choice([32, 128, 256]), torch.float64, scale=0.05)
+        ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))]
+        oracle.start(ids, hf_greedy(model, ids, 60))
+        method = ("feature-head" if kind == "feature" else "medusa") + "-prune"
+        out = decoder.generate(ids, 30, method, stream=oracle.follow)
+        assert out.tokens == oracle.truth[:30], case
+        steps, emitted, dropped = steps + out.steps, emitted + len(out.tokens), dropped + sum(out.pruned_rows)
+    assert emitted / steps > 1.3 and dropped > 0  # accepted paths and pruned rows in the same steps

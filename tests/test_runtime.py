@@ -175,7 +175,7 @@ def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatc
         bias = _attention_bias(mask, 20, t, lean.group, lean.dtype)
         native = lean.native.decoder_layers(x, lean.native_weights, lean.native_shape, lean.eps, cos[:, 0], sin[:, 0],
                                             bias, caches[0].k, caches[0].v, 20)
-        ours = lean._layers(x, cos, sin, bias, caches[1])
+        ours = lean._layers(x, cos, sin, bias, caches[1], 0, len(lean.layers))
         assert torch.allclose(native, ours, atol=1e-4, rtol=1e-4), (t, (native - ours).abs().max())
         for a, b in [(caches[0].k, caches[1].k), (caches[0].v, caches[1].v)]:
             assert torch.allclose(a[:, :, :20 + t], b[:, :, :20 + t], atol=1e-4, rtol=1e-4)
