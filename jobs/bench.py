@@ -41,15 +41,16 @@ def _hf_generate(decoder: Decoder, ids: list[int], max_new_tokens: int, pld: boo
     return out[0, len(ids):].tolist()
 
 
-def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], int, list[int]]:
-    """(new tokens, decoding steps, the tree size of each step)."""
+def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int
+               ) -> tuple[list[int], int, list[int], float]:
+    """(new tokens, decoding steps, the tree size of each step, tree rows dropped by early pruning)."""
     if method in HF_METHODS:
         tokens = _hf_generate(decoder, ids, max_new_tokens, pld=method == "hf-pld")
-        return tokens, len(tokens), []
+        return tokens, len(tokens), [], 0.0
     decoder.dynamic_size = method.endswith(DYNAMIC)
     result = decoder.generate(ids, max_new_tokens, method.removesuffix(DYNAMIC))
     fixed = [decoder.size] * (result.steps - 1) if result.tree_size > 1 else []  # a tree method, one size
-    return result.tokens, result.steps, result.tree_sizes or fixed
+    return result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows)
 
 
 def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[int]) -> dict:
@@ -63,27 +64,30 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
 
 
 def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
-              tree_size: int | None = None, lookup_chains: int = 1) -> dict:
+              tree_size: int | None = None, lookup_chains: int = 1, early_head: str | None = None,
+              prune_top_k: int = 8) -> dict:
     unknown = [m for m in methods if m.removesuffix(DYNAMIC) not in ALL_METHODS
                or m.endswith(DYNAMIC) and m.removesuffix(DYNAMIC) in ("ar", *HF_METHODS)]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}, a tree method with "
                          f"{DYNAMIC} for its size picked per step")
-    decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True)
+    decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
+                                      early_head=early_head, prune_top_k=prune_top_k)
     prompts = [decoder.encode_chat(p) for p in load_prompts(prompts_source, limit)]
     order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy is the reference
     for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured
         run_method(decoder, method, prompts[0][:16], 4)
     outputs: dict[str, list[list[int]]] = {m: [] for m in order}
-    stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0, "sizes": []} for m in order}
+    stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0, "sizes": [], "pruned": 0.0} for m in order}
     for ids in tqdm(prompts, desc="bench", unit="prompt"):
         for method in order:  # interleaved: drift in machine speed hits every method alike
             started = time.perf_counter()
-            tokens, steps, sizes = run_method(decoder, method, ids, max_new_tokens)
+            tokens, steps, sizes, pruned = run_method(decoder, method, ids, max_new_tokens)
             stats[method]["seconds"] += time.perf_counter() - started
             stats[method]["new_tokens"] += len(tokens)
             stats[method]["steps"] += steps
             stats[method]["sizes"] += sizes
+            stats[method]["pruned"] += pruned
             outputs[method].append(tokens)
     results = []
     for method in order:
@@ -94,6 +98,8 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
                "mean_accepted_per_step": stats[method]["new_tokens"] / max(stats[method]["steps"], 1),
                "mean_tree_size": sum(stats[method]["sizes"]) / len(stats[method]["sizes"]) if stats[method]["sizes"]
                else None,
+               # of the rows the trees fed after the early head's layer, the share dropped (pruning methods)
+               "pruned_fraction": stats[method]["pruned"] / max(sum(_rows(decoder, s) for s in stats[method]["sizes"]), 1),
                "identical_to_greedy": sum(same) / len(same)}
         row["divergences"] = [{"prompt": i, **divergence(decoder, prompts[i], outputs[method][i],
                                                          outputs["hf-greedy"][i])}
@@ -111,14 +117,21 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
             "threads": torch.get_num_threads(), "results": results}
 
 
+def _rows(decoder: Decoder, size: int) -> int:
+    """The rows of a draft-head tree of calibrated size `size` (a PPD tree's are its size)."""
+    tree = decoder.head_trees.get(size)
+    return tree.layout.nodes if tree is not None else size
+
+
 def print_table(report: dict) -> None:
     print(f"\n{'method':<16} {'prompts':>7} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'x greedy':>8} {'x ar':>6} "
-          f"{'tok/step':>8} {'tree':>5} {'identical':>9}")
+          f"{'tok/step':>8} {'tree':>5} {'pruned':>6} {'identical':>9}")
     for r in report["results"]:
         vs_ar = f"{r['speedup_vs_ar']:>6.2f}" if "speedup_vs_ar" in r else f"{'-':>6}"
         tree = f"{r['mean_tree_size']:>5.1f}" if r.get("mean_tree_size") else f"{'-':>5}"
+        pruned = f"{r['pruned_fraction']:>6.2f}" if r.get("pruned_fraction") else f"{'-':>6}"
         print(f"{r['method']:<16} {r['prompts']:>7} {r['new_tokens']:>7} {r['seconds']:>8.1f} {r['tokens_per_s']:>7.1f} "
-              f"{r['speedup_vs_hf_greedy']:>8.2f} {vs_ar} {r['mean_accepted_per_step']:>8.2f} {tree} "
+              f"{r['speedup_vs_hf_greedy']:>8.2f} {vs_ar} {r['mean_accepted_per_step']:>8.2f} {tree} {pruned} "
               f"{r['identical_to_greedy']:>9.2f}")
         for d in r["divergences"]:
             kind = "near-tie" if d["near_tie"] else "NOT a near-tie"

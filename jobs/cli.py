@@ -115,7 +115,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from .console import text_streamer
 
     decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
-                                      dynamic_size=args.dynamic_size)
+                                      dynamic_size=args.dynamic_size, early_head=args.early_head,
+                                      prune_top_k=args.prune_top_k)
     result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=text_streamer(decoder.tokenizer),
                               temperature=args.temperature, acceptance=args.acceptance, epsilon=args.epsilon,
                               delta=args.delta, seed=args.seed)
@@ -152,7 +153,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     report = run_bench(args.model, args.prompts, args.limit, args.max_new_tokens, methods,
-                       args.tree_size, args.lookup_chains)
+                       args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k)
     print_table(report)
     if args.out:
         write_report(report, Path(args.out))
@@ -261,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dec.add_argument("--tree-size", type=int)
     bench_dec.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     bench_dec.add_argument("--out", help="write the report as JSON here")
+    for parser_ in (decode, bench_dec):
+        parser_.add_argument("--early-head", help="an early-head component (train.method early-head) for the *-prune "
+                                                  "methods")
+        parser_.add_argument("--prune-top-k", type=int, default=8,
+                             help="early pruning keeps a node whose token is among its parent's K early guesses")
     bench_dec.set_defaults(func=cmd_bench)
 
     prom = sub.add_parser("promote", help="move the champion alias to a registered version if it is at least as good")
