@@ -19,7 +19,7 @@ from ppdkit.models.draft_heads import draft_logits, feature_step, medusa_states
 
 from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
-from .pruning import pruned_forward
+from .pruning import kept_path, pruned_forward
 from .tree import TreeState
 from .tree_layout import TreeLayout, layout_tree
 from .tree_sizer import TreeSizer
@@ -97,18 +97,17 @@ def _pruned_step(decoder, cache: KVCache, layout: TreeLayout, tokens: torch.Tens
                  generator: torch.Generator | None):
     """A verification with ProPD's early pruning (runtime/pruning.py): (the kept node's hidden state, the next
     token, the kept path)."""
-    hidden, keep = pruned_forward(decoder.model, cache, layout, tokens, decoder.early_head)  # [S, H], [S]
-    logits = torch.zeros(layout.nodes, decoder.model.vocab_size, dtype=hidden.dtype)
-    logits[keep] = decoder.model.logits(hidden)
-    alive = torch.zeros(layout.nodes, dtype=torch.bool)
-    alive[keep] = True
+    model = decoder.model
+    mask = torch.cat([torch.ones(layout.size, cache.length, dtype=torch.bool), layout.mask], dim=1)
+    hidden, keep, alive = pruned_forward(model, cache, model.embed_ids(tokens), cache.length + layout.offsets, mask,
+                                         layout, tokens, decoder.early_head)  # [N, H], [S], [N]
+    logits = torch.zeros(layout.nodes, model.vocab_size, dtype=hidden.dtype)
+    logits[keep] = model.logits(hidden[keep])  # the LM head on the survivors only
     final, next_token = choose(tokens, logits, layout.links, sampling, generator, alive)
-    row = torch.full((layout.nodes,), -1, dtype=torch.long)
-    row[keep] = torch.arange(len(keep))  # node -> its row among the survivors
     path = layout.paths[final]
-    cache.commit(row[path], len(keep))
-    decoder.pruned_rows.append(layout.nodes - len(keep))
-    return hidden[row[final]], next_token, path
+    cache.commit(kept_path(path, keep, layout.size), len(keep))
+    decoder.pruned_rows.append(layout.size - len(keep))
+    return hidden[final], next_token, path
 
 
 def decode_heads(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,

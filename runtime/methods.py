@@ -53,6 +53,8 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                    (FEATURE_HEAD, HEAD_TREE), "draft_heads:decode_heads"),
     DecodingMethod("medusa", "a tree drafted by Medusa-1 heads from the last hidden state",
                    (MEDUSA_HEADS, HEAD_TREE), "draft_heads:decode_heads"),
+    DecodingMethod("ppd-prune", "ppd with ProPD's early pruning of the tree (nodes and their prompt tokens) after "
+                   "layer n", (PROMPT_TOKENS, TREES, EARLY_HEAD), "ppd:decode_ppd", {"prune": True}),
     DecodingMethod("feature-head-prune", "feature-head with ProPD's early pruning of the tree after layer n",
                    (FEATURE_HEAD, HEAD_TREE, EARLY_HEAD), "draft_heads:decode_heads", {"prune": True}),
     DecodingMethod("medusa-prune", "medusa with ProPD's early pruning of the tree after layer n",

@@ -25,6 +25,7 @@ from .kv_cache import KVCache
 from .llama import LeanLlama
 from .lookup import ContextIndex, draft_chains
 from .methods import LOOKUP_LENGTHS
+from .pruning import EarlyHead, kept_path, pruned_forward
 from .tree_layout import TreeLayout
 from .tree_sizer import TreeSizer
 
@@ -75,12 +76,15 @@ class StepResult:
     next_token: int  # the base model's token after them, greedy or sampled (the next root)
     guesses: torch.Tensor  # [state, ranks] for the next step
     state: int
+    pruned: int = 0  # rows early pruning dropped
 
 
 def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: TreeLayout, root: int,
              guesses: torch.Tensor, ranks: int, sampling: Sampling = Sampling(),
-             generator: torch.Generator | None = None, chain: list[int] = ()) -> StepResult:
-    """One verify-and-guess forward; `chain` fills the tree's lookup nodes (tree.lookup of them, chain after chain)."""
+             generator: torch.Generator | None = None, chain: list[int] = (),
+             early: EarlyHead | None = None) -> StepResult:
+    """One verify-and-guess forward; `chain` fills the tree's lookup nodes (tree.lookup of them, chain after chain);
+    `early` prunes the tree after its layer (runtime/pruning.py)."""
     if len(chain) != tree.lookup:
         raise ValueError(f"the tree has {tree.lookup} lookup nodes, {len(chain)} tokens were given")
     guessed = tree.nodes - tree.lookup
@@ -91,25 +95,33 @@ def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: Tr
     x = torch.cat([model.embed_ids(node_tokens), prompts.embeddings.to(model.dtype)[tree.slot_embedding]])
     mask = torch.cat([torch.ones(tree.size, cache.length, dtype=torch.bool), tree.mask], dim=1)
     positions = cache.length + tree.offsets
-    hidden = model.forward(x, positions, cache, mask)  # [T, H]
+    if early is None:
+        hidden, keep, alive = model.forward(x, positions, cache, mask), None, None  # [T, H]
+    else:  # dropped rows' hidden states are zero: no kept node's guesses read them
+        hidden, keep, alive = pruned_forward(model, cache, x, positions, mask, tree, node_tokens, early)
     # One LM-head call for the nodes and every node's prompt tokens (EPTs aggregated first): the head
     # reads its 28M weights once however many rows it gets.
     slots = prompts.draft_states(hidden[tree.nodes:], tree.slot_distances)  # [sum c, H]
     logits = model.logits(torch.cat([hidden[:tree.nodes], slots]))  # [N + sum c, V]
-    final, next_token = choose(node_tokens, logits[:tree.nodes], tree.links, sampling, generator)
+    final, next_token = choose(node_tokens, logits[:tree.nodes], tree.links, sampling, generator, alive)
     path = tree.paths[final]
     new_guesses = logits[tree.guess_rows[final]].topk(ranks, dim=-1).indices  # [count, ranks]
-    cache.commit(path, tree.size)
-    return StepResult(node_tokens[path[1:]].tolist(), next_token, new_guesses, tree.prompts[final])
+    if keep is None:
+        cache.commit(path, tree.size)
+    else:
+        cache.commit(kept_path(path, keep, tree.size), len(keep))
+    return StepResult(node_tokens[path[1:]].tolist(), next_token, new_guesses, tree.prompts[final],
+                      0 if keep is None else tree.size - len(keep))
 
 
 def decode_ppd(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
                generator: torch.Generator | None, lookup: bool = False, head: bool = False,
-               sizer: TreeSizer | None = None) -> None:
+               sizer: TreeSizer | None = None, prune: bool = False) -> None:
     """Decode until `emit` says stop: a prefill, then one tree step after another (`decoder`'s prompt tokens,
     trees by state, lookup layouts). `lookup` adds the context's (and table's) chains under each root;
     `head` reads the guesses through the component's custom decoding head, otherwise the base LM head alone;
-    `sizer` picks each step's tree size (runtime/tree_sizer.py), otherwise the decoder's one tree."""
+    `sizer` picks each step's tree size (runtime/tree_sizer.py), otherwise the decoder's one tree; `prune` drops
+    nodes (and their prompt tokens) after the early head's layer (runtime/pruning.py)."""
     prompts = decoder.prompts if head else replace(decoder.prompts, head=None)
     root, guesses = prefill(decoder.model, cache, ids, prompts, decoder.ranks, sampling, generator)
     state = prompts.k
@@ -127,7 +139,9 @@ def decode_ppd(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[
                 chain = [t for c in chains for t in c]
         started = time.perf_counter()
         step = ppd_step(decoder.model, cache, prompts, layout, root, guesses, decoder.ranks, sampling, generator,
-                        chain)
+                        chain, decoder.early_head if prune else None)
+        if prune:
+            decoder.pruned_rows.append(step.pruned)
         if sizer is not None:
             sizer.observe(layout.size, time.perf_counter() - started, len(step.accepted) + 1)
         whole_chain = bool(chain) and step.state == 0 and len(step.accepted) == length

@@ -64,18 +64,35 @@ def survivors(model: LeanLlama, early: EarlyHead, residual: torch.Tensor, tokens
     return ~(ancestors & ~ok[None, :]).any(-1)
 
 
-def pruned_forward(model: LeanLlama, cache: KVCache, layout: TreeLayout, tokens: torch.Tensor,
-                   early: EarlyHead) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tree of node tokens [N] (a layout without extra rows) through every layer, the nodes outside the
-    early guesses dropped after layer n: (final hidden states of the survivors [S, H], their node ids [S]).
-    The cache then holds the survivors' rows, in this order, after the committed ones."""
-    length = cache.length
-    mask = torch.cat([torch.ones(layout.size, length, dtype=torch.bool), layout.mask], dim=1)  # [N, length + N]
-    positions = length + layout.offsets
-    residual = model.forward_layers(model.embed_ids(tokens), positions, cache, mask, 0, early.layer)  # [N, H]
-    keep = survivors(model, early, residual, tokens, layout).nonzero()[:, 0]  # [S]
+def row_owners(layout: TreeLayout) -> torch.Tensor:
+    """[T]: the node each input row belongs to (a node's own row, or one of its prompt-token slots)."""
+    slots = layout.size - layout.nodes
+    epts = slots // max(sum(layout.prompts), 1)
+    per_node = torch.tensor(layout.prompts, dtype=torch.long) * epts  # [N] slot rows of each node
+    return torch.cat([torch.arange(layout.nodes), torch.repeat_interleave(torch.arange(layout.nodes), per_node)])
+
+
+def pruned_forward(model: LeanLlama, cache: KVCache, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                   layout: TreeLayout, tokens: torch.Tensor, early: EarlyHead
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A tree step's rows x [T, H] (nodes first, then any prompt-token slots) through every layer, the nodes
+    outside the early guesses dropped after layer n with their slots: (final hidden states [T, H], zero on
+    dropped rows; the kept rows [S]; alive [N] per node). The cache then holds the kept rows, in order,
+    after the committed ones, in every layer."""
+    residual = model.forward_layers(x, positions, cache, mask, 0, early.layer)  # [T, H]
+    alive = survivors(model, early, residual[:layout.nodes], tokens, layout)  # [N]
+    keep = alive[row_owners(layout)].nonzero()[:, 0]  # [S]
     cache.keep_written(keep, 0, early.layer)
-    columns = torch.cat([torch.arange(length), length + keep])
+    columns = torch.cat([torch.arange(cache.length), cache.length + keep])
     rest = model.forward_layers(residual[keep], positions[keep], cache, mask[keep][:, columns], early.layer,
                                 len(model.layers))
-    return model.final_norm(rest), keep
+    hidden = torch.zeros_like(residual)
+    hidden[keep] = model.final_norm(rest)
+    return hidden, keep, alive
+
+
+def kept_path(path: torch.Tensor, keep: torch.Tensor, rows: int) -> torch.Tensor:
+    """The kept path's input rows [P] -> their rows among the kept ones (what KVCache.commit takes)."""
+    position = torch.full((rows,), -1, dtype=torch.long)
+    position[keep] = torch.arange(len(keep))
+    return position[path]

@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 from conftest import hf_greedy, kernels_or_skip
+from test_lossless import _random_early_head
 from test_training import BASE, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
 
 import ppdkit.runtime.draft_heads as draft_heads_module
@@ -194,15 +195,6 @@ def test_guesses_that_are_often_right_keep_the_output_exact(tiny_f64, monkeypatc
     assert emitted / steps > 1.5  # guesses were accepted, so the pruning of the cache really ran
 
 
-def _early(g: torch.Generator, model, top_k: int, dtype=torch.float32, scale: float = 0.3) -> "EarlyHead":
-    from ppdkit.runtime.pruning import EarlyHead
-
-    vocab = torch.arange(VOCAB)
-    return EarlyHead((scale * torch.randn(HIDDEN, HIDDEN, generator=g)).to(dtype),
-                     (scale * torch.randn(HIDDEN, generator=g)).to(dtype), vocab,
-                     model.get_output_embeddings().weight.detach()[vocab].to(dtype), 1, top_k)
-
-
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 def test_early_pruning_never_changes_greedy_output(path, monkeypatch):
     """Random early heads (K from 1, pruning almost everything, to the whole vocabulary, pruning nothing),
@@ -218,7 +210,7 @@ def test_early_pruning_never_changes_greedy_output(path, monkeypatch):
         kind, depth = ("feature", "medusa")[case % 2], rng.randint(1, 4)
         decoder = _decoder(model, tok, _heads(kind, depth, g, model, torch.arange(VOCAB)),
                            _random_tree(rng, depth, rng.choice([4, 8, 16, 32])))
-        decoder.early_head = _early(g, model, rng.choice([1, 2, 8, 64, VOCAB]))
+        decoder.early_head = _random_early_head(g, model, rng.choice([1, 2, 8, 64, VOCAB]))
         if case == 9:
             decoder.early_head.weight = torch.full_like(decoder.early_head.weight, math.nan)
         assert (decoder.model.native is not None) == (module is not None)
@@ -242,7 +234,7 @@ def test_early_pruning_keeps_accepted_paths_exact(tiny_f64, monkeypatch):  # noq
         kind, depth = ("feature", "medusa")[case % 2], rng.randint(2, 4)
         decoder = _decoder(model, tok, _heads(kind, depth, g, model, torch.arange(VOCAB), dtype=torch.float64),
                            _random_tree(rng, depth, rng.choice([8, 16, 32])))
-        decoder.early_head = _early(g, model, rng.choice([32, 128, 256]), torch.float64, scale=0.05)
+        decoder.early_head = _random_early_head(g, model, rng.choice([32, 128, 256]), torch.float64, scale=0.05)
         ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))]
         oracle.start(ids, hf_greedy(model, ids, 60))
         method = ("feature-head" if kind == "feature" else "medusa") + "-prune"

@@ -1,7 +1,7 @@
 """The lossless claim, tested as a property: whatever the drafts hold, greedy output is plain greedy decoding.
 
-Drafts are the prompt tokens (embeddings, EPT weights, custom decoding head), the tree a component ships and
-the lookup chains;
+Drafts are the prompt tokens (embeddings, EPT weights, custom decoding head), the tree a component ships,
+the lookup chains and ProPD's early pruning (ppd-prune, random early heads);
 none of them may change a verified token. Poisoned drafts (NaN, inf, 1e30) run on both kernel paths
 (the native decoder layers and the PyTorch layers); random drafts run on the float64 tiny model against
 transformers' own greedy decoding. Sampled decoding keeping the distribution is tests/test_sampling.py's.
@@ -20,6 +20,7 @@ from ppdkit.models.ngram_table import NgramTable
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.ppd import PromptTokenSet
+from ppdkit.runtime.pruning import EarlyHead
 from ppdkit.runtime.tree import best_tree_for_size
 from ppdkit.trainer.config import CalibrateConfig
 
@@ -59,6 +60,14 @@ def _poisoned(value: float | None, rows: int, g: torch.Generator) -> torch.Tenso
     return torch.full((rows, HIDDEN), value)
 
 
+def _random_early_head(g: torch.Generator, model, top_k: int, dtype=torch.float32, scale: float = 0.3) -> EarlyHead:
+    """A random early prediction head after layer 1 (ppd-prune's), guessing among the whole vocabulary."""
+    vocab = torch.arange(VOCAB)
+    return EarlyHead((scale * torch.randn(HIDDEN, HIDDEN, generator=g)).to(dtype),
+                     (scale * torch.randn(HIDDEN, generator=g)).to(dtype), vocab,
+                     model.get_output_embeddings().weight.detach()[vocab].to(dtype), 1, top_k)
+
+
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 def test_poisoned_prompt_tokens_cannot_change_greedy_output(path, monkeypatch):
     """Prompt tokens full of NaN, inf or huge values, with NaN EPT weights, random trees and lookup chains
@@ -78,11 +87,12 @@ def test_poisoned_prompt_tokens_cannot_change_greedy_output(path, monkeypatch):
                                  head)
         tree = best_tree_for_size(_random_p(rng, k), rng.choice([s for s in TREE_SIZES if s <= 24 and s > n]), n)
         decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=2)
+        decoder.early_head = _random_early_head(g, model, rng.choice([1, 4, 64]))  # ppd-prune's
         assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
         for seed in range(4):
             ids = [rng.randrange(3, 40) for _ in range(rng.randint(2, 16))]  # frequent keys: lookup chains happen
             ar = decoder.generate(ids, 24, "ar").tokens
-            for method in ("ppd", "ppd-lookup", "ppd-head"):
+            for method in ("ppd", "ppd-lookup", "ppd-head", "ppd-prune"):
                 assert decoder.generate(ids, 24, method).tokens == ar, (name, method, seed)
 
 
@@ -109,8 +119,9 @@ def test_random_drafts_never_change_greedy_output(tiny_f64):
         table = (build_ngram_table([ids + truth] * 2, max_n=3, branches=3, length=6) if case % 2
                  else _random_table(rng))
         decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 3))
+        decoder.early_head = _random_early_head(g, model, rng.choice([1, 8, 128, VOCAB]), torch.float64)
         eos = decoder._eos_ids()
-        for method in ("ar", "ppd", "ppd-lookup", "ppd-head"):
+        for method in ("ar", "ppd", "ppd-lookup", "ppd-head", "ppd-prune"):
             out = decoder.generate(ids, budget, method)
             assert out.tokens == truth[:len(out.tokens)], (case, method)
             assert len(out.tokens) == budget or out.tokens[-1] in eos, (case, method)
