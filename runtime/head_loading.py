@@ -11,6 +11,9 @@ from .draft_heads import DraftHeadSet, HeadTree, head_tree
 def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[int, tuple[HeadTree, float]]]:
     """(the heads, {tree size: (tree, expected tokens per step tau)}); `model` the base (transformers) model."""
     where, config, h = component.path, model.config, component.hyperparameters
+    if component.method == "early-head":
+        raise ArtifactError(f"{where} is an early-head component: it prunes another component's trees. Load that "
+                            "component and pass this one as early_head= (ppdkit decode/bench --early-head)")
     kind, depth = h.get("head_kind"), h.get("head_depth")
     if kind not in HEAD_KINDS or not isinstance(depth, int) or depth < 1:
         raise ArtifactError(f"{where}/component.json: a draft-head component needs hyperparameters head_kind (one of "

@@ -195,6 +195,32 @@ def test_guesses_that_are_often_right_keep_the_output_exact(tiny_f64, monkeypatc
     assert emitted / steps > 1.5  # guesses were accepted, so the pruning of the cache really ran
 
 
+def test_the_early_head_trains_on_the_layer_it_is_given(teacher_dir, tmp_path):  # noqa: F811
+    """ProPD's early prediction head on 2 Ray workers (recorded losses): recall at K = 1..16 reported, and
+    only the head moves; a layer the base model does not have is refused before any work."""
+    cfg = HEAD_TRAIN.model_copy(update={"method": "early-head", "early_layer": 1, "head_depth": 4,
+                                        "head_inner": 1024})
+    result = run_training(BASE, cfg, teacher_dir, tmp_path / "train", TrackerRef())
+    losses = [loss for _, loss in result["history"]]
+    print("early-head losses:", losses)
+    assert losses == pytest.approx(RECORDED_EARLY_LOSSES, rel=1e-4)
+    assert result["best"]["acc_top16_d1"] >= result["best"]["acc_top4_d1"] >= result["best"]["acc_top1_d1"]
+    component = read_component(tmp_path / "train" / "component")
+    assert component.method == "early-head" and component.hyperparameters["early_layer"] == 1
+    assert component.tensors["early_weight"].shape == (HIDDEN, HIDDEN)
+    base = load_base_model("tiny-llama", quantization="nf4", for_training=True)
+    with pytest.raises(ValueError, match=r"train.early_layer=2: the head must sit after 1 .. 1 of"):
+        TRAINING_METHODS["early-head"].start(cfg.model_copy(update={"early_layer": 2}), base, [])
+    with pytest.raises(ValueError, match="is an early-head component: it prunes the trees of another component"):
+        calibrate("tiny-llama", tmp_path / "train" / "component", teacher_dir, [4], 4, 4, 8, 2)
+    with pytest.raises(ArtifactError, match="pass this one as early_head="):
+        Decoder.from_pretrained(tmp_path / "train" / "component")
+    from ppdkit.runtime.pruning import load_early_head
+
+    early = load_early_head(component, load_base_model("tiny-llama").model, 4)  # as an early head it loads
+    assert early.layer == 1 and early.top_k == 4 and len(early.vocab) == 128
+
+
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 def test_early_pruning_never_changes_greedy_output(path, monkeypatch):
     """Random early heads (K from 1, pruning almost everything, to the whole vocabulary, pruning nothing),
