@@ -44,6 +44,14 @@ def draft_logits(state: torch.Tensor, vocab_rows: torch.Tensor) -> torch.Tensor:
     return nn.functional.linear(state, vocab_rows)
 
 
+def inverse_index(ids: torch.Tensor, size: int) -> torch.Tensor:
+    """ids [K] distinct values in 0..size-1 -> [size]: the position of each value in ids, -1 for the others
+    (a token id's index in the draft vocabulary; an input row's index among the rows kept)."""
+    index = torch.full((size,), -1, dtype=torch.long)
+    index[ids] = torch.arange(len(ids))
+    return index
+
+
 def frequent_tokens(sequences: list[torch.Tensor], size: int, vocab_size: int) -> torch.Tensor:
     """The draft vocabulary: the `size` most frequent token ids of `sequences` (1-D id tensors), ascending ids.
     Ties and unseen tokens fill up by id, so the choice is deterministic."""

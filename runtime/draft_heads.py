@@ -98,9 +98,9 @@ def _pruned_step(decoder, cache: KVCache, layout: TreeLayout, tokens: torch.Tens
     """A verification with ProPD's early pruning (runtime/pruning.py): (the kept node's hidden state, the next
     token, the kept path)."""
     model = decoder.model
-    mask = torch.cat([torch.ones(layout.size, cache.length, dtype=torch.bool), layout.mask], dim=1)
-    hidden, keep, alive = pruned_forward(model, cache, model.embed_ids(tokens), cache.length + layout.offsets, mask,
-                                         layout, tokens, decoder.early_head)  # [N, H], [S], [N]
+    hidden, keep, alive = pruned_forward(model, cache, model.embed_ids(tokens), cache.length + layout.offsets,
+                                         layout.mask_after(cache.length), layout, tokens,
+                                         decoder.early_head)  # [N, H], [S], [N]
     logits = torch.zeros(layout.nodes, model.vocab_size, dtype=hidden.dtype)
     logits[keep] = model.logits(hidden[keep])  # the LM head on the survivors only
     final, next_token = choose(tokens, logits, layout.links, sampling, generator, alive)
@@ -127,8 +127,8 @@ def decode_heads(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[lis
         if prune:
             feature, next_token, path = _pruned_step(decoder, cache, layout, tokens, sampling, generator)
         else:
-            mask = torch.cat([torch.ones(layout.size, cache.length, dtype=torch.bool), layout.mask], dim=1)
-            hidden = model.forward(model.embed_ids(tokens), cache.length + layout.offsets, cache, mask)  # [N, H]
+            hidden = model.forward(model.embed_ids(tokens), cache.length + layout.offsets, cache,
+                                   layout.mask_after(cache.length))  # [N, H]
             final, next_token = choose(tokens, model.logits(hidden), layout.links, sampling, generator)
             path = layout.paths[final]
             cache.commit(path, layout.size)

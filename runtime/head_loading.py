@@ -6,6 +6,7 @@ from ppdkit.models.artifact import ArtifactError, Component
 from ppdkit.models.draft_heads import HEAD_KINDS, TENSORS
 
 from .draft_heads import DraftHeadSet, HeadTree, head_tree
+from .tree import check_nodes
 
 
 def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[int, tuple[HeadTree, float]]]:
@@ -39,21 +40,12 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
     for size, data in (component.extras.get("trees") or {}).get("trees", {}).items():
         try:
             parents, depths, ranks = list(data["parents"]), list(data["depths"]), list(data["ranks"])
-            _check_tree(parents, depths, ranks, depth, len(vocab))
+            if not parents or not len(parents) == len(depths) == len(ranks):
+                raise ValueError("parents, depths and ranks must be equally long and hold the root")
+            check_nodes(parents, depths, ranks, depth, len(vocab))
             trees[int(size)] = (head_tree(parents, depths, ranks), float(data["tau"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ArtifactError(f"{where}/trees.json: the tree of size {size} cannot be used: {e}; run the calibrate "
                                 "stage again") from None
     return heads, trees
 
-
-def _check_tree(parents: list[int], depths: list[int], ranks: list[int], max_depth: int, max_rank: int) -> None:
-    if not parents or not len(parents) == len(depths) == len(ranks) or parents[0] != -1 or depths[0] != 0:
-        raise ValueError("parents, depths and ranks must be equally long, node 0 the root (parent -1, depth 0)")
-    for node in range(1, len(parents)):
-        parent = parents[node]
-        if not 0 <= parent < node or depths[node] != depths[parent] + 1 or depths[node] > max_depth:
-            raise ValueError(f"node {node} (parent {parent}, depth {depths[node]}) is not a child of an earlier node "
-                             f"within depth {max_depth}")
-        if not 0 <= ranks[node] < max_rank:
-            raise ValueError(f"node {node} has rank {ranks[node]}, outside 0..{max_rank - 1}")

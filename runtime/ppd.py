@@ -93,7 +93,7 @@ def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: Tr
     node_tokens[1:guessed] = guesses[tree.depths[1:guessed] - 1, tree.ranks[1:guessed]]
     node_tokens[guessed:] = torch.tensor(list(chain), dtype=torch.long)
     x = torch.cat([model.embed_ids(node_tokens), prompts.embeddings.to(model.dtype)[tree.slot_embedding]])
-    mask = torch.cat([torch.ones(tree.size, cache.length, dtype=torch.bool), tree.mask], dim=1)
+    mask = tree.mask_after(cache.length)
     positions = cache.length + tree.offsets
     if early is None:
         hidden, keep, alive = model.forward(x, positions, cache, mask), None, None  # [T, H]

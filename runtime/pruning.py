@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ppdkit.models.artifact import ArtifactError, Component
-from ppdkit.models.draft_heads import draft_logits
+from ppdkit.models.draft_heads import draft_logits, inverse_index
 from ppdkit.models.heads import apply_residual_head
 
 from .kv_cache import KVCache
@@ -93,6 +93,4 @@ def pruned_forward(model: LeanLlama, cache: KVCache, x: torch.Tensor, positions:
 
 def kept_path(path: torch.Tensor, keep: torch.Tensor, rows: int) -> torch.Tensor:
     """The kept path's input rows [P] -> their rows among the kept ones (what KVCache.commit takes)."""
-    position = torch.full((rows,), -1, dtype=torch.long)
-    position[keep] = torch.arange(len(keep))
-    return position[path]
+    return inverse_index(keep, rows)[path]

@@ -64,17 +64,26 @@ class DynamicTree:
             n = len(s.parents)
             if not n or len(s.depths) != n or len(s.ranks) != n or len(s.prompts) != n:
                 raise ValueError(f"state {k}: parents, depths, ranks and prompts differ in length")
-            if s.parents[0] != -1 or s.depths[0] != 0:
-                raise ValueError(f"state {k}: node 0 must be the root (parent -1, depth 0)")
-            for node in range(1, n):
-                parent = s.parents[node]
-                if not 0 <= parent < node or s.depths[node] != s.depths[parent] + 1 or s.depths[node] > k:
-                    raise ValueError(f"state {k}: node {node} (parent {parent}, depth {s.depths[node]}) is not a "
-                                     f"child of an earlier node within distance {k}")
-                if not 0 <= s.ranks[node] < max_rank:
-                    raise ValueError(f"state {k}: node {node} has rank {s.ranks[node]}, outside 0..{max_rank - 1}")
+            try:
+                check_nodes(s.parents, s.depths, s.ranks, k, max_rank)
+            except ValueError as e:
+                raise ValueError(f"state {k}: {e}") from None
             if any(not 1 <= c <= num_prompt_tokens for c in s.prompts):
                 raise ValueError(f"state {k}: prompt tokens per node must be 1..{num_prompt_tokens}, got {s.prompts}")
+
+
+def check_nodes(parents, depths, ranks, max_depth: int, max_rank: int) -> None:
+    """Raise ValueError unless node 0 is the root, every other node is a child of an earlier one within
+    `max_depth`, and its rank indexes one of `max_rank` guesses (parents, depths, ranks equally long)."""
+    if parents[0] != -1 or depths[0] != 0:
+        raise ValueError("node 0 must be the root (parent -1, depth 0)")
+    for node in range(1, len(parents)):
+        parent = parents[node]
+        if not 0 <= parent < node or depths[node] != depths[parent] + 1 or depths[node] > max_depth:
+            raise ValueError(f"node {node} (parent {parent}, depth {depths[node]}) is not a child of an earlier node "
+                             f"within distance {max_depth}")
+        if not 0 <= ranks[node] < max_rank:
+            raise ValueError(f"node {node} has rank {ranks[node]}, outside 0..{max_rank - 1}")
 
 
 def candidate_tree(p: list[list[float]], max_depth: int, n: int) -> tuple[list[int], list[int], list[int], list[float]]:

@@ -33,6 +33,10 @@ class TreeLayout:
     def size(self) -> int:
         return len(self.offsets)
 
+    def mask_after(self, length: int) -> torch.Tensor:
+        """[T, length + T] bool: every row sees the `length` committed tokens, then the tree's own mask."""
+        return torch.cat([torch.ones(self.size, length, dtype=torch.bool), self.mask], dim=1)
+
 
 def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
     n_nodes = len(state.parents)

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
 from ppdkit.models.artifact import read_component
-from ppdkit.models.draft_heads import TENSORS, draft_logits, path_states
+from ppdkit.models.draft_heads import TENSORS, draft_logits, inverse_index, path_states
 from ppdkit.models.heads import HEAD_TENSORS
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.tree import best_tree_for_size, candidate_tree
@@ -61,8 +61,7 @@ def head_guess_ranks(base_model, component, sequences, groups: int, seed: int = 
     kind, depth = h["head_kind"], h["head_depth"]
     embed = base_model.get_input_embeddings().weight.detach()  # [V, H]
     vocab = tensors["draft_vocab"].long()
-    vocab_index = torch.full((embed.shape[0],), -1, dtype=torch.long)
-    vocab_index[vocab] = torch.arange(len(vocab))
+    vocab_index = inverse_index(vocab, embed.shape[0])
     heads = tuple(tensors[name].to(embed.dtype) for name in TENSORS[kind])
     lm_head = base_model.get_output_embeddings()
     readout = lm_head.weight.detach()[vocab]  # [V', H] the LM head's rows of the draft vocabulary

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
-from ppdkit.models.draft_heads import draft_logits, frequent_tokens
+from ppdkit.models.draft_heads import draft_logits, frequent_tokens, inverse_index
 from ppdkit.models.heads import ResidualHead, apply_residual_head
 
 from .evaluate import by_distance
@@ -38,8 +38,7 @@ class Run:
                              f"{base.model.config.name_or_path}'s {layers} decoder layers")
         lm_head = base.model.get_output_embeddings().weight.detach().float()  # [V, H]
         vocab = frequent_tokens([s.input_ids for s in train_sequences], cfg.draft_vocab, lm_head.shape[0])
-        self.vocab_index = torch.full((lm_head.shape[0],), -1, dtype=torch.long)
-        self.vocab_index[vocab] = torch.arange(len(vocab))
+        self.vocab_index = inverse_index(vocab, lm_head.shape[0])
         self.vocab_rows = lm_head[vocab]  # [V', H]
         self.norm = base.model.get_decoder().norm  # the base model's final RMSNorm, frozen
         self.module = ResidualHead(lm_head.shape[1])

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
-from ppdkit.models.draft_heads import TENSORS, DraftHeads, draft_logits, frequent_tokens, path_states
+from ppdkit.models.draft_heads import TENSORS, DraftHeads, draft_logits, frequent_tokens, inverse_index, path_states
 
 from .evaluate import TOPS, by_distance
 from .features import FeatureCache
@@ -28,8 +28,7 @@ class Run:
         self.embed = base.model.get_input_embeddings().weight.detach().float()  # [V, H]
         vocab_size, hidden = self.embed.shape
         vocab = frequent_tokens([s.input_ids for s in train_sequences], cfg.draft_vocab, vocab_size)  # [V']
-        self.vocab_index = torch.full((vocab_size,), -1, dtype=torch.long)
-        self.vocab_index[vocab] = torch.arange(len(vocab))
+        self.vocab_index = inverse_index(vocab, vocab_size)
         # [V', H] the frozen readout: the base model's own LM-head rows (tied to the embeddings in SmolLM2)
         self.vocab_rows = base.model.get_output_embeddings().weight.detach().float()[vocab]
         self.module = DraftHeads(self.kind, hidden, cfg.head_depth, cfg.head_inner, cfg.seed)
