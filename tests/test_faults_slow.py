@@ -184,6 +184,9 @@ def mlflow_server(tmp_path_factory):
 # A driver killed mid-teacher and mid-train, a server stopped mid-stage: the reruns give what an
 # undisturbed run gives, and register exactly one version.
 
+STEPS = 800
+
+
 def _spec(tmp_path: Path, tracking_uri: str) -> Path:
     # the fixture three times over: 21 shards of one row, each regenerated (about 70 ms apiece), so a
     # driver can be killed between the first shard and the last
@@ -198,8 +201,9 @@ def _spec(tmp_path: Path, tracking_uri: str) -> Path:
                  "check_sequences": 0},
         "teacher": {"workers": 1, "top_k": 8, "rows_per_shard": 1, "batch_size": 1, "regenerate": True,
                     "max_new_tokens": 16, "generate_batch": 1},
-        # 150 steps: a driver killed at the first checkpoint leaves its workers a few seconds, not the rest
-        "train": {"num_workers": 1, "micro_batch": 1, "groups_per_sequence": 4, "epochs": 20, "max_steps": 150,
+        # a SIGKILLed driver's workers train on until Ray notices the dead job (1-2 s, 170 steps measured; a tiny-model
+        # step takes about 10 ms): STEPS leaves the rerun most of the run to resume
+        "train": {"num_workers": 1, "micro_batch": 1, "groups_per_sequence": 4, "epochs": 100, "max_steps": STEPS,
                   "eval_every": 10, "checkpoint_every": 10, "log_every": 10, "eval_sequences": 2},
         "calibrate": {"sizes": [6], "sequences": 2, "max_rank": 3},
         "evaluate": {"limit": 1, "max_new_tokens": 4},
@@ -250,7 +254,7 @@ def test_killed_driver_and_stopped_server_then_rerun_matches_an_undisturbed_run(
     assert (out / "teacher" / "summary.json").is_file()
     job.wait_for_orphans()
     latest = json.loads((out / "train" / "checkpoints" / "latest.json").read_text())["step"]
-    assert 10 <= latest < 150 and not (out / "train" / "result.json").exists(), latest
+    assert 10 <= latest < STEPS and not (out / "train" / "result.json").exists(), latest
 
     # 3. the tracking server stopped as calibration starts: the stage does its work, then a clear error
     job = Job(run, tmp_path / "3-server-stopped.log", sessions)
@@ -277,7 +281,7 @@ def test_killed_driver_and_stopped_server_then_rerun_matches_an_undisturbed_run(
     assert len(positions) == len(set(positions)) and sorted(positions) == sorted(_positions(reference))
     disturbed = json.loads((out / "train" / "result.json").read_text())["history"]
     undisturbed = json.loads((reference / "train" / "result.json").read_text())["history"]
-    assert [s for s, _ in disturbed] == [s for s, _ in undisturbed] == list(range(1, 151))
+    assert [s for s, _ in disturbed] == [s for s, _ in undisturbed] == list(range(1, STEPS + 1))
     assert [loss for _, loss in disturbed] == pytest.approx([loss for _, loss in undisturbed], rel=1e-5)
 
     client = MlflowClient(mlflow_server.uri)
