@@ -201,8 +201,8 @@ def _spec(tmp_path: Path, tracking_uri: str) -> Path:
                  "check_sequences": 0},
         "teacher": {"workers": 1, "top_k": 8, "rows_per_shard": 1, "batch_size": 1, "regenerate": True,
                     "max_new_tokens": 16, "generate_batch": 1},
-        # a SIGKILLed driver's workers train on until Ray notices the dead job (1-2 s, 170 steps measured; a tiny-model
-        # step takes about 10 ms): STEPS leaves the rerun most of the run to resume
+        # a SIGKILLed driver's workers train on until Ray notices the dead job (measured: 1.7 s, 170 steps
+        # of about 10 ms on the tiny model): STEPS leaves the rerun most of the run to resume
         "train": {"num_workers": 1, "micro_batch": 1, "groups_per_sequence": 4, "epochs": 100, "max_steps": STEPS,
                   "eval_every": 10, "checkpoint_every": 10, "log_every": 10, "eval_sequences": 2},
         "calibrate": {"sizes": [6], "sequences": 2, "max_rank": 3},
