@@ -134,17 +134,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
         from ppdkit.runtime.profile import profile_trees
 
         decoder.profile = profile_trees(decoder.model, {int(r["size"]): r["tau"] for r in decoder.profile["rows"]},
-                                        decoder.fingerprint, refresh=True,
-                                        drafter="ppd" if decoder.heads is None else "heads")
+                                        decoder.fingerprint, refresh=True, **decoder.profile_drafter())
     if decoder.profile is None:
         raise ValueError(f"{args.model} has no trees.json: run the calibrate stage first")
     p = decoder.profile
     print(f"machine {p['machine']}, context {p['context']} tokens, one-token forward {p['one_token_ms']:.1f} ms")
-    print(f"{'size':>5} {'tau':>6} {'latency ms':>11} {'tokens/s':>9} {'x one-token':>11}")
+    print(f"{'size':>5} {'tau':>6} {'latency ms':>11} {'of it draft':>11} {'tokens/s':>9} {'x one-token':>11}")
     for r in p["rows"]:
         mark = "  <- chosen" if r["size"] == p["chosen"] else ""
-        print(f"{r['size']:>5} {r['tau']:>6.2f} {r['latency_ms']:>11.1f} {r['tokens_per_s']:>9.1f} "
-              f"{r['speedup_vs_one_token']:>11.2f}{mark}")
+        print(f"{r['size']:>5} {r['tau']:>6.2f} {r['latency_ms']:>11.1f} {r.get('draft_ms', 0.0):>11.1f} "
+              f"{r['tokens_per_s']:>9.1f} {r['speedup_vs_one_token']:>11.2f}{mark}")
     return 0
 
 

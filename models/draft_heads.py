@@ -16,6 +16,8 @@ medusa   Medusa-1's heads (the baseline): head d reads f_t alone, h_d = f_t + Si
          comparison is between the ways the state is formed, not the readout.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -26,11 +28,20 @@ MEDUSA_TENSORS = ("medusa_weight", "medusa_bias")  # [D, H, H], [D, H]
 TENSORS = {"feature": FEATURE_TENSORS, "medusa": MEDUSA_TENSORS}
 
 
-def feature_step(state: torch.Tensor, token_embedding: torch.Tensor, w_in: torch.Tensor, w_up: torch.Tensor,
-                 w_down: torch.Tensor) -> torch.Tensor:
+# a weight [out, in], or a layer computing x W^T with it (the decoder's packed few-rows kernels,
+# runtime/linear.py: drafting multiplies a handful of rows by these weights, where reading them is the cost)
+Weight = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
+
+
+def _linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
+    return nn.functional.linear(x, weight) if isinstance(weight, torch.Tensor) else weight(x)
+
+
+def feature_step(state: torch.Tensor, token_embedding: torch.Tensor, w_in: Weight, w_up: Weight,
+                 w_down: Weight) -> torch.Tensor:
     """One level of the feature head: state [..., H], token_embedding [..., H] -> next state [..., H]."""
-    u = nn.functional.linear(torch.cat([state, token_embedding], dim=-1), w_in)  # [..., H]
-    return u + nn.functional.linear(nn.functional.silu(nn.functional.linear(u, w_up)), w_down)
+    u = _linear(torch.cat([state, token_embedding], dim=-1), w_in)  # [..., H]
+    return u + _linear(nn.functional.silu(_linear(u, w_up)), w_down)
 
 
 def medusa_states(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -39,9 +50,9 @@ def medusa_states(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return hidden[..., None, :] + nn.functional.silu(projected)
 
 
-def draft_logits(state: torch.Tensor, vocab_rows: torch.Tensor) -> torch.Tensor:
+def draft_logits(state: torch.Tensor, vocab_rows: Weight) -> torch.Tensor:
     """state [..., H], vocab_rows [V', H] (the base model's LM-head rows of the draft vocabulary) -> [..., V']."""
-    return nn.functional.linear(state, vocab_rows)
+    return _linear(state, vocab_rows)
 
 
 def inverse_index(ids: torch.Tensor, size: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ from ppdkit.models.loading import load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
 from .acceptance import Sampling
-from .draft_heads import DraftHeadSet, HeadTree
+from .draft_heads import DraftHeadSet, HeadTree, draft_seconds
 from .head_loading import load_draft_heads
 from .llama import LeanLlama
 from .lookup import root_only, with_lookup_chains
@@ -140,6 +140,7 @@ class Decoder:
             heads, head_trees = load_draft_heads(component, base.model)
             decoder = cls(base.model, base.tokenizer, None, None, max_length)
             decoder.heads, taus = heads, {s: tau for s, (_, tau) in head_trees.items()}
+            decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
         else:
             prompts, by_size, ngrams = _drafts(component, base.model)
             decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
@@ -147,13 +148,11 @@ class Decoder:
         decoder.fingerprint = base.fingerprint
         if taus:
             if tree_size is None:  # hardware-aware: measured once per machine, then cached
-                decoder.profile = profile_trees(decoder.model, taus, base.fingerprint,
-                                                drafter="ppd" if decoder.heads is None else "heads")
+                decoder.profile = profile_trees(decoder.model, taus, base.fingerprint, **decoder.profile_drafter())
                 tree_size = decoder.profile["chosen"]
             decoder.size = min(taus, key=lambda s: abs(s - tree_size))
             if decoder.heads is not None:
-                decoder.head_tree = head_trees[decoder.size][0]
-                decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
+                decoder.head_tree = decoder.head_trees[decoder.size]
                 decoder.size_taus = taus
                 decoder.size_rows = {s: tree.layout.size for s, tree in decoder.head_trees.items()}
             else:
@@ -253,6 +252,14 @@ class Decoder:
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
                               self._tree_size(method), time.perf_counter() - started,
                               sizer.chosen if sizer is not None else [], self.pruned_rows)
+
+    def profile_drafter(self) -> dict:
+        """profile_trees' arguments for this decoder's drafter: draft heads draft before the forward, and that
+        time counts when a tree size is chosen."""
+        if self.heads is None:
+            return {"drafter": "ppd"}
+        return {"drafter": "heads",
+                "draft_seconds": lambda size: draft_seconds(self.model, self.heads, self.head_trees[size])}
 
     def carries(self) -> set[str]:
         """What the loaded component provides, in the terms of runtime/methods.py's `needs`."""

@@ -19,6 +19,7 @@ from ppdkit.models.draft_heads import draft_logits, feature_step, medusa_states
 
 from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
+from .linear import Linear
 from .pruning import kept_path, pruned_forward
 from .tree import TreeState
 from .tree_layout import TreeLayout, layout_tree
@@ -32,6 +33,12 @@ class DraftHeadSet:
     vocab: torch.Tensor  # [V'] the draft vocabulary's token ids
     vocab_rows: torch.Tensor  # [V', H] the base model's LM-head rows of those ids
     depth: int  # distances the heads guess
+
+    def __post_init__(self):
+        # a level multiplies a few rows by each matrix: the packed few-rows kernels draft 3-6x faster than the
+        # default matmul (SmolLM2, 2 cores); Medusa's [D, H, H] stack stays one einsum
+        self.readout = Linear(self.vocab_rows)
+        self.layers = tuple(Linear(t) for t in self.tensors) if self.kind == "feature" else self.tensors
 
 
 @dataclass(frozen=True)
@@ -77,20 +84,33 @@ def draft(model, heads: DraftHeadSet, tree: HeadTree, feature: torch.Tensor, roo
     if not tree.levels:
         return tokens
     if heads.kind == "medusa":
-        top = draft_logits(medusa_states(feature, *heads.tensors), heads.vocab_rows)  # [D, V']
+        top = draft_logits(medusa_states(feature, *heads.layers), heads.readout)  # [D, V']
         top = top.topk(max(level.ranks for level in tree.levels), dim=-1).indices  # [D, R]
         tokens[1:] = heads.vocab[top[tree.layout.depths[1:] - 1, tree.layout.ranks[1:]]]
         return tokens
-    state = feature_step(feature[None], model.embed_ids(torch.tensor([root])), *heads.tensors)  # [1, H]
+    state = feature_step(feature[None], model.embed_ids(torch.tensor([root])), *heads.layers)  # [1, H]
     for level in tree.levels:
-        top = draft_logits(state, heads.vocab_rows).topk(level.ranks, dim=-1).indices  # [m, ranks]
+        top = draft_logits(state, heads.readout).topk(level.ranks, dim=-1).indices  # [m, ranks]
         guessed = heads.vocab[top[level.child_parent, level.child_rank]]  # [c]
         tokens[level.children] = guessed
         if len(level.next_expanders):
             chosen = level.next_expanders
             state = feature_step(state[level.child_parent[chosen]], model.embed_ids(guessed[chosen]),
-                                 *heads.tensors)  # [m', H]
+                                 *heads.layers)  # [m', H]
     return tokens
+
+
+def draft_seconds(model, heads: DraftHeadSet, tree: HeadTree, repeats: int = 7) -> float:
+    """Median seconds to draft `tree` from a random feature: a larger tree's cost besides its rows (the
+    profile adds it when it chooses the size)."""
+    feature, times = torch.randn(model.hidden, dtype=model.dtype), []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            draft(model, heads, tree, feature, 0)
+            times.append(time.perf_counter() - started)
+    times = sorted(times[1:])  # the first call warms caches
+    return times[len(times) // 2]
 
 
 def _pruned_step(decoder, cache: KVCache, layout: TreeLayout, tokens: torch.Tensor, sampling: Sampling,

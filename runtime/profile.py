@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ from ppdkit.models.paths import cache_dir
 from .llama import LeanLlama
 
 
-RUNTIME_REVISION = 4  # bumped when the forward's cost changes, so profiles cached before are measured again
+RUNTIME_REVISION = 5  # bumped when the forward's cost changes, so profiles cached before are measured again
 
 
 def machine_key() -> str:
@@ -40,9 +41,10 @@ def measure_latency(model: LeanLlama, size: int, context: int = 256, repeats: in
 
 
 def profile_trees(model: LeanLlama, taus: dict[int, float], fingerprint: str, refresh: bool = False,
-                  context: int = 256, drafter: str = "ppd") -> dict:
-    """{"rows": [{size, tau, latency_ms, tokens_per_s}], "chosen": size}; cached per machine, model and drafter
-    kind ("ppd" or "heads": one component of each may serve the same base model)."""
+                  context: int = 256, drafter: str = "ppd", draft_seconds: Callable[[int], float] | None = None) -> dict:
+    """{"rows": [{size, tau, latency_ms, draft_ms, tokens_per_s}], "chosen": size}; cached per machine, model and
+    drafter kind ("ppd" or "heads": one component of each may serve the same base model). `draft_seconds(size)`:
+    what drafting a tree of that size costs before its forward (draft heads; PPD drafts inside the forward)."""
     path_kind = "native" if model.native is not None else "torch"  # the kernels change L(n): one profile each
     name = f"{fingerprint.split(':')[-1][:16]}-{drafter}-{machine_key()}-{path_kind}-r{RUNTIME_REVISION}.json"
     path = cache_dir() / "profiles" / name
@@ -54,8 +56,9 @@ def profile_trees(model: LeanLlama, taus: dict[int, float], fingerprint: str, re
     rows = []
     baseline = measure_latency(model, 1, context)
     for size in key:
-        latency = measure_latency(model, size, context)
-        rows.append({"size": size, "tau": taus[size], "latency_ms": 1000 * latency,
+        drafting = draft_seconds(size) if draft_seconds is not None else 0.0
+        latency = measure_latency(model, size, context) + drafting
+        rows.append({"size": size, "tau": taus[size], "latency_ms": 1000 * latency, "draft_ms": 1000 * drafting,
                      "tokens_per_s": taus[size] / latency, "speedup_vs_one_token": taus[size] * baseline / latency})
     chosen = max(rows, key=lambda r: r["tokens_per_s"])["size"]
     result = {"machine": machine_key(), "context": context, "one_token_ms": 1000 * baseline, "sizes": key,

@@ -16,6 +16,7 @@ from ppdkit.models.draft_heads import draft_logits, inverse_index
 from ppdkit.models.heads import apply_residual_head
 
 from .kv_cache import KVCache
+from .linear import Linear
 from .llama import LeanLlama
 from .tree_layout import TreeLayout
 
@@ -28,6 +29,9 @@ class EarlyHead:
     vocab_rows: torch.Tensor  # [V', H] the base model's LM-head rows of those ids
     layer: int  # n: decoder layers before the head
     top_k: int  # K: a child survives when its token is among its parent's top-K early guesses
+
+    def __post_init__(self):
+        self.readout = Linear(self.vocab_rows)  # the packed few-rows kernel (runtime/linear.py)
 
 
 def load_early_head(component: Component, model, top_k: int) -> EarlyHead:
@@ -56,7 +60,7 @@ def survivors(model: LeanLlama, early: EarlyHead, residual: torch.Tensor, tokens
     """residual [N, H] of the tree's nodes after early.layer layers, tokens [N] -> alive [N] bool: the root,
     and every node whose path's tokens are each within their parent's top-K early guesses."""
     state = model.final_norm(apply_residual_head(residual, early.weight, early.bias))  # [N, H]
-    guesses = early.vocab[draft_logits(state, early.vocab_rows).topk(early.top_k, dim=-1).indices]  # [N, K]
+    guesses = early.vocab[draft_logits(state, early.readout).topk(early.top_k, dim=-1).indices]  # [N, K]
     parents = torch.tensor(layout.links.parents[1:], dtype=torch.long)
     ok = torch.ones(layout.nodes, dtype=torch.bool)
     ok[1:] = (guesses[parents] == tokens[1:, None]).any(-1)

@@ -4,6 +4,7 @@ property whatever the heads hold (poisoned heads on both kernel paths, random he
 against transformers' greedy, an oracle drafter whose guesses are often right so the accepted paths and
 cache pruning run)."""
 
+import dataclasses
 import math
 import random
 
@@ -123,7 +124,8 @@ def test_poisoned_heads_cannot_change_greedy_output(path, monkeypatch):
     for case, value in enumerate((math.nan, math.inf, -math.inf, 1e30, 3e38)):
         kind, depth = ("feature", "medusa")[case % 2], 1 + case % 4
         heads = _heads(kind, depth, g, model, vocab)
-        heads.tensors = tuple(torch.full_like(t, value) if i % 2 == case % 2 else t for i, t in enumerate(heads.tensors))
+        heads = dataclasses.replace(heads, tensors=tuple(torch.full_like(t, value) if i % 2 == case % 2 else t
+                                                         for i, t in enumerate(heads.tensors)))
         decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([4, 8, 16, 32])))
         assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
         for seed in range(3):
