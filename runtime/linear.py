@@ -4,9 +4,8 @@ Three paths, fastest first where each applies (measured on 2 cores with AVX-512,
 layers of weights, float32):
 - the native few-rows matmul (runtime/kernels/skinny_linear.cpp, AVX-512 or AVX2, built on first use):
   1 to 8 rows in 12-17 ms, about 30 GB/s read, where oneDNN takes 17-27 ms; 9 to 12 rows in 18-23 ms
-  against 25-28; about even at 13-16 rows, where two cores become compute bound. 17 to 64 rows go
-  through it in passes of at most 16 (weights read per pass; oneDNN would be about 20% faster there,
-  but would need a second copy of the weights).
+  against 25-28; from about 13 rows two cores are compute bound (7.5 us per row of a 1536 x 576 weight
+  on one core). 16 to 64 rows go through it in balanced passes of at most 15 (weights read per pass).
 - oneDNN on weights reordered once into its blocked layout, where the native kernel cannot be built;
 - PyTorch's default matmul (MKL) for long inputs (a prompt's prefill), as efficient as any there.
 The results differ only in summation order (about 1e-6 relative in float32).
@@ -18,8 +17,8 @@ import torch.nn.functional as F
 from .native import native_kernels
 
 ROWS_HINT = 64  # the batch oneDNN tunes its layout for; measured as good for 1 to 64 rows
-SKINNY_MAX_ROWS = 64  # beyond: the default matmul (prefill), no slower there than passes of 16 rows
-# (the native kernel takes up to 16 rows a pass, balanced: 18 rows as 9 + 9)
+SKINNY_MAX_ROWS = 64  # beyond: the default matmul (prefill), no slower there than passes of 15 rows
+# (the native kernel takes up to 15 rows a pass, balanced: 16 rows as 8 + 8)
 
 
 def _packing_available(dtype: torch.dtype) -> bool:
@@ -44,7 +43,7 @@ class Linear:
         rows = x.reshape(-1, self.in_features)  # the kernels take 2-D inputs
         n = rows.shape[0]
         if self.native is not None and n <= SKINNY_MAX_ROWS:
-            y = self.native.linear(rows, self.panels, self.out_features)  # passes of at most 16 rows
+            y = self.native.linear(rows, self.panels, self.out_features)  # passes of at most 15 rows
         elif self.onednn is not None:
             y = torch.ops.mkldnn._linear_pointwise(rows, self.onednn, None, "none", [], "")
         else:

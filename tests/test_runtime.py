@@ -143,7 +143,7 @@ def test_linear_paths_agree_with_torch(variant, monkeypatch):
         assert layer.native is module and (layer.onednn is not None) == (module is None)
         if variant == "avx2":
             assert layer.panels.shape[-1] == 8  # 8-float panels: the AVX2 build, not AVX-512's 16
-        for rows in [1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 65]:
+        for rows in [1, 2, 3, 5, 8, 9, 12, 13, 15, 16, 17, 31, 33, 64, 65]:
             x = torch.randn(rows, in_features, generator=g)
             assert torch.allclose(layer(x), x @ weight.T, atol=1e-4, rtol=1e-5), (out_features, in_features, rows)
         assert layer(torch.randn(2, 3, in_features, generator=g)).shape == (2, 3, out_features)
