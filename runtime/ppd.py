@@ -25,7 +25,7 @@ from .kv_cache import KVCache
 from .llama import LeanLlama
 from .lookup import ContextIndex, draft_chains
 from .methods import LOOKUP_LENGTHS
-from .pruning import EarlyHead, kept_path, pruned_forward
+from .pruning import EarlyHead, kept_path, logit_owners, pruned_forward
 from .tree_layout import TreeLayout
 from .tree_sizer import TreeSizer
 
@@ -102,7 +102,13 @@ def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: Tr
     # One LM-head call for the nodes and every node's prompt tokens (EPTs aggregated first): the head
     # reads its 28M weights once however many rows it gets.
     slots = prompts.draft_states(hidden[tree.nodes:], tree.slot_distances)  # [sum c, H]
-    logits = model.logits(torch.cat([hidden[:tree.nodes], slots]))  # [N + sum c, V]
+    rows = torch.cat([hidden[:tree.nodes], slots])  # [N + sum c, H]
+    if alive is None:
+        logits = model.logits(rows)  # [N + sum c, V]
+    else:  # the survivors' rows only: a pruned node is never kept, so its rows are never read
+        live = alive[logit_owners(tree)].nonzero()[:, 0]
+        logits = rows.new_zeros(len(rows), model.vocab_size)
+        logits[live] = model.logits(rows[live])
     final, next_token = choose(node_tokens, logits[:tree.nodes], tree.links, sampling, generator, alive)
     path = tree.paths[final]
     new_guesses = logits[tree.guess_rows[final]].topk(ranks, dim=-1).indices  # [count, ranks]

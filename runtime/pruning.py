@@ -76,6 +76,13 @@ def row_owners(layout: TreeLayout) -> torch.Tensor:
     return torch.cat([torch.arange(layout.nodes), torch.repeat_interleave(torch.arange(layout.nodes), per_node)])
 
 
+def logit_owners(layout: TreeLayout) -> torch.Tensor:
+    """[N + sum of prompts]: the node each LM-head row belongs to (its own row, or one of its aggregated
+    prompt tokens: TreeLayout.guess_rows, node-major)."""
+    nodes = torch.arange(layout.nodes)
+    return torch.cat([nodes, torch.repeat_interleave(nodes, torch.tensor(layout.prompts, dtype=torch.long))])
+
+
 def pruned_forward(model: LeanLlama, cache: KVCache, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                    layout: TreeLayout, tokens: torch.Tensor, early: EarlyHead
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
