@@ -279,3 +279,17 @@ def test_hardware_profile_picks_the_best_measured_tau_per_latency_and_is_cached(
     lean.native = None  # the PyTorch layers cost differently: their own profile
     profile_trees(lean, taus, "sha256:" + "ab" * 32, context=32)
     assert len(list((tmp_path / "profiles").iterdir())) == 2 - (native_kernels() is None)
+
+
+def test_a_drafters_own_time_counts_in_the_profile(monkeypatch, tmp_path):
+    """Draft heads draft before the forward: a size whose draft is slow loses to one whose draft is fast."""
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
+    model, _ = build_tiny_llama()
+    lean = LeanLlama(model.float().eval(), 512)
+    taus = {4: 1.5, 8: 1.6}
+    slow = {4: 0.0, 8: 10.0}  # seconds: far beyond any forward of the tiny model
+    profile = profile_trees(lean, taus, "sha256:" + "cd" * 32, context=32, drafter="heads",
+                            draft_seconds=slow.__getitem__)
+    rows = {row["size"]: row for row in profile["rows"]}
+    assert rows[8]["draft_ms"] == 10_000 and rows[8]["latency_ms"] > 10_000 and rows[4]["draft_ms"] == 0
+    assert profile["chosen"] == 4
