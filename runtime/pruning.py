@@ -59,11 +59,12 @@ def survivors(model: LeanLlama, early: EarlyHead, residual: torch.Tensor, tokens
               layout: TreeLayout) -> torch.Tensor:
     """residual [N, H] of the tree's nodes after early.layer layers, tokens [N] -> alive [N] bool: the root,
     and every node whose path's tokens are each within their parent's top-K early guesses."""
-    state = model.final_norm(apply_residual_head(residual, early.weight, early.bias))  # [N, H]
-    guesses = early.vocab[draft_logits(state, early.readout).topk(early.top_k, dim=-1).indices]  # [N, K]
-    parents = torch.tensor(layout.links.parents[1:], dtype=torch.long)
+    parents = torch.tensor(layout.links.parents[1:], dtype=torch.long)  # [N-1]
+    expanders, child_of = parents.unique(return_inverse=True)  # the nodes with children: only theirs are read
+    state = model.final_norm(apply_residual_head(residual[expanders], early.weight, early.bias))  # [E, H]
+    guesses = early.vocab[draft_logits(state, early.readout).topk(early.top_k, dim=-1).indices]  # [E, K]
     ok = torch.ones(layout.nodes, dtype=torch.bool)
-    ok[1:] = (guesses[parents] == tokens[1:, None]).any(-1)
+    ok[1:] = (guesses[child_of] == tokens[1:, None]).any(-1)
     ancestors = layout.mask[:layout.nodes, :layout.nodes]  # [N, N] row: the node's path, itself included
     return ~(ancestors & ~ok[None, :]).any(-1)
 
