@@ -65,14 +65,23 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
 
 def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
               tree_size: int | None = None, lookup_chains: int = 1, early_head: str | None = None,
-              prune_top_k: int = 8) -> dict:
+              prune_top_k: int = 8, base_only: bool = False) -> dict:
+    """`model` a component (directory or models:/ URI), or with `base_only` a base model for the methods that
+    need no component."""
     unknown = [m for m in methods if m.removesuffix(DYNAMIC) not in ALL_METHODS
                or m.endswith(DYNAMIC) and m.removesuffix(DYNAMIC) in ("ar", *HF_METHODS)]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}, a tree method with "
                          f"{DYNAMIC} for its size picked per step")
-    decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
-                                      early_head=early_head, prune_top_k=prune_top_k)
+    if base_only:
+        decoder = Decoder.from_base(model)
+    else:
+        decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
+                                          early_head=early_head, prune_top_k=prune_top_k)
+    unserved = [m for m in methods if m not in HF_METHODS and m.removesuffix(DYNAMIC) not in decoder.methods()]
+    if unserved:
+        raise ValueError(f"{model} cannot serve {', '.join(unserved)}: it serves {', '.join(decoder.methods())} "
+                         "(and the transformers baselines)")
     prompts = [decoder.encode_chat(p) for p in load_prompts(prompts_source, limit)]
     order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy is the reference
     for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured

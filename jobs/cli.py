@@ -114,9 +114,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
     from .console import text_streamer
 
-    decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
-                                      dynamic_size=args.dynamic_size, early_head=args.early_head,
-                                      prune_top_k=args.prune_top_k)
+    if args.base:
+        decoder = Decoder.from_base(args.base)
+    else:
+        decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
+                                          dynamic_size=args.dynamic_size, early_head=args.early_head,
+                                          prune_top_k=args.prune_top_k)
     result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=text_streamer(decoder.tokenizer),
                               temperature=args.temperature, acceptance=args.acceptance, epsilon=args.epsilon,
                               delta=args.delta, seed=args.seed)
@@ -151,8 +154,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import print_table, run_bench, write_report
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    report = run_bench(args.model, args.prompts, args.limit, args.max_new_tokens, methods,
-                       args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k)
+    report = run_bench(args.model or args.base, args.prompts, args.limit, args.max_new_tokens, methods,
+                       args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k, base_only=bool(args.base))
     print_table(report)
     if args.out:
         write_report(report, Path(args.out))
@@ -229,7 +232,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench_insertion)
 
     decode = sub.add_parser("decode", help="decode a prompt with a component (greedy or sampled, lossless), streaming")
-    decode.add_argument("--model", required=True, help="component directory (e.g. OUTPUT/calibrate/component)")
     decode.add_argument("--prompt", required=True)
     decode.add_argument("--max-new-tokens", type=int, default=128)
     decode.add_argument("--method", default="ppd", choices=list(DECODING_METHODS))
@@ -252,7 +254,6 @@ def build_parser() -> argparse.ArgumentParser:
     prof.set_defaults(func=cmd_profile)
 
     bench_dec = sub.add_parser("bench", help="decoding benchmark: methods on the same prompts, one process")
-    bench_dec.add_argument("--model", required=True)
     bench_dec.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
     bench_dec.add_argument("--limit", type=int, default=10)
     bench_dec.add_argument("--max-new-tokens", type=int, default=128)
@@ -262,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dec.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     bench_dec.add_argument("--out", help="write the report as JSON here")
     for parser_ in (decode, bench_dec):
+        source = parser_.add_mutually_exclusive_group(required=True)
+        source.add_argument("--model", help="a component: its directory (e.g. OUTPUT/calibrate/component) or "
+                                            "models:/NAME@ALIAS")
+        source.add_argument("--base", help="a base model alone (smollm2-135m, tiny-llama or a local directory), for "
+                                           "the methods that need no component: ar, anpd")
         parser_.add_argument("--early-head", help="an early-head component (train.method early-head) for the *-prune "
                                                   "methods")
         parser_.add_argument("--prune-top-k", type=int, default=8,

@@ -169,6 +169,15 @@ class Decoder:
             decoder.early_head = load_early_head(early, base.model, prune_top_k)
         return decoder
 
+    @classmethod
+    def from_base(cls, name: str, dtype: str = "float32", max_length: int = 2048) -> "Decoder":
+        """A base model alone (a name of models/config.py or a local directory), for the methods that need no
+        component: ar and the training-free drafters (anpd)."""
+        base = load_base_model(name, quantization="none", dtype=dtype)
+        decoder = cls(base.model, base.tokenizer, None, None, max_length)
+        decoder.fingerprint = base.fingerprint
+        return decoder
+
     def encode_chat(self, prompt: str) -> list[int]:
         return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
                                                   add_generation_prompt=True, return_dict=False)
@@ -287,7 +296,7 @@ class Decoder:
         if HEAD_TREE in get_method(method).needs and self.head_tree is not None:
             return max([self.head_tree.layout.size, *(t.layout.size for t in self.head_trees.values())])
         if TREES not in get_method(method).needs or not self.layouts:
-            return 1
+            return get_method(method).chain_rows
         largest = max(layout.size for layouts in (self.layouts, *self.size_layouts.values()) for layout in layouts.values())
         return largest + (lookup_rows(self.lookup_chains) if get_method(method).lookup else 0)
 

@@ -24,6 +24,7 @@ from .pruning import kept_path, pruned_forward
 from .tree import TreeState
 from .tree_layout import TreeLayout, layout_tree
 from .tree_sizer import TreeSizer
+from .verify import verify_tree
 
 
 @dataclass
@@ -147,12 +148,7 @@ def decode_heads(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[lis
         if prune:
             feature, next_token, path = _pruned_step(decoder, cache, layout, tokens, sampling, generator)
         else:
-            hidden = model.forward(model.embed_ids(tokens), cache.length + layout.offsets, cache,
-                                   layout.mask_after(cache.length))  # [N, H]
-            final, next_token = choose(tokens, model.logits(hidden), layout.links, sampling, generator)
-            path = layout.paths[final]
-            cache.commit(path, layout.size)
-            feature = hidden[final]
+            feature, next_token, path = verify_tree(model, cache, layout, tokens, sampling, generator)
         root = next_token
         if sizer is not None:  # the draft's time counts: it is part of what a larger tree costs
             sizer.observe(layout.size, time.perf_counter() - started, len(path))

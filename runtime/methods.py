@@ -35,6 +35,11 @@ class DecodingMethod:
         return self.options.get("lookup", False)
 
     @property
+    def chain_rows(self) -> int:
+        """The rows of a step of a chain drafter (anpd): the root and its guesses; 1 for the others."""
+        return 1 + self.options.get("draft_length", 0)
+
+    @property
     def decode(self) -> Callable[..., None]:
         """Decodes until emit(step's tokens) returns True."""
         module, function = self.loop.split(":")
@@ -43,6 +48,8 @@ class DecodingMethod:
 
 METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
     DecodingMethod("ar", "plain decoding on the lean forward, one token per step", (), "ar:decode_ar"),
+    DecodingMethod("anpd", "ANPD: a chain of up to 7 guesses from the live text's multi-level n-grams (N up to 5); "
+                   "no component needed", (), "anpd:decode_anpd", {"max_n": 5, "draft_length": 7}),
     DecodingMethod("ppd", "the prompt tokens' dynamic sparse tree, verified in the same forward",
                    (PROMPT_TOKENS, TREES), "ppd:decode_ppd"),
     DecodingMethod("ppd-lookup", "ppd plus a chain copied from the text's earlier occurrence of its ending",

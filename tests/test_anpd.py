@@ -1,0 +1,100 @@
+"""ANPD (papers/003) as a decoding method of its own: the multi-level n-gram module by hand, greedy output
+identical to plain greedy decoding on both kernel paths and in float64 against transformers, sampled
+output with the base model's distribution, and decoding from a base model with no component."""
+
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import hf_greedy, kernels_or_skip
+from test_sampling import _chi_square_p_value, tiny_decoder  # noqa: F401  (the fixture)
+
+import ppdkit.runtime.linear as linear_module
+from ppdkit.models.tiny import build_tiny_llama
+from ppdkit.runtime.anpd import AdaptiveNgram
+from ppdkit.runtime.decoder import Decoder
+
+VOCAB = 384
+
+
+def test_the_longest_seen_context_guesses_its_most_frequent_follower():
+    ngrams = AdaptiveNgram([1, 2, 3, 1, 2, 4, 9, 2, 4], max_n=3)
+    assert ngrams.query([7, 2]) == 4  # (2,) was followed by 3 once and by 4 twice
+    assert ngrams.query([1, 2]) == 4  # (1, 2): 3 then 4, a tie: the latest wins
+    assert ngrams.query([9, 2]) == 4
+    assert ngrams.query([5, 1]) == 2  # (5, 1) never seen: one level down, (1,)
+    assert ngrams.query([5, 6]) is None
+    ngrams.extend([1, 2, 3, 1, 2, 3])  # the text adapts: (1, 2) -> 3 is now the most frequent
+    assert ngrams.query([1, 2]) == 3
+    assert ngrams.draft(5) == [1, 2, 3, 1, 2]  # each guess read with the ones before it
+    assert AdaptiveNgram([1, 2], max_n=5).draft(4) == []  # (2,) never followed by anything
+    with pytest.raises(ValueError, match="max_n >= 2"):
+        AdaptiveNgram([1], max_n=1)
+
+
+@pytest.mark.parametrize("path", ["native", "pytorch"])
+def test_anpd_gives_plain_greedy_tokens_on_both_kernel_paths(path, monkeypatch):
+    module = kernels_or_skip("native") if path == "native" else None
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    model, tok = build_tiny_llama()
+    decoder = Decoder(model.float().eval(), tok, None, None)
+    assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
+    rng = random.Random(0)
+    steps = emitted = 0
+    for case in range(12):
+        ids = [rng.randrange(3, 30) for _ in range(rng.randint(1, 40))]  # few distinct tokens: contexts repeat
+        ar = decoder.generate(ids, 40, "ar").tokens
+        out = decoder.generate(ids, 40, "anpd")
+        assert out.tokens == ar, case
+        steps, emitted = steps + out.steps, emitted + len(out.tokens)
+    assert emitted / steps > 1.5  # chains were accepted: multi-token verification and cache trimming ran
+
+
+def test_anpd_reproduces_transformers_greedy_in_float64(tiny_f64):
+    model, tok = tiny_f64
+    decoder = Decoder(model, tok, None, None)
+    rng = random.Random(1)
+    for case in range(30):
+        ids = [rng.randrange(3, VOCAB if case % 2 else 20) for _ in range(rng.randint(1, 48))]  # 0-2: special
+        budget = rng.randint(1, 48)
+        truth = hf_greedy(model, ids, budget)
+        out = decoder.generate(ids, budget, "anpd").tokens
+        assert out == truth[:len(out)], case
+        assert len(out) == budget or out[-1] in decoder._eos_ids(), case
+
+
+def test_sampled_anpd_draws_the_base_models_first_tokens(tiny_decoder):  # noqa: F811
+    """The second token comes out of the first chain's speculative acceptance (the prompt repeats, so the
+    chain usually guesses it): first and second tokens follow the model's distribution."""
+    decoder, ids = tiny_decoder, [5, 17, 5, 17, 5, 17, 5]
+    with torch.inference_mode():
+        model = decoder.hf_model
+        p1 = torch.softmax(model(torch.tensor([ids])).logits[0, -1] / 0.7, -1)  # [V]
+        every_x1 = torch.cat([torch.tensor(ids).expand(len(p1), -1), torch.arange(len(p1))[:, None]], 1)
+        p2_given_x1 = torch.softmax(model(every_x1).logits[:, -1] / 0.7, -1)  # [V, V]
+    p1_going_on = p1.clone()
+    p1_going_on[list(decoder._eos_ids())] = 0
+    p2 = p1_going_on @ p2_given_x1
+    draws = 1500
+    first, second = torch.zeros(len(p1)), torch.zeros(len(p1))
+    for seed in range(draws):
+        tokens = decoder.generate(ids, 2, "anpd", temperature=0.7, seed=seed).tokens
+        first[tokens[0]] += 1
+        if len(tokens) > 1:
+            second[tokens[1]] += 1
+    assert _chi_square_p_value(first, (p1 * draws).float()) > 1e-3
+    assert _chi_square_p_value(second, (p2 * draws).float()) > 1e-3
+
+
+def test_a_base_model_alone_decodes_with_anpd_and_refuses_component_methods(tmp_path):
+    decoder = Decoder.from_base("tiny-llama")
+    assert decoder.methods() == ["ar", "anpd"]
+    with pytest.raises(ValueError, match="method ppd needs prompt tokens"):
+        decoder.generate([5, 6, 7], 4, "ppd")
+    out = subprocess.run([sys.executable, "-m", "ppdkit.jobs.cli", "decode", "--base", "tiny-llama", "--method",
+                          "anpd", "--prompt", "hello hello hello", "--max-new-tokens", "12"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "[anpd] 12 tokens" in out.stderr
