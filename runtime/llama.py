@@ -31,6 +31,10 @@ class _Layer:
     down: Linear  # I -> H
 
 
+# a layer's sub-layers a layer-skip draft leaves out (forward's `skip`, one bit mask per layer)
+SKIP_ATTENTION, SKIP_MLP = 1, 2
+
+
 class LeanLlama:
     def __init__(self, hf_model, max_positions: int = 4096, pack: bool = True):
         cfg = hf_model.config
@@ -85,22 +89,24 @@ class LeanLlama:
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, skip: tuple[int, ...] | None = None) -> torch.Tensor:
         """x [T, H] input embeddings at `positions` [T] -> final hidden states [T, H].
 
         mask [T, length + T] bool (True: may attend), None for causal over cache + new tokens. The new
-        keys/values are written after the committed ones; the caller commits what it keeps.
+        keys/values are written after the committed ones; the caller commits what it keeps. `skip`: per
+        layer, the sub-layers left out (bit 1 attention, bit 2 MLP; runtime/layer_skip.py's drafts).
         """
-        return self.final_norm(self.forward_layers(x, positions, cache, mask, 0, len(self.layers)))
+        return self.final_norm(self.forward_layers(x, positions, cache, mask, 0, len(self.layers), skip))
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self._rms(x, self.norm)
 
     def forward_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
-                       start: int, stop: int) -> torch.Tensor:
+                       start: int, stop: int, skip: tuple[int, ...] | None = None) -> torch.Tensor:
         """Decoder layers start .. stop - 1 only: x [T, H], the residual stream after layer start - 1 (the
         input embeddings for start 0) -> the residual stream after layer stop - 1, no final norm. Their
-        keys/values are written like forward's (ProPD's early pruning runs a tree in two parts)."""
+        keys/values are written like forward's (ProPD's early pruning runs a tree in two parts); `skip` as
+        forward's, one mask per layer of the model. A skipped attention writes no keys/values."""
         t = x.shape[0]
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
@@ -110,33 +116,43 @@ class LeanLlama:
         if self.native is not None and t <= SKINNY_MAX_ROWS:
             return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps,
                                               cos[:, 0], sin[:, 0], bias, cache.k[start:stop], cache.v[start:stop],
-                                              cache.length)
-        return self._layers(x, cos, sin, bias, cache, start, stop)
+                                              cache.length, list(skip[start:stop]) if skip else [])
+        return self._layers(x, cos, sin, bias, cache, start, stop, skip)
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
-                cache: KVCache, start: int, stop: int) -> torch.Tensor:
+                cache: KVCache, start: int, stop: int, skip: tuple[int, ...] | None = None) -> torch.Tensor:
         """Decoder layers start .. stop - 1 in PyTorch operations: x [T, H], cos/sin [T, 1, D] -> [T, H]."""
+        for i in range(start, stop):
+            skipped = skip[i] if skip else 0
+            if not skipped & SKIP_ATTENTION:
+                x = x + self._attention(i, x, cos, sin, bias, cache)
+            if not skipped & SKIP_MLP:
+                layer = self.layers[i]
+                gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
+                x = x + layer.down(torch.nn.functional.silu(gate) * up)
+        return x
+
+    def _attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
+                   cache: KVCache) -> torch.Tensor:
+        """Layer i's attention sub-layer: x [T, H] -> its output [T, H] (before the residual add); writes the
+        new keys/values."""
         t = x.shape[0]
         hq, hkv, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         scale = 1.0 / math.sqrt(d)
-        for i in range(start, stop):
-            layer = self.layers[i]
-            qkv = layer.qkv(self._rms(x, layer.ln1))  # [T, (Hq + 2 Hkv) D]
-            qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
-            q = qk[:, :hq].reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # [Hkv, g T, D]
-            k = qk[:, hq:].transpose(0, 1)  # [Hkv, T, D]
-            v = qkv[:, (hq + hkv) * d:].view(t, hkv, d).transpose(0, 1)  # [Hkv, T, D]
-            keys, values = cache.write(i, k, v)  # [Hkv, S, D]
-            if bias is None:
-                scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)  # [Hkv, g T, S]
-            else:
-                scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=scale)
-            attn = torch.bmm(scores.softmax(-1), values)  # [Hkv, g T, D]
-            attn = attn.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d)
-            x = x + layer.o(attn)
-            gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
-            x = x + layer.down(torch.nn.functional.silu(gate) * up)
-        return x
+        layer = self.layers[i]
+        qkv = layer.qkv(self._rms(x, layer.ln1))  # [T, (Hq + 2 Hkv) D]
+        qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
+        q = qk[:, :hq].reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # [Hkv, g T, D]
+        k = qk[:, hq:].transpose(0, 1)  # [Hkv, T, D]
+        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d).transpose(0, 1)  # [Hkv, T, D]
+        keys, values = cache.write(i, k, v)  # [Hkv, S, D]
+        if bias is None:
+            scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)  # [Hkv, g T, S]
+        else:
+            scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=scale)
+        attn = torch.bmm(scores.softmax(-1), values)  # [Hkv, g T, D]
+        attn = attn.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d)
+        return layer.o(attn)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V]."""

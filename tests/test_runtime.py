@@ -159,8 +159,11 @@ def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatc
     lean = LeanLlama(model.float().eval(), 256)
     assert lean.native is not None
     g = torch.Generator().manual_seed(3)
-    for t, masked in [(1, False), (5, False), (6, True), (17, True)]:
-        caches = [lean.new_cache(64) for _ in range(2)]
+    layers = len(lean.layers)
+    # the last two: a layer-skip draft's sub-layers left out (bit 1 attention, bit 2 MLP), random per layer
+    for t, masked, skip in [(1, False, []), (5, False, []), (6, True, []), (17, True, []),
+                            (1, False, [i % 4 for i in range(layers)]), (4, True, [(i + 1) % 4 for i in range(layers)])]:
+        caches = [lean.new_cache(64) for _ in range(3)]
         prompt = lean.embed_ids(torch.tensor(_prompt(t, 20)))
         for cache in caches:
             lean.forward(prompt, torch.arange(20), cache, None)  # prefill: PyTorch layers (20 rows)
@@ -174,14 +177,16 @@ def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatc
         cos, sin = lean.cos[positions][:, None], lean.sin[positions][:, None]
         bias = _attention_bias(mask, 20, t, lean.group, lean.dtype)
         native = lean.native.decoder_layers(x, lean.native_weights, lean.native_shape, lean.eps, cos[:, 0], sin[:, 0],
-                                            bias, caches[0].k, caches[0].v, 20)
-        ours = lean._layers(x, cos, sin, bias, caches[1], 0, len(lean.layers))
+                                            bias, caches[0].k, caches[0].v, 20, skip)
+        ours = lean._layers(x, cos, sin, bias, caches[1], 0, layers, tuple(skip))
+        if skip:
+            assert not torch.allclose(native, lean._layers(x, cos, sin, bias, caches[2], 0, layers)), t
         assert torch.allclose(native, ours, atol=1e-4, rtol=1e-4), (t, (native - ours).abs().max())
         for a, b in [(caches[0].k, caches[1].k), (caches[0].v, caches[1].v)]:
             assert torch.allclose(a[:, :, :20 + t], b[:, :, :20 + t], atol=1e-4, rtol=1e-4)
     with pytest.raises(RuntimeError, match="float32 tensors only"):  # a clear error, not bad memory reads
         lean.native.decoder_layers(x.double(), lean.native_weights, lean.native_shape, lean.eps, cos[:, 0], sin[:, 0],
-                                   bias, caches[0].k, caches[0].v, 20)
+                                   bias, caches[0].k, caches[0].v, 20, [])
 
 
 def test_float32_forward_agrees_with_transformers():

@@ -64,10 +64,13 @@ void copy_finite(const float* src, int64_t n, float* dst) {
 // o panels, ln2, gate/up panels, down panels); shape: {Hq, Hkv, D, I, H}; cos/sin [T, D] at the new
 // positions; bias [g T, S] (g = Hq / Hkv query heads per key/value head) or none for one token seeing
 // everything; cache_k/v [layers, Hkv, capacity, D]: the new keys/values are written at [length, length + T).
+// skip: empty, or per layer a bit mask of the sub-layers left out (1 attention: no keys/values written,
+// 2 MLP), a layer-skip draft's (runtime/layer_skip.py).
 torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
                              const std::vector<int64_t>& shape, double eps_d, const torch::Tensor& cos,
                              const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
-                             const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length) {
+                             const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length,
+                             const std::vector<int64_t>& skip) {
   TORCH_CHECK(shape.size() == 5 && weights.size() % 6 == 0, "decoder_layers: 5 shape values, 6 weights a layer");
   const int64_t hq = shape[0], hkv = shape[1], d = shape[2], inter = shape[3], hidden = shape[4];
   const int64_t g = hq / hkv, t = x_in.size(0), s = length + t, capacity = cache_k.size(2);
@@ -82,6 +85,7 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == hidden && cos.size(0) == t && cos.size(1) == d,
               "decoder_layers: x [T, H] and cos/sin [T, D]");
   TORCH_CHECK(!bias || (bias->size(0) == g * t && bias->size(1) == s), "decoder_layers: bias [g T, S]");
+  TORCH_CHECK(skip.empty() || skip.size() * 6 == weights.size(), "decoder_layers: one skip mask per layer");
   auto x = x_in.contiguous().clone();
   auto q = torch::empty({hkv, g * t, d}, x.options());  // queries grouped by their key/value head
   auto merged = torch::empty({t, hq * d}, x.options());  // attention output, heads side by side
@@ -91,31 +95,35 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
   const auto grouped_row = [g, t](int64_t head, int64_t r) { return (head / g) * g * t + (head % g) * t + r; };
   for (size_t layer = 0; layer < weights.size() / 6; ++layer) {
     const torch::Tensor* w = &weights[layer * 6];
-    auto qkv = skinny_linear(rms_norm(x, w[0], eps), w[1], qkv_width).contiguous();  // [T, (Hq + 2 Hkv) D]
-    rotate(qkv, hq + hkv, d, cos_c, sin_c);
-    const float* qkvs = qkv.data_ptr<float>();
-    float* ks = cache_k.data_ptr<float>() + layer * hkv * capacity * d;
-    float* vs = cache_v.data_ptr<float>() + layer * hkv * capacity * d;
-    float* qs = q.data_ptr<float>();
-    for (int64_t r = 0; r < t; ++r) {
-      const float* row = qkvs + r * qkv_width;
-      for (int64_t head = 0; head < hq; ++head) std::copy_n(row + head * d, d, qs + grouped_row(head, r) * d);
-      for (int64_t kv = 0; kv < hkv; ++kv) {
-        copy_finite(row + (hq + kv) * d, d, ks + (kv * capacity + length + r) * d);
-        copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + length + r) * d);
+    const int64_t skipped = skip.empty() ? 0 : skip[layer];
+    if (!(skipped & 1)) {
+      auto qkv = skinny_linear(rms_norm(x, w[0], eps), w[1], qkv_width).contiguous();  // [T, (Hq + 2 Hkv) D]
+      rotate(qkv, hq + hkv, d, cos_c, sin_c);
+      const float* qkvs = qkv.data_ptr<float>();
+      float* ks = cache_k.data_ptr<float>() + layer * hkv * capacity * d;
+      float* vs = cache_v.data_ptr<float>() + layer * hkv * capacity * d;
+      float* qs = q.data_ptr<float>();
+      for (int64_t r = 0; r < t; ++r) {
+        const float* row = qkvs + r * qkv_width;
+        for (int64_t head = 0; head < hq; ++head) std::copy_n(row + head * d, d, qs + grouped_row(head, r) * d);
+        for (int64_t kv = 0; kv < hkv; ++kv) {
+          copy_finite(row + (hq + kv) * d, d, ks + (kv * capacity + length + r) * d);
+          copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + length + r) * d);
+        }
       }
+      auto keys = cache_k[layer].narrow(1, 0, s);  // [Hkv, S, D]
+      auto values = cache_v[layer].narrow(1, 0, s);
+      auto scores = bias ? at::baddbmm(*bias, q, keys.transpose(1, 2), 1.0, scale)
+                         : at::bmm(q, keys.transpose(1, 2)).mul_(scale);  // [Hkv, g T, S]
+      auto attn = at::bmm(scores.softmax(-1), values).contiguous();  // [Hkv, g T, D]
+      const float* as = attn.data_ptr<float>();
+      float* ms = merged.data_ptr<float>();
+      for (int64_t head = 0; head < hq; ++head)
+        for (int64_t r = 0; r < t; ++r)
+          std::copy_n(as + grouped_row(head, r) * d, d, ms + r * hq * d + head * d);
+      x.add_(skinny_linear(merged, w[2], hidden));
     }
-    auto keys = cache_k[layer].narrow(1, 0, s);  // [Hkv, S, D]
-    auto values = cache_v[layer].narrow(1, 0, s);
-    auto scores = bias ? at::baddbmm(*bias, q, keys.transpose(1, 2), 1.0, scale)
-                       : at::bmm(q, keys.transpose(1, 2)).mul_(scale);  // [Hkv, g T, S]
-    auto attn = at::bmm(scores.softmax(-1), values).contiguous();  // [Hkv, g T, D]
-    const float* as = attn.data_ptr<float>();
-    float* ms = merged.data_ptr<float>();
-    for (int64_t head = 0; head < hq; ++head)
-      for (int64_t r = 0; r < t; ++r)
-        std::copy_n(as + grouped_row(head, r) * d, d, ms + r * hq * d + head * d);
-    x.add_(skinny_linear(merged, w[2], hidden));
+    if (skipped & 2) continue;
     auto gate_up = skinny_linear(rms_norm(x, w[3], eps), w[4], 2 * inter).contiguous();  // [T, 2 I]
     auto act = at::silu(gate_up.narrow(1, 0, inter)).mul_(gate_up.narrow(1, inter, inter));  // [T, I]
     x.add_(skinny_linear(act, w[5], hidden));
