@@ -19,8 +19,9 @@ from .draft_heads import DraftHeadSet, HeadTree, draft_seconds
 from .head_loading import load_draft_heads
 from .llama import LeanLlama
 from .lookup import root_only, with_lookup_chains
-from .methods import (EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, TREES,
-                      get_method, lookup_rows)
+from .layer_skip import check_skip_map
+from .methods import (EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, SKIP_MAP,
+                      TREES, get_method, lookup_rows)
 from .pruning import EarlyHead, load_early_head
 from .ppd import PromptTokenSet
 from .profile import profile_trees
@@ -78,6 +79,7 @@ class Decoder:
         self.size = 0  # the calibrated size in use (the profile's choice)
         self.early_head: EarlyHead | None = None  # ProPD's early prediction head, for the pruning methods
         self.pruned_rows: list[int] = []  # filled by a pruning method during one generate call
+        self.skip_map: tuple[int, ...] | None = None  # the sub-layers a layer-skip draft leaves out, per layer
         self.set_tree(tree)
 
     def set_tree(self, tree: DynamicTree | None) -> None:
@@ -170,12 +172,16 @@ class Decoder:
         return decoder
 
     @classmethod
-    def from_base(cls, name: str, dtype: str = "float32", max_length: int = 2048) -> "Decoder":
+    def from_base(cls, name: str, dtype: str = "float32", max_length: int = 2048,
+                  skip_map: tuple[int, ...] | None = None) -> "Decoder":
         """A base model alone (a name of models/config.py or a local directory), for the methods that need no
-        component: ar and the training-free drafters (anpd)."""
+        component: ar and the training-free drafters (anpd); with `skip_map` (per decoder layer 0 keep, 1 skip
+        the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`."""
         base = load_base_model(name, quantization="none", dtype=dtype)
         decoder = cls(base.model, base.tokenizer, None, None, max_length)
         decoder.fingerprint = base.fingerprint
+        if skip_map is not None:
+            decoder.skip_map = check_skip_map(skip_map, len(decoder.model.layers))
         return decoder
 
     def encode_chat(self, prompt: str) -> list[int]:
@@ -285,6 +291,8 @@ class Decoder:
             found.add(HEAD_TREE)
         if self.early_head is not None:
             found.add(EARLY_HEAD)
+        if self.skip_map is not None:
+            found.add(SKIP_MAP)
         return found
 
     def methods(self) -> list[str]:

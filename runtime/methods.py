@@ -15,6 +15,7 @@ from functools import partial
 PROMPT_TOKENS, TREES, HEAD = "prompt tokens", "calibrated trees", "a custom decoding head"
 FEATURE_HEAD, MEDUSA_HEADS, HEAD_TREE = "a feature draft head", "Medusa heads", "a calibrated head tree"
 EARLY_HEAD = "an early prediction head (Decoder.from_pretrained(early_head=...), --early-head)"
+SKIP_MAP = "a layer-skip map (a layer-skip component, or Decoder.from_base(skip_map=...))"
 LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' reach), doubled after a chain
 # was accepted whole (the text is copying itself). Measured with the committed component, tree of 6,
 # 20 prompts, 128 tokens, one process: 1.65 -> 1.70 tokens per step on MT-Bench (speed alike), 2.25 -> 2.59
@@ -25,7 +26,7 @@ LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' rea
 class DecodingMethod:
     name: str
     summary: str
-    needs: tuple[str, ...]  # of PROMPT_TOKENS, TREES, HEAD, FEATURE_HEAD, MEDUSA_HEADS, HEAD_TREE
+    needs: tuple[str, ...]  # of the capabilities above
     loop: str  # "module:function" in ppdkit.runtime: (decoder, ids [P], cache, emit, sampling, generator, **options)
     options: dict = field(default_factory=dict)  # keyword arguments of the loop
 
@@ -50,6 +51,8 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
     DecodingMethod("ar", "plain decoding on the lean forward, one token per step", (), "ar:decode_ar"),
     DecodingMethod("anpd", "ANPD: a chain of up to 7 guesses from the live text's multi-level n-grams (N up to 5); "
                    "no component needed", (), "anpd:decode_anpd", {"max_n": 5, "draft_length": 7}),
+    DecodingMethod("skip", "Draft & Verify: the base model with sub-layers skipped drafts a chain (adaptive exit), "
+                   "the whole model verifies it", (SKIP_MAP,), "layer_skip:decode_skip", {"draft_length": 12}),
     DecodingMethod("ppd", "the prompt tokens' dynamic sparse tree, verified in the same forward",
                    (PROMPT_TOKENS, TREES), "ppd:decode_ppd"),
     DecodingMethod("ppd-lookup", "ppd plus a chain copied from the text's earlier occurrence of its ending",

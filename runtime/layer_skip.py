@@ -1,0 +1,93 @@
+"""Self-speculative decoding (Draft & Verify, papers/002): the base model with some attention and MLP
+sub-layers skipped drafts a chain token by token, and the whole model verifies it in one forward.
+
+The draft shares the base model's weights and KV cache. Its kept attention sub-layers read the committed
+keys/values (the whole model's, of verified tokens) and write the drafted tokens' entries after them;
+a skipped attention sub-layer writes nothing there. Once the chain is drafted the cache is rolled back to
+the committed length, and the verification forward writes every layer's keys/values of the root and the
+drafted tokens over those positions, so the draft's partial entries never outlive their step and the
+kept path's entries are exactly the whole model's.
+
+Adaptive draft-exiting (section 3.4): drafting stops when the draft's probability of its own guess falls
+below a threshold gamma, and gamma follows the acceptance rate of each drafting stage (equations 2-4,
+defaults of table 6). Drafts are the draft's greedy tokens: greedy output is the base model's own, and
+sampled output keeps the base model's distribution (runtime/acceptance.py).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .acceptance import Sampling, pick
+from .anpd import chain_layout
+from .kv_cache import KVCache
+from .llama import SKIP_ATTENTION, SKIP_MLP
+from .verify import verify_tree
+
+MAX_DRAFT = 12  # K, table 6
+
+
+@dataclass
+class DraftExit:
+    """The adaptive threshold of equations 2-4: AR <- b1 AR + (1 - b1) AR_e; gamma~ = gamma + eps if AR <= alpha,
+    else gamma - eps; gamma <- b2 gamma + (1 - b2) gamma~. Defaults: table 6 (MT-Bench, LLaMA-2-13B-Chat)."""
+
+    gamma: float = 0.6  # gamma_0
+    alpha: float = 0.85
+    epsilon: float = 0.01
+    beta1: float = 0.5
+    beta2: float = 0.9
+    acceptance: float | None = None  # AR; the paper leaves its start open: the first stage's own rate
+
+    def update(self, stage_acceptance: float) -> None:
+        """After a drafting stage whose drafted tokens were accepted at rate `stage_acceptance` (AR_e)."""
+        b1 = self.beta1 if self.acceptance is not None else 0.0
+        self.acceptance = b1 * (self.acceptance or 0.0) + (1 - b1) * stage_acceptance  # (2)
+        target = self.gamma + self.epsilon if self.acceptance <= self.alpha else self.gamma - self.epsilon  # (3)
+        self.gamma = self.beta2 * self.gamma + (1 - self.beta2) * target  # (4)
+
+
+def check_skip_map(skip: tuple[int, ...], layers: int) -> tuple[int, ...]:
+    """A skip map: one mask per decoder layer, each 0..3 (SKIP_ATTENTION | SKIP_MLP bits)."""
+    skip = tuple(int(s) for s in skip)
+    if len(skip) != layers or any(not 0 <= s <= SKIP_ATTENTION | SKIP_MLP for s in skip):
+        raise ValueError(f"a skip map holds one value per decoder layer ({layers}), each 0 (keep), 1 (skip the "
+                         f"attention), 2 (skip the MLP) or 3 (skip both); got {list(skip)}")
+    return skip
+
+
+def draft_chain(model, cache: KVCache, root: int, skip: tuple[int, ...], gamma: float, limit: int) -> list[int]:
+    """1 to `limit` tokens after `root` from the skipping draft, ending with the first guess whose draft
+    probability is below `gamma` (kept: one more verified row costs little, and every stage then measures
+    an acceptance rate for the threshold's rule). The cache is left at its committed length."""
+    committed, chain, token = cache.length, [], root
+    while len(chain) < limit:
+        hidden = model.forward(model.embed_ids(torch.tensor([token])), torch.tensor([cache.length]), cache, None,
+                               skip)  # [1, H]
+        cache.commit(None, 1)  # the next draft token attends to this one in the kept layers
+        confidence, guess = torch.softmax(model.logits(hidden[0]).float(), -1).max(-1)
+        token = int(guess)
+        chain.append(token)
+        if float(confidence) < gamma:
+            break
+    cache.rollback(committed)
+    return chain
+
+
+def decode_skip(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
+                generator: torch.Generator | None, sizer=None, draft_length: int = MAX_DRAFT) -> None:
+    """Read the prompt ids [P], then draft-and-verify stages until `emit` says stop (`sizer` unused: the
+    chain's length is the draft's own choice)."""
+    model, skip, exiting = decoder.model, decoder.skip_map, DraftExit()
+    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
+    cache.commit(None, len(ids))
+    root = pick(model.logits(hidden[-1]), sampling, generator)
+    done = emit([root])
+    while not done:
+        chain = draft_chain(model, cache, root, skip, exiting.gamma, draft_length)
+        tokens = torch.tensor([root] + chain)  # [L + 1]
+        _, next_token, path = verify_tree(model, cache, chain_layout(len(chain)), tokens, sampling, generator)
+        exiting.update((len(path) - 1) / len(chain))
+        root = next_token
+        done = emit(tokens[path[1:]].tolist() + [next_token])
