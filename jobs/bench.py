@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from ppdkit.data_pipeline.readers import read_conversations
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.methods import METHODS
+from ppdkit.runtime.methods import HEAD_TREE, METHODS, TREES, get_method
 
 log = logging.getLogger(__name__)
 HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
@@ -49,7 +49,8 @@ def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: in
         return tokens, len(tokens), [], 0.0
     decoder.dynamic_size = method.endswith(DYNAMIC)
     result = decoder.generate(ids, max_new_tokens, method.removesuffix(DYNAMIC))
-    fixed = [decoder.size] * (result.steps - 1) if result.tree_size > 1 else []  # a tree method, one size
+    tree_method = {TREES, HEAD_TREE} & set(get_method(method.removesuffix(DYNAMIC)).needs)
+    fixed = [decoder.size] * (result.steps - 1) if tree_method else []  # a tree method, one size
     return result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows)
 
 
