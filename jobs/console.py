@@ -57,9 +57,14 @@ def print_run_summary(spec, output: Path, results: dict, tracker) -> None:
               f"{len(hits)}; expected tokens per step " + ", ".join(f"{v:.2f} (size {size})" for size, v in taus))
     evaluate = results.get("evaluate")
     if evaluate:
-        print("  evaluate: " + ", ".join(f"{m} {evaluate[f'{m}_tokens_per_s']:.1f} tok/s "
-                                         f"({evaluate[f'{m}_speedup']:.2f}x)" for m in ("hf_greedy", "ar", "ppd")
-                                         if f"{m}_tokens_per_s" in evaluate))
+        baselines = ("hf_greedy", "hf_pld", "ar")
+        measured = sorted((key.removesuffix("_tokens_per_s") for key in evaluate if key.endswith("_tokens_per_s")),
+                          key=lambda m: (baselines.index(m) if m in baselines else len(baselines), m))
+        ar = evaluate.get("ar_tokens_per_s")
+        print("  evaluate: " + ", ".join(
+            f"{m} {evaluate[f'{m}_tokens_per_s']:.1f} tok/s ({evaluate[f'{m}_speedup']:.2f}x greedy"
+            + (f", {evaluate[f'{m}_tokens_per_s'] / ar:.2f}x ar" if ar and m not in baselines else "")
+            + ")" for m in measured))
     if tracker.run_id:
         print(f"  MLflow run {tracker.run_id} at {tracker.uri}")
         print(f"  list runs: MLFLOW_TRACKING_URI={tracker.uri} mlflow runs list --experiment-id "
