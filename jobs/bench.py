@@ -66,16 +66,16 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
 
 def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
               tree_size: int | None = None, lookup_chains: int = 1, early_head: str | None = None,
-              prune_top_k: int = 8, base_only: bool = False) -> dict:
+              prune_top_k: int = 8, base_only: bool = False, skip_map: tuple[int, ...] | None = None) -> dict:
     """`model` a component (directory or models:/ URI), or with `base_only` a base model for the methods that
-    need no component."""
+    need no component (`skip_map` for skip)."""
     unknown = [m for m in methods if m.removesuffix(DYNAMIC) not in ALL_METHODS
                or m.endswith(DYNAMIC) and m.removesuffix(DYNAMIC) in ("ar", *HF_METHODS)]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}, a tree method with "
                          f"{DYNAMIC} for its size picked per step")
     if base_only:
-        decoder = Decoder.from_base(model)
+        decoder = Decoder.from_base(model, skip_map=skip_map)
     else:
         decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
                                           early_head=early_head, prune_top_k=prune_top_k)

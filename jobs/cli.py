@@ -109,13 +109,20 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def _skip_map(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a skip map is comma-separated integers 0-3, one per layer, not {text!r}")
+
+
 def cmd_decode(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
 
     from .console import text_streamer
 
     if args.base:
-        decoder = Decoder.from_base(args.base)
+        decoder = Decoder.from_base(args.base, skip_map=args.skip_map)
     else:
         decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
                                           dynamic_size=args.dynamic_size, early_head=args.early_head,
@@ -155,7 +162,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     report = run_bench(args.model or args.base, args.prompts, args.limit, args.max_new_tokens, methods,
-                       args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k, base_only=bool(args.base))
+                       args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k, base_only=bool(args.base),
+                       skip_map=args.skip_map)
     print_table(report)
     if args.out:
         write_report(report, Path(args.out))
@@ -267,7 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
         source.add_argument("--model", help="a component: its directory (e.g. OUTPUT/calibrate/component) or "
                                             "models:/NAME@ALIAS")
         source.add_argument("--base", help="a base model alone (smollm2-135m, tiny-llama or a local directory), for "
-                                           "the methods that need no component: ar, anpd")
+                                           "the methods that need no component: ar, anpd, and skip with --skip-map")
+        parser_.add_argument("--skip-map", type=_skip_map, help="with --base, for --method skip: per decoder layer "
+                                                                "0 keep, 1 skip the attention, 2 the MLP, 3 both, "
+                                                                "comma-separated (e.g. 0,0,3,1,...)")
         parser_.add_argument("--early-head", help="an early-head component (train.method early-head) for the *-prune "
                                                   "methods")
         parser_.add_argument("--prune-top-k", type=int, default=8,

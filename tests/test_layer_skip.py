@@ -3,6 +3,8 @@ skipped is the model itself and every draft token is accepted; random skip maps 
 on either kernel path or against transformers in float64; adaptive draft-exiting follows equations 2-4."""
 
 import random
+import subprocess
+import sys
 
 import pytest
 from conftest import hf_greedy, kernels_or_skip
@@ -83,6 +85,15 @@ def test_skip_maps_are_checked():
             check_skip_map(bad, 4)
     decoder = Decoder.from_base("tiny-llama")
     assert "skip" not in decoder.methods()
-    with pytest.raises(ValueError, match="needs a layer-skip map"):
+    with pytest.raises(ValueError, match="needs a layer-skip map .--base NAME --skip-map"):
         decoder.generate([5, 6], 4, "skip")
     assert "skip" in Decoder.from_base("tiny-llama", skip_map=(1,) * len(decoder.model.layers)).methods()
+
+
+def test_decode_takes_a_skip_map_with_a_base_model(tmp_path):
+    run = [sys.executable, "-m", "ppdkit.jobs.cli", "decode", "--base", "tiny-llama", "--method", "skip",
+           "--prompt", "a b a b a b", "--max-new-tokens", "12"]
+    out = subprocess.run(run + ["--skip-map", "0,3"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0 and "[skip] 12 tokens" in out.stderr, out.stderr
+    out = subprocess.run(run + ["--skip-map", "0,3,1"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 2 and "one value per decoder layer (2)" in out.stderr.strip().splitlines()[-1]
