@@ -99,3 +99,18 @@ def kernels_or_skip(variant: str):
     if module is None:
         pytest.skip(f"the {variant} kernels cannot be built here (CPU or C++ compiler)")
     return module
+
+
+def plain_tiny_decoder(path: str, monkeypatch):
+    """The float32 tiny Llama's decoder without a component, on the native kernels ("native") or the PyTorch
+    layers ("pytorch"), checked to really run on that path."""
+    import ppdkit.runtime.linear as linear_module
+    from ppdkit.models.tiny import build_tiny_llama
+    from ppdkit.runtime.decoder import Decoder
+
+    module = kernels_or_skip("native") if path == "native" else None
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    model, tok = build_tiny_llama()
+    decoder = Decoder(model.float().eval(), tok, None, None)
+    assert (decoder.model.native is not None) == (module is not None)
+    return decoder

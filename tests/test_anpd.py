@@ -7,12 +7,9 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from conftest import hf_greedy, kernels_or_skip
-from test_sampling import _chi_square_p_value, tiny_decoder  # noqa: F401  (the fixture)
+from conftest import hf_greedy, plain_tiny_decoder
+from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noqa: F401  (the fixture)
 
-import ppdkit.runtime.linear as linear_module
-from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.anpd import AdaptiveNgram
 from ppdkit.runtime.decoder import Decoder
 
@@ -36,11 +33,7 @@ def test_the_longest_seen_context_guesses_its_most_frequent_follower():
 
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 def test_anpd_gives_plain_greedy_tokens_on_both_kernel_paths(path, monkeypatch):
-    module = kernels_or_skip("native") if path == "native" else None
-    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
-    model, tok = build_tiny_llama()
-    decoder = Decoder(model.float().eval(), tok, None, None)
-    assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
+    decoder = plain_tiny_decoder(path, monkeypatch)
     rng = random.Random(0)
     steps = emitted = 0
     for case in range(12):
@@ -66,26 +59,9 @@ def test_anpd_reproduces_transformers_greedy_in_float64(tiny_f64):
 
 
 def test_sampled_anpd_draws_the_base_models_first_tokens(tiny_decoder):  # noqa: F811
-    """The second token comes out of the first chain's speculative acceptance (the prompt repeats, so the
-    chain usually guesses it): first and second tokens follow the model's distribution."""
-    decoder, ids = tiny_decoder, [5, 17, 5, 17, 5, 17, 5]
-    with torch.inference_mode():
-        model = decoder.hf_model
-        p1 = torch.softmax(model(torch.tensor([ids])).logits[0, -1] / 0.7, -1)  # [V]
-        every_x1 = torch.cat([torch.tensor(ids).expand(len(p1), -1), torch.arange(len(p1))[:, None]], 1)
-        p2_given_x1 = torch.softmax(model(every_x1).logits[:, -1] / 0.7, -1)  # [V, V]
-    p1_going_on = p1.clone()
-    p1_going_on[list(decoder._eos_ids())] = 0
-    p2 = p1_going_on @ p2_given_x1
-    draws = 1500
-    first, second = torch.zeros(len(p1)), torch.zeros(len(p1))
-    for seed in range(draws):
-        tokens = decoder.generate(ids, 2, "anpd", temperature=0.7, seed=seed).tokens
-        first[tokens[0]] += 1
-        if len(tokens) > 1:
-            second[tokens[1]] += 1
-    assert _chi_square_p_value(first, (p1 * draws).float()) > 1e-3
-    assert _chi_square_p_value(second, (p2 * draws).float()) > 1e-3
+    """The prompt repeats, so the first chain usually guesses the second token: it comes out of the chain's
+    speculative acceptance."""
+    first_two_tokens_follow_the_model(tiny_decoder, [5, 17, 5, 17, 5, 17, 5], "anpd")
 
 
 def test_a_base_model_alone_decodes_with_anpd_and_refuses_component_methods(tmp_path):

@@ -7,11 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import hf_greedy, kernels_or_skip
+from conftest import hf_greedy, plain_tiny_decoder
 
 import ppdkit.runtime.layer_skip as layer_skip
-import ppdkit.runtime.linear as linear_module
-from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.layer_skip import DraftExit, check_skip_map
 
@@ -24,11 +22,8 @@ def _random_map(rng: random.Random, layers: int) -> tuple[int, ...]:
 
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 def test_a_draft_that_skips_nothing_has_every_token_accepted(path, monkeypatch):
-    module = kernels_or_skip("native") if path == "native" else None
-    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    decoder = plain_tiny_decoder(path, monkeypatch)
     monkeypatch.setattr(layer_skip, "DraftExit", lambda: DraftExit(gamma=0.0, epsilon=0.0))  # never exit early
-    model, tok = build_tiny_llama()
-    decoder = Decoder(model.float().eval(), tok, None, None)
     decoder.skip_map = (0,) * len(decoder.model.layers)
     ids = [5, 17, 42, 9]
     out = decoder.generate(ids, 40, "skip")
@@ -38,11 +33,7 @@ def test_a_draft_that_skips_nothing_has_every_token_accepted(path, monkeypatch):
 
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 def test_random_skip_maps_never_change_greedy_output(path, monkeypatch):
-    module = kernels_or_skip("native") if path == "native" else None
-    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
-    model, tok = build_tiny_llama()
-    decoder = Decoder(model.float().eval(), tok, None, None)
-    assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
+    decoder = plain_tiny_decoder(path, monkeypatch)
     rng = random.Random(0)
     for case in range(10):
         decoder.skip_map = _random_map(rng, len(decoder.model.layers))

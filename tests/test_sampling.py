@@ -118,27 +118,31 @@ def tiny_decoder():
     return Decoder(model, tok, prompts, best_tree_for_size([[0.5, 0.2, 0.1], [0.3, 0.1], [0.2]], 16), 256)
 
 
-def test_sampled_ppd_draws_the_base_models_first_tokens(tiny_decoder):
-    """Sampled PPD on the tiny model: the first two new tokens follow the model's own distribution."""
-    decoder = tiny_decoder
-    ids = [5, 17, 42, 9, 100, 7]
+def first_two_tokens_follow_the_model(decoder, ids: list[int], method: str, draws: int = 1500) -> None:
+    """Sampled decoding with `method` (temperature 0.7): the first two new tokens, over `draws` seeds, follow
+    the model's own distributions (a chi-square test each); the second comes out of the first step's
+    acceptance whenever that step kept a guess."""
     with torch.inference_mode():
         model = decoder.hf_model
         p1 = torch.softmax(model(torch.tensor([ids])).logits[0, -1] / 0.7, -1)  # [V]
         every_x1 = torch.cat([torch.tensor(ids).expand(len(p1), -1), torch.arange(len(p1))[:, None]], 1)
         p2_given_x1 = torch.softmax(model(every_x1).logits[:, -1] / 0.7, -1)  # [V, V]
-    ends = list(decoder._eos_ids())
     p1_going_on = p1.clone()
-    p1_going_on[ends] = 0  # an end-of-sequence first token has no second token
-    p2 = p1_going_on @ p2_given_x1  # the second token's marginal, through the PPD step's own choice
-    draws = 1500
+    p1_going_on[list(decoder._eos_ids())] = 0  # an end-of-sequence first token has no second token
+    p2 = p1_going_on @ p2_given_x1  # the second token's marginal, through the step's own choice
     first, second = torch.zeros(len(p1)), torch.zeros(len(p1))
     for seed in range(draws):
-        tokens = decoder.generate(ids, 2, "ppd", temperature=0.7, seed=seed).tokens
+        tokens = decoder.generate(ids, 2, method, temperature=0.7, seed=seed).tokens
         first[tokens[0]] += 1
         if len(tokens) > 1:
             second[tokens[1]] += 1
-    assert _chi_square_p_value(first, (p1 * draws).float()) > 1e-3
-    assert _chi_square_p_value(second, (p2 * draws).float()) > 1e-3
+    assert _chi_square_p_value(first, (p1 * draws).float()) > 1e-3, method
+    assert _chi_square_p_value(second, (p2 * draws).float()) > 1e-3, method
+
+
+def test_sampled_ppd_draws_the_base_models_first_tokens(tiny_decoder):
+    """Sampled PPD on the tiny model: the first two new tokens follow the model's own distribution."""
+    decoder, ids = tiny_decoder, [5, 17, 42, 9, 100, 7]
+    first_two_tokens_follow_the_model(decoder, ids, "ppd")
     typical = decoder.generate(ids, 8, "ppd", temperature=0.7, acceptance="typical", seed=0)
     assert len(typical.tokens) == 8
