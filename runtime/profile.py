@@ -6,7 +6,6 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
