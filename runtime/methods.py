@@ -16,6 +16,7 @@ PROMPT_TOKENS, TREES, HEAD = "prompt tokens", "calibrated trees", "a custom deco
 FEATURE_HEAD, MEDUSA_HEADS, HEAD_TREE = "a feature draft head", "Medusa heads", "a calibrated head tree"
 EARLY_HEAD = "an early prediction head (Decoder.from_pretrained(early_head=...), --early-head)"
 SKIP_MAP = "a layer-skip map (--base NAME --skip-map ..., Decoder.from_base(skip_map=...))"
+GROWN_NODES = 12  # the most nodes of a grown tree (the root included); each step takes what pays of them
 LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' reach), doubled after a chain
 # was accepted whole (the text is copying itself). Measured with the committed component, tree of 6,
 # 20 prompts, 128 tokens, one process: 1.65 -> 1.70 tokens per step on MT-Bench (speed alike), 2.25 -> 2.59
@@ -37,8 +38,9 @@ class DecodingMethod:
 
     @property
     def chain_rows(self) -> int:
-        """The rows of a step of a chain drafter (anpd): the root and its guesses; 1 for the others."""
-        return 1 + self.options.get("draft_length", 0)
+        """The most rows of a step of a drafter without calibrated trees (anpd, feature-grown): the root and its
+        guesses; 1 for the others."""
+        return self.options.get("nodes", 1 + self.options.get("draft_length", 0))
 
     @property
     def decode(self) -> Callable[..., None]:
@@ -61,6 +63,10 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                    (PROMPT_TOKENS, TREES, HEAD), "ppd:decode_ppd", {"head": True}),
     DecodingMethod("feature-head", "a tree drafted by the feature head from the last hidden state, level by level",
                    (FEATURE_HEAD, HEAD_TREE), "draft_heads:decode_heads"),
+    DecodingMethod("feature-grown", "a tree grown each step from the feature head's confidence (EAGLE-2), its size "
+                   "chosen per step", (FEATURE_HEAD,), "grown_tree:decode_grown", {"nodes": GROWN_NODES}),
+    DecodingMethod("feature-grown-anpd", "feature-grown with ANPD's n-gram chain of the live text merged into the tree",
+                   (FEATURE_HEAD,), "grown_tree:decode_grown", {"nodes": GROWN_NODES, "ngrams": True}),
     DecodingMethod("medusa", "a tree drafted by Medusa-1 heads from the last hidden state",
                    (MEDUSA_HEADS, HEAD_TREE), "draft_heads:decode_heads"),
     DecodingMethod("ppd-prune", "ppd with ProPD's early pruning of the tree (nodes and their prompt tokens) after "

@@ -54,7 +54,8 @@ OUT_OF_RANGE = [
     ("train.init_token_ids=[1,2]", ["'train.init_token_ids'", "3 * 1 = 3 token ids, not 2"]),
     ("evaluate.methods=[ppd,eagle]", ["'evaluate.methods[1]'",
                                       "'hf-greedy', 'hf-pld', 'ar', 'anpd', 'skip', 'ppd', 'ppd-lookup', 'ppd-head', "
-                                      "'feature-head', 'medusa', 'ppd-prune', 'feature-head-prune' or 'medusa-prune'",
+                                      "'feature-head', 'feature-grown', 'feature-grown-anpd', 'medusa', 'ppd-prune', "
+                                      "'feature-head-prune' or 'medusa-prune'",
                                       "'eagle'"]),
     ("evaluate.methods=[]", ["'evaluate.methods'", "at least 1 item"]),
     ("evaluate.methods=ppd", ["'evaluate.methods'", "valid list", "write a YAML list"]),

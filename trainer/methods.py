@@ -45,7 +45,7 @@ TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (
     TrainingMethod("ept-head", "prompt tokens and a custom decoding head (papers/000 4.4.2)", "prompt_run",
                    ("ppd", "ppd-head", "ppd-lookup"), trains_head=True),
     TrainingMethod("feature-head", "a draft head over the last hidden state and the path's tokens", "head_run",
-                   ("feature-head",), head_kind="feature"),
+                   ("feature-head", "feature-grown", "feature-grown-anpd"), head_kind="feature"),
     TrainingMethod("medusa", "Medusa-1 heads over the last hidden state (the feature head's baseline)", "head_run",
                    ("medusa",), head_kind="medusa"),
     TrainingMethod("early-head", "ProPD's early prediction head after train.early_layer layers (papers/004 4.1)",

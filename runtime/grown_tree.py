@@ -1,0 +1,215 @@
+"""A draft tree grown every step from the feature head's own confidence (EAGLE-2's dynamic draft tree), where
+the calibrated trees of runtime/draft_heads.py are one static shape for every step; optionally merged with
+ANPD's n-gram chain of the live text (runtime/anpd.py), so one tree carries the best guesses of both.
+
+Expand: from the root, the head walks `beam` branches per level; every expanded node proposes its `beam` most
+likely tokens, each valued by the product of the head's probabilities along its path (a log-probability sum),
+and the `beam` most valuable proposals of a level are the ones expanded next. Growth stops at `depth` levels,
+or once no proposal of a level could still be among the tree's nodes (a child is never worth more than its
+parent). Merge: the chain's j-th token is worth rate^j, rate being how often a chain guess was right once its
+predecessors were (measured while decoding); where the head proposed the same path, the higher value counts.
+Rerank: the most valuable proposals become the tree; a parent is worth at least its children, so any prefix of
+them by value holds every chosen node's path. One forward verifies the tree like any other, so the output is
+the base model's whatever the head or the chain propose.
+
+Size: a proposal's value estimates how often it is kept, so a tree of the n best proposals is expected to yield
+1 + rho * (their values' sum) tokens, rho the running ratio of kept guesses to that estimate. Each step takes the
+n with the most expected tokens per second, a step's time being the drafting's plus the forward's for 1 + n rows
+(runtime/tree_sizer.py's latency line, seeded by the tree profile and refitted on every step's time): a
+confident step spends rows deep on one line, an unsure one spends few.
+"""
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+from ppdkit.models.draft_heads import draft_logits, feature_step
+
+from .acceptance import Sampling, pick
+from .anpd import AdaptiveNgram
+from .kv_cache import KVCache
+from .tree import TreeState
+from .tree_layout import TreeLayout, layout_tree
+from .tree_sizer import LatencyModel
+from .verify import verify_tree
+
+BEAM, DEPTH = 2, 5  # measured on SmolLM2 (MT-Bench, HumanEval): see the README
+CHAIN_LENGTH = 7  # ANPD's K
+
+
+@dataclass
+class Proposals:
+    """Guesses after the root: each one's value (path log-probability), depth, token and parent (-1: the root)."""
+
+    values: list[float] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+    def add(self, value: float, depth: int, token: int, parent: int) -> int:
+        self.values.append(value)
+        self.depths.append(depth)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        return len(self.values) - 1
+
+
+def expand(model, heads, feature: torch.Tensor, root: int, wanted: int, beam: int, depth: int) -> Proposals:
+    """The head's proposals under `root` (feature [H]: the hidden state that chose it), at least `wanted` when the
+    levels allow."""
+    found = Proposals()
+    state = feature_step(feature[None], model.embed_ids(torch.tensor([root])), *heads.layers)  # [1, H]
+    frontier_value, frontier = torch.zeros(1), [-1]  # [m] the expanded nodes' values, their proposal indices
+    for level in range(1, depth + 1):
+        logp = torch.log_softmax(draft_logits(state, heads.readout).float(), dim=-1)  # [m, V']
+        top = logp.topk(min(beam, logp.shape[-1]), dim=-1)  # [m, b]
+        level_values = (frontier_value[:, None] + top.values).flatten()  # [m b]
+        level_tokens = heads.vocab[top.indices.flatten()]  # [m b]
+        first, b = len(found.values), top.values.shape[1]
+        for i, (value, token) in enumerate(zip(level_values.tolist(), level_tokens.tolist())):
+            found.add(value, level, token, frontier[i // b])
+        if level == depth:
+            break
+        best = level_values.topk(min(beam, len(level_values)))
+        if len(found.values) >= wanted and float(best.values[0]) < sorted(found.values, reverse=True)[wanted - 1]:
+            break  # nothing below this level could displace a proposal already in the tree
+        state = feature_step(state[best.indices // b], model.embed_ids(level_tokens[best.indices]),
+                             *heads.layers)  # [m', H]
+        frontier_value, frontier = best.values, [first + int(i) for i in best.indices]
+    return found
+
+
+def add_chain(found: Proposals, chain: list[int], rate: float) -> None:
+    """Merge a chain of guesses under the root into the proposals, in place: its j-th token is worth rate^j, or
+    the head's value for the same path when higher (values stay log-probabilities; a parent stays worth at least
+    its children)."""
+    index = {(p, t): i for i, (p, t) in enumerate(zip(found.parents, found.tokens))}
+    parent, step = -1, math.log(min(max(rate, 1e-6), 1.0))
+    for j, token in enumerate(chain, start=1):
+        at = index.get((parent, token))
+        if at is None:
+            at = found.add(j * step, j, token, parent)
+        else:
+            found.values[at] = max(found.values[at], j * step)
+        parent = at
+
+
+def by_value(found: Proposals, count: int) -> list[int]:
+    """The `count` most valuable proposals (indices), parents before children: ordered by value, then depth, so
+    a parent (worth at least its child, and shallower) always comes first."""
+    order = sorted(range(len(found.values)), key=lambda i: (-found.values[i], found.depths[i], i))
+    return order[:count]
+
+
+def best_count(values: list[float], seconds: list[float], ratio: float, overhead: float = 0.0) -> int:
+    """values: the chosen proposals' log-values, best first; seconds [n]: a forward's time with n rows (seconds[0]
+    unused); ratio rho; overhead: a step's time besides its forward -> how many proposals to verify, the n
+    maximising (1 + rho sum_{i<n} e^v_i) / (seconds[n + 1] + overhead)."""
+    best, best_rate, expected = 0, 1.0 / (seconds[1] + overhead), 1.0
+    for n, value in enumerate(values[:len(seconds) - 2], start=1):
+        expected += ratio * math.exp(value)
+        if expected / (seconds[n + 1] + overhead) > best_rate:
+            best, best_rate = n, expected / (seconds[n + 1] + overhead)
+    return best
+
+
+def tree_shape(chosen: list[int], parents: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """chosen proposals (parents first) and every proposal's parent proposal (-1: the root) -> the tree's node
+    parents and ranks, node 0 the root, node i + 1 the i-th chosen; a node's rank counts its earlier siblings."""
+    node = {proposal: i + 1 for i, proposal in enumerate(chosen)}
+    tree_parents, ranks, siblings = [-1], [-1], {}
+    for proposal in chosen:
+        parent = 0 if parents[proposal] < 0 else node[parents[proposal]]
+        tree_parents.append(parent)
+        ranks.append(siblings.get(parent, 0))
+        siblings[parent] = ranks[-1] + 1
+    return tuple(tree_parents), tuple(ranks)
+
+
+@lru_cache(maxsize=1024)
+def shape_layout(parents: tuple[int, ...], ranks: tuple[int, ...]) -> TreeLayout:
+    """The layout of a tree of node tokens only (shapes recur from step to step, so each is built once)."""
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    return layout_tree(TreeState(parents, tuple(depths), ranks, (0,) * len(parents)), 1, "ensemble")
+
+
+class ChainSource:
+    """ANPD's n-gram chains of the live text, and how often a chain's guess is the base model's token once its
+    predecessors were (starts at 1/2)."""
+
+    def __init__(self, ids: list[int], length: int = CHAIN_LENGTH):
+        self.ngrams, self.length, self.right, self.tried = AdaptiveNgram(ids), length, 1.0, 2.0
+
+    @property
+    def rate(self) -> float:
+        return self.right / self.tried
+
+    def draft(self, root: int) -> list[int]:
+        self.ngrams.extend([root])
+        return self.ngrams.draft(self.length)
+
+    def update(self, chain: list[int], accepted: list[int], next_token: int) -> None:
+        """Score the chain against the base model's tokens of this step, whether or not the tree held it."""
+        known = accepted + [next_token]
+        agree = next((j for j, (a, b) in enumerate(zip(chain, known)) if a != b), min(len(chain), len(known)))
+        self.right += agree
+        self.tried += agree + (agree < min(len(chain), len(known)))
+        self.ngrams.extend(accepted)
+
+
+def latency_model(profile: dict | None, rows: int) -> LatencyModel:
+    """The forward's time by rows, seeded with the decoder's tree profile (one token and each tree size, drafting
+    excluded) and updated by every step; without a profile, seeded so that up to `rows` rows look cheap."""
+    model = LatencyModel()
+    if profile:
+        model.observe(1, profile["one_token_ms"] / 1000)
+        for row in profile["rows"]:
+            model.observe(int(row["size"]), (row["latency_ms"] - row["draft_ms"]) / 1000)
+    else:
+        model.observe(1, 0.010)
+        model.observe(rows, 0.010 * (1 + 0.02 * rows))
+    return model
+
+
+def decode_grown(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
+                 generator: torch.Generator | None, sizer=None, *, nodes: int, ngrams: bool = False,
+                 beam: int = BEAM, depth: int = DEPTH, rate: float = 0.1) -> None:
+    """Read the prompt ids [P], then grow-and-verify steps until `emit` says stop (the size is chosen per step:
+    `sizer` is None) of at most `nodes` nodes. `ngrams` merges ANPD's chain into every tree; `rate` weighs a step in rho and in the
+    drafting time."""
+    model, heads = decoder.model, decoder.heads
+    latency = latency_model(decoder.profile, nodes)
+    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
+    cache.commit(None, len(ids))
+    feature, root = hidden[-1], pick(model.logits(hidden[-1]), sampling, generator)
+    chains = ChainSource(ids.tolist()) if ngrams else None
+    kept, estimated, drafting = 1.0, 1.0, 0.0  # running: guesses kept, their estimate, seconds of drafting
+    done = emit([root])
+    while not done:
+        started = time.perf_counter()
+        found = expand(model, heads, feature, root, nodes - 1, beam, depth)
+        chain = chains.draft(root) if chains else []
+        add_chain(found, chain, chains.rate if chains else 0.0)
+        chosen = by_value(found, nodes - 1)
+        b0, b1 = latency.coefficients()
+        seconds = [b0 + b1 * rows for rows in range(nodes + 1)]
+        chosen = chosen[:best_count([found.values[i] for i in chosen], seconds, kept / estimated, drafting)]
+        layout = shape_layout(*tree_shape(chosen, found.parents))
+        tokens = torch.tensor([root] + [found.tokens[i] for i in chosen])  # [N]
+        verifying = time.perf_counter()
+        drafting = (1 - rate) * drafting + rate * (verifying - started)
+        feature, next_token, path = verify_tree(model, cache, layout, tokens, sampling, generator)
+        latency.observe(layout.size, time.perf_counter() - verifying)
+        accepted = tokens[path[1:]].tolist()
+        kept = (1 - rate) * kept + rate * len(accepted)
+        estimated = (1 - rate) * estimated + rate * sum(math.exp(found.values[i]) for i in chosen)
+        if chains:
+            chains.update(chain, accepted, next_token)
+        root = next_token
+        done = emit(accepted + [next_token])

@@ -1,0 +1,107 @@
+"""Grown draft trees (runtime/grown_tree.py: the feature head's tree grown from its own confidence, ANPD's chain
+merged in): the choice of proposals by hand, the size chosen for what it costs, and the lossless property
+whatever the head holds (poisoned heads on both kernel paths, random heads in float64 against transformers'
+greedy, repetitive text so the chains are accepted), and sampled decoding that keeps the model's distribution."""
+
+import dataclasses
+import math
+import random
+
+import pytest
+import torch
+from conftest import hf_greedy, kernels_or_skip
+from test_draft_heads import HIDDEN, VOCAB, _decoder, _heads
+from test_sampling import first_two_tokens_follow_the_model
+
+import ppdkit.runtime.linear as linear_module
+from ppdkit.models.tiny import build_tiny_llama
+from ppdkit.runtime.grown_tree import ChainSource, Proposals, add_chain, best_count, by_value, tree_shape
+
+GROWN = ("feature-grown", "feature-grown-anpd")
+
+
+def test_proposals_are_chosen_by_value_and_keep_their_paths():
+    found = Proposals()
+    a = found.add(math.log(0.6), 1, 10, -1)
+    found.add(math.log(0.3), 1, 11, -1)
+    found.add(math.log(0.6 * 0.5), 2, 12, a)
+    add_chain(found, [10, 20, 21], rate=0.5)  # 10 is the head's first proposal: its value stays the higher
+    assert found.values[a] == math.log(0.6) and len(found.values) == 5
+    assert found.parents[3] == a and found.parents[4] == 3  # 20 under the head's 10, then 21
+    assert found.values[3] == pytest.approx(2 * math.log(0.5)) and found.values[4] == pytest.approx(3 * math.log(0.5))
+    chosen = by_value(found, 4)
+    assert chosen == [a, 1, 2, 3]  # 0.6, then 0.3 (depth 1) before the equally valued 0.3 (depth 2), then 0.25
+    assert tree_shape(chosen, found.parents) == ((-1, 0, 0, 1, 1), (-1, 0, 1, 0, 1))
+    add_chain(found, [30], rate=0.9)  # a confident chain outranks the head's second guess
+    assert by_value(found, 2) == [5, a]
+
+
+def test_the_chain_rate_counts_guesses_right_after_right_predecessors():
+    chains = ChainSource([1, 2, 3, 1, 2, 3, 1])
+    assert chains.draft(2) == [3, 1, 2, 3, 1, 2, 3] and chains.rate == 0.5
+    chains.update([3, 1, 2, 3, 1, 2, 3], [3, 1], 9)  # two right, the third known token (9) wrong
+    assert (chains.right, chains.tried) == (3.0, 5.0)
+    chains.update([3, 1], [3], 1)  # both right, nothing known wrong
+    assert (chains.right, chains.tried) == (5.0, 7.0)
+
+
+def test_the_tree_takes_the_proposals_that_pay_for_their_rows():
+    values = [math.log(p) for p in (0.9, 0.8, 0.2, 0.05)]
+    flat = [1.0] * 6  # rows cost nothing: every proposal worth anything is verified
+    assert best_count(values, flat, 1.0) == 4
+    steep = [0.0] + [1.0 + 0.5 * (rows - 1) for rows in range(1, 6)]  # each row half a one-token step
+    assert best_count(values, steep, 1.0) == 2  # 2.7 tokens for 2 s beats 1.9 for 1.5 and 2.9 for 2.5
+    assert best_count(values, steep, 0.1) == 0  # guesses kept a tenth as often as valued: none pays
+    assert best_count(values, steep, 1.0, overhead=100.0) == 4  # drafting dominates: rows are nearly free
+
+
+@pytest.mark.parametrize("path", ["native", "pytorch"])
+def test_poisoned_and_random_heads_cannot_change_greedy_output(path, monkeypatch):
+    """Feature heads full of NaN, inf or huge values, or random ones, grow garbage trees; the output is ar's."""
+    module = kernels_or_skip("native") if path == "native" else None
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    model, tok = build_tiny_llama()
+    model = model.float().eval()
+    rng, g = random.Random(0), torch.Generator().manual_seed(0)
+    for case, value in enumerate((None, math.nan, math.inf, -math.inf, 1e30, 3e38)):
+        heads = _heads("feature", 4, g, model, torch.arange(3, VOCAB, 3), scale=rng.choice([0.1, 3.0]))
+        if value is not None:
+            heads = dataclasses.replace(heads, tensors=tuple(torch.full_like(t, value) if i == case % 3 else t
+                                                             for i, t in enumerate(heads.tensors)))
+        decoder = _decoder(model, tok, heads, None)
+        assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
+        for seed in range(3):
+            ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])
+            plain = decoder.generate(ids, 24, "ar").tokens
+            for method in GROWN:
+                assert decoder.generate(ids, 24, method).tokens == plain, (case, seed, method)
+
+
+def test_grown_trees_reproduce_transformers_greedy_in_float64(tiny_f64):
+    """Random heads in float64 against transformers' greedy; repeated prompts give chains that are accepted, so
+    multi-token steps and the pruning of the cache to the kept path really run."""
+    model, tok = tiny_f64
+    rng, g = random.Random(5), torch.Generator().manual_seed(5)
+    emitted = steps = 0
+    for case in range(24):
+        vocab = torch.tensor(sorted(rng.sample(range(VOCAB), rng.choice([16, 128, VOCAB]))))
+        heads = _heads("feature", 4, g, model, vocab, scale=rng.choice([0.01, 0.3, 3.0]), dtype=torch.float64)
+        decoder = _decoder(model, tok, heads, None)
+        ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 12))] * rng.choice([1, 4])
+        budget = rng.randint(1, 40)
+        truth = hf_greedy(model, ids, budget)
+        for method in GROWN:
+            out = decoder.generate(ids, budget, method)
+            assert out.tokens == truth[:len(out.tokens)] and len(out.tokens) in (budget, len(truth)), (case, method)
+            if method == "feature-grown-anpd":
+                emitted, steps = emitted + len(out.tokens), steps + out.steps
+    assert emitted / steps > 1.3  # chains were accepted
+
+
+def test_sampled_grown_trees_draw_the_base_models_first_tokens(tiny_f64):
+    model, tok = tiny_f64
+    heads = _heads("feature", 4, torch.Generator().manual_seed(6), model, torch.arange(VOCAB), scale=0.01,
+                   dtype=torch.float64)
+    decoder = _decoder(model, tok, heads, None)
+    assert HIDDEN == model.config.hidden_size
+    first_two_tokens_follow_the_model(decoder, [5, 17, 42, 5, 17, 42, 5, 17], "feature-grown-anpd")
