@@ -16,7 +16,7 @@ PROMPT_TOKENS, TREES, HEAD = "prompt tokens", "calibrated trees", "a custom deco
 FEATURE_HEAD, MEDUSA_HEADS, HEAD_TREE = "a feature draft head", "Medusa heads", "a calibrated head tree"
 EARLY_HEAD = "an early prediction head (Decoder.from_pretrained(early_head=...), --early-head)"
 SKIP_MAP = "a layer-skip map (--base NAME --skip-map ..., Decoder.from_base(skip_map=...))"
-GROWN_NODES = 12  # the most nodes of a grown tree (the root included); each step takes what pays of them
+GROWN_NODES = 8  # the most nodes of a grown tree (the root included); each step takes what pays of them
 LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' reach), doubled after a chain
 # was accepted whole (the text is copying itself). Measured with the committed component, tree of 6,
 # 20 prompts, 128 tokens, one process: 1.65 -> 1.70 tokens per step on MT-Bench (speed alike), 2.25 -> 2.59
