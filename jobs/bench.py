@@ -134,13 +134,14 @@ def _rows(decoder: Decoder, size: int) -> int:
 
 
 def print_table(report: dict) -> None:
-    print(f"\n{'method':<16} {'prompts':>7} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'x greedy':>8} {'x ar':>6} "
+    width = max(16, *(len(r["method"]) for r in report["results"]))
+    print(f"\n{'method':<{width}} {'prompts':>7} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'x greedy':>8} {'x ar':>6} "
           f"{'tok/step':>8} {'tree':>5} {'pruned':>6} {'identical':>9}")
     for r in report["results"]:
         vs_ar = f"{r['speedup_vs_ar']:>6.2f}" if "speedup_vs_ar" in r else f"{'-':>6}"
         tree = f"{r['mean_tree_size']:>5.1f}" if r.get("mean_tree_size") else f"{'-':>5}"
         pruned = f"{r['pruned_fraction']:>6.2f}" if r.get("pruned_fraction") else f"{'-':>6}"
-        print(f"{r['method']:<16} {r['prompts']:>7} {r['new_tokens']:>7} {r['seconds']:>8.1f} {r['tokens_per_s']:>7.1f} "
+        print(f"{r['method']:<{width}} {r['prompts']:>7} {r['new_tokens']:>7} {r['seconds']:>8.1f} {r['tokens_per_s']:>7.1f} "
               f"{r['speedup_vs_hf_greedy']:>8.2f} {vs_ar} {r['mean_accepted_per_step']:>8.2f} {tree} {pruned} "
               f"{r['identical_to_greedy']:>9.2f}")
         for d in r["divergences"]:

@@ -24,6 +24,7 @@ import yaml
 
 from ppdkit.models.paths import write_json_atomic
 from ppdkit.registry.tracking import Tracker, numeric_leaves
+from ppdkit.runtime.methods import COMPONENT_FREE
 
 from .spec import JobSpec
 
@@ -166,7 +167,7 @@ def registry_tags(method_name: str, base_model: str, fingerprint: str, train: di
             "tau": calibrate.get(f"tau_size{size}", max(taus.values())),
             **{k.removeprefix("best_"): v for k, v in train.items() if k.startswith("best_acc_top1_d")}}
     # metric names as the evaluate stage writes them (ppd-head -> ppd_head_speedup ...)
-    keys = [m.replace("-", "_") for m in ("ar", *TRAINING_METHODS[method_name].decoding_methods)]
+    keys = [m.replace("-", "_") for m in (*COMPONENT_FREE, *TRAINING_METHODS[method_name].decoding_methods)]
     measured = [key for key in keys if f"{key}_speedup" in evaluate]
     for key in measured:
         tags[f"{key}_speedup"] = evaluate[f"{key}_speedup"]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.registry.config import TrackingConfig
-from ppdkit.runtime.methods import METHODS as DECODING_METHODS
+from ppdkit.runtime.methods import COMPONENT_FREE, METHODS as DECODING_METHODS
 from ppdkit.trainer.config import CalibrateConfig, TrainConfig
 
 
@@ -69,9 +69,9 @@ class JobSpec(Section):
         from ppdkit.trainer.methods import TRAINING_METHODS
 
         method = TRAINING_METHODS[self.train.method]
-        served = ("ar", *method.decoding_methods)
+        served = (*COMPONENT_FREE, *method.decoding_methods)
         if self.evaluate.methods is None:
-            self.evaluate.methods = ["hf-greedy", *served]
+            self.evaluate.methods = ["hf-greedy", "ar", *method.decoding_methods, "auto"]
         unserved = [m for m in self.evaluate.methods if m in DECODING_METHODS and m not in served]
         if unserved:
             trainers = sorted({t.name for m in unserved for t in TRAINING_METHODS.values() if m in t.decoding_methods})

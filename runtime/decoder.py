@@ -1,5 +1,6 @@
 """The bundled decoder: `Decoder.from_pretrained(component)` then `generate(...)`, greedy or sampled, lossless."""
 
+import hashlib
 import logging
 import threading
 import time
@@ -15,6 +16,7 @@ from ppdkit.models.loading import load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
 from .acceptance import Sampling
+from .auto import AUTO, fastest_method
 from .draft_heads import DraftHeadSet, HeadTree, draft_seconds
 from .head_loading import load_draft_heads
 from .llama import LeanLlama
@@ -42,6 +44,7 @@ class GenerateResult:
     seconds: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)  # with dynamic_size: the tree size of every step
     pruned_rows: list[int] = field(default_factory=list)  # with early pruning: the tree nodes each step dropped
+    method: str = ""  # the method that decoded (auto's choice, for auto)
 
     @property
     def mean_accepted_per_step(self) -> float:
@@ -80,6 +83,8 @@ class Decoder:
         self.early_head: EarlyHead | None = None  # ProPD's early prediction head, for the pruning methods
         self.pruned_rows: list[int] = []  # filled by a pruning method during one generate call
         self.skip_map: tuple[int, ...] | None = None  # the sub-layers a layer-skip draft leaves out, per layer
+        self.component_digest = "none"  # sha256 of the component's component.json: what auto's choice is for
+        self._fastest: str | None = None  # auto's choice, once measured or read
         self.set_tree(tree)
 
     def set_tree(self, tree: DynamicTree | None) -> None:
@@ -136,6 +141,7 @@ class Decoder:
             source = resolve(str(source))
         directory = Path(source)
         component = read_component(directory)
+        digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
         base = load_base_model(component.base_model["name"], quantization="none", dtype=dtype)
         read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
         if "draft_vocab" in component.tensors:  # draft heads over the base model's features
@@ -147,7 +153,7 @@ class Decoder:
             prompts, by_size, ngrams = _drafts(component, base.model)
             decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
             taus = {s: t.tau for s, t in by_size.items()}
-        decoder.fingerprint = base.fingerprint
+        decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
         if taus:
             if tree_size is None:  # hardware-aware: measured once per machine, then cached
                 decoder.profile = profile_trees(decoder.model, taus, base.fingerprint, **decoder.profile_drafter())
@@ -184,6 +190,18 @@ class Decoder:
             decoder.skip_map = check_skip_map(skip_map, len(decoder.model.layers))
         return decoder
 
+    def identity(self) -> str:
+        """The base model and component (and skip map) this decoder runs: what a measured choice is valid for."""
+        skip = "" if self.skip_map is None else "-skip" + "".join(map(str, self.skip_map))
+        return f"{(self.fingerprint or 'unknown').split(':')[-1][:16]}-{self.component_digest[:16]}{skip}"
+
+    def fastest_method(self, refresh: bool = False) -> str:
+        """What `auto` runs here: the fastest method of this decoder in a short trial, measured once per machine
+        (runtime/auto.py)."""
+        if self._fastest is None or refresh:
+            self._fastest = fastest_method(self, refresh)
+        return self._fastest
+
     def encode_chat(self, prompt: str) -> list[int]:
         return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
                                                   add_generation_prompt=True, return_dict=False)
@@ -201,6 +219,7 @@ class Decoder:
         truncate="left" cut to its last tokens that fit. Calls from several threads take turns.
         """
         sampling = Sampling(temperature, acceptance, epsilon, delta)
+        method = self.fastest_method() if method == AUTO else method
         carried = self.carries()
         missing = [need for need in get_method(method).needs if need not in carried]
         if missing:
@@ -266,7 +285,7 @@ class Decoder:
         out = out[:max_new_tokens]
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
                               self._tree_size(method), time.perf_counter() - started,
-                              sizer.chosen if sizer is not None else [], self.pruned_rows)
+                              sizer.chosen if sizer is not None else [], self.pruned_rows, method)
 
     def profile_drafter(self) -> dict:
         """profile_trees' arguments for this decoder's drafter: draft heads draft before the forward, and that

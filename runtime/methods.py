@@ -51,6 +51,8 @@ class DecodingMethod:
 
 METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
     DecodingMethod("ar", "plain decoding on the lean forward, one token per step", (), "ar:decode_ar"),
+    DecodingMethod("auto", "the fastest method this decoder serves here, chosen by a short measured trial once per "
+                   "machine (never a drafter that does not beat ar there)", (), "auto:decode_auto"),
     DecodingMethod("anpd", "ANPD: a chain of up to 7 guesses from the live text's multi-level n-grams (N up to 5); "
                    "no component needed", (), "anpd:decode_anpd", {"max_n": 5, "draft_length": 7}),
     DecodingMethod("skip", "Draft & Verify: the base model with sub-layers skipped drafts a chain (adaptive exit), "
@@ -76,6 +78,10 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
     DecodingMethod("medusa-prune", "medusa with ProPD's early pruning of the tree after layer n",
                    (MEDUSA_HEADS, HEAD_TREE, EARLY_HEAD), "draft_heads:decode_heads", {"prune": True}),
 )}
+
+
+# the methods every decoder serves, whatever its component: plain decoding, ANPD, and auto's choice among all
+COMPONENT_FREE = ("ar", "anpd", "auto")
 
 
 def get_method(name: str) -> DecodingMethod:

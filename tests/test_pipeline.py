@@ -111,7 +111,7 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     assert set(trees["trees"]) == {"6", "12"} and len(trees["acceptance"]) == 3
     assert (out / "calibrate" / "component" / "ngrams.safetensors").is_file()
     bench = json.loads((out / "evaluate" / "bench.json").read_text())
-    assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "ppd", "ppd-lookup"}  # the method's own
+    assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "ppd", "ppd-lookup", "auto"}  # its own, auto
     assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
     for key in ("calibrate.tau_size6", "calibrate.ngram_entries", "evaluate.ppd_speedup",
                 "evaluate.ar_identical_to_greedy"):
@@ -151,10 +151,12 @@ def test_a_feature_head_runs_through_every_stage_and_decodes_from_the_registry(r
     assert trees["kind"] == "heads" and set(trees["trees"]) == {"6", "12"}
     assert not (out / "calibrate" / "component" / "ngrams.safetensors").exists()  # no lookup for head components
     bench = json.loads((out / "evaluate" / "bench.json").read_text())
-    assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "feature-head"}
+    assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "feature-head", "feature-grown",
+                                                       "feature-grown-anpd", "auto"}
     assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
     version = MlflowClient(tracking_uri).get_model_version_by_alias("ppdkit-tiny-llama", "challenger")
     assert version.tags["method"] == "feature-head" and "feature_head_speedup" in version.tags
+    assert "feature_grown_anpd_speedup" in version.tags and "auto_speedup" in version.tags
     assert int(version.tags["tree_size"]) >= 1 and "ppd_speedup" not in version.tags  # only what was measured
     from ppdkit.runtime.decoder import Decoder
 

@@ -110,20 +110,22 @@ def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
 
 def test_the_committed_feature_head_decodes_mt_bench_losslessly_in_fewer_steps():
     """The feature-head component the recipe trained (models/components/smollm2-135m-feature-head): the base
-    model's own greedy tokens (or a floating-point near-tie) in fewer steps, on trees of two sizes."""
+    model's own greedy tokens (or a floating-point near-tie) in fewer steps, on trees of two sizes and on the
+    trees it grows (with and without ANPD's chains)."""
     from conftest import REPO
 
     from ppdkit.jobs.bench import divergence, load_prompts, run_method
     from ppdkit.runtime.decoder import Decoder
 
-    for size in (4, 16):
+    for size, method in ((4, "feature-head"), (16, "feature-head"), (None, "feature-grown"),
+                         (None, "feature-grown-anpd")):
         decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-feature-head", tree_size=size)
         tokens = steps = 0
         for prompt in load_prompts("mt-bench", 3):
             ids = decoder.encode_chat(prompt)
-            out = decoder.generate(ids, 48, "feature-head")
+            out = decoder.generate(ids, 48, method)
             greedy = run_method(decoder, "hf-greedy", ids, 48)[0]
             if out.tokens != greedy:
-                assert divergence(decoder, ids, out.tokens, greedy)["near_tie"], (size, prompt)
+                assert divergence(decoder, ids, out.tokens, greedy)["near_tie"], (size, method, prompt)
             tokens, steps = tokens + len(out.tokens), steps + out.steps
-        assert tokens / steps > 1.25, size
+        assert tokens / steps > 1.25, (size, method)

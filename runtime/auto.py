@@ -1,0 +1,85 @@
+"""`auto`: the fastest decoding method a decoder serves on this machine, chosen once by a short measured trial
+and cached per machine, base model and component like the tree profile (runtime/profile.py).
+
+The trial decodes a few prompts of the kinds whose drafts differ most (prose, an explanation, code, a list)
+with every method the decoder serves, interleaved so drift in machine speed hits them alike, and keeps the
+one with the most tokens per second. A drafter must beat `ar` by MARGIN in the trial to be chosen: a trial is
+short and timings here drift by several percent, and auto must never be slower than plain decoding.
+"""
+
+import json
+import logging
+import time
+
+from tqdm import tqdm
+
+from ppdkit.models.paths import cache_dir
+
+from .profile import RUNTIME_REVISION, machine_key
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+TRIAL_PROMPTS = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a hash table works and when it is a poor choice.",
+    "Write a Python function that merges two sorted lists into one sorted list, with a docstring and tests.",
+    "List ten tips for staying productive when working from home.",
+)
+TRIAL_TOKENS = 64
+MARGIN = 0.03
+
+
+def candidates(decoder) -> list[str]:
+    """Every method the decoder serves but auto itself."""
+    return [m for m in decoder.methods() if m != AUTO]
+
+
+def choose(speeds: dict[str, float], margin: float = MARGIN) -> str:
+    """speeds: tokens per second by method, ar among them -> the fastest, unless it beats ar by less than margin."""
+    best = max(speeds, key=speeds.get)
+    return best if speeds[best] >= (1 + margin) * speeds["ar"] else "ar"
+
+
+def measure(decoder, methods: list[str], prompts: tuple[str, ...] = TRIAL_PROMPTS,
+            tokens: int = TRIAL_TOKENS) -> dict[str, float]:
+    """Tokens per second of each method on the prompts, interleaved prompt by prompt (greedy)."""
+    seconds, made = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0)
+    for method in methods:  # warm-up: first-call allocations are not measured
+        decoder.generate(prompts[0], 4, method)
+    for prompt in tqdm(prompts, desc=f"auto: timing {len(methods)} methods", unit="prompt", leave=False):
+        for method in methods:
+            started = time.perf_counter()
+            made[method] += len(decoder.generate(prompt, tokens, method).tokens)
+            seconds[method] += time.perf_counter() - started
+    return {m: made[m] / seconds[m] for m in methods}
+
+
+def fastest_method(decoder, refresh: bool = False) -> str:
+    """The method auto runs for this decoder here: measured once, then read from the cache."""
+    methods = candidates(decoder)
+    if methods == ["ar"]:
+        return "ar"
+    path_kind = "native" if decoder.model.native is not None else "torch"
+    key = f"{decoder.identity()}-{machine_key()}-{path_kind}-r{RUNTIME_REVISION}"
+    path = cache_dir() / "profiles" / f"auto-{key}.json"
+    if path.is_file() and not refresh:
+        saved = json.loads(path.read_text())
+        if saved.get("methods") == methods:
+            return saved["chosen"]
+    log.info("auto: timing %s on %d prompts to choose the fastest here (once per machine)", ", ".join(methods),
+             len(TRIAL_PROMPTS))
+    speeds = measure(decoder, methods)
+    chosen = choose(speeds)
+    log.info("auto: %s (tokens/s %s)", chosen, ", ".join(f"{m} {s:.1f}" for m, s in speeds.items()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine_key(), "methods": methods, "tokens_per_s": speeds,
+                                "chosen": chosen}, indent=2))
+    return chosen
+
+
+def decode_auto(decoder, ids, cache, emit, sampling, generator, sizer=None) -> None:
+    """The chosen method's decode loop (Decoder.generate resolves auto before it sizes the cache)."""
+    from .methods import get_method
+
+    get_method(decoder.fastest_method()).decode(decoder, ids, cache, emit, sampling, generator, sizer=sizer)

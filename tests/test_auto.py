@@ -1,0 +1,43 @@
+"""auto (runtime/auto.py): the fastest method a decoder serves, from a short measured trial cached per machine,
+never a drafter that does not beat ar there; its output is the base model's like every method's."""
+
+import pytest
+from test_draft_heads import VOCAB, _decoder, _heads
+
+import ppdkit.runtime.auto as auto_module
+from ppdkit.models.tiny import build_tiny_llama
+from ppdkit.runtime.auto import choose
+
+
+def test_a_drafter_must_beat_ar_by_the_margin():
+    assert choose({"ar": 100.0, "anpd": 120.0, "feature-grown": 110.0}) == "anpd"
+    assert choose({"ar": 100.0, "anpd": 102.0}) == "ar"  # within the trial's noise: plain decoding
+    assert choose({"ar": 100.0, "anpd": 90.0}) == "ar"
+
+
+def test_auto_measures_once_per_machine_then_decodes_like_ar(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
+    model, tok = build_tiny_llama()
+    model = model.float().eval()
+    heads = _heads("feature", 3, torch.Generator().manual_seed(0), model, torch.arange(VOCAB))
+    measured = []
+    real = auto_module.measure
+
+    def counted(decoder, methods, *args, **kwargs):
+        measured.append(methods)
+        return real(decoder, methods, ("one two three one two three", "def f(x): return x"), 12)
+
+    monkeypatch.setattr(auto_module, "measure", counted)
+    decoder = _decoder(model, tok, heads, None)
+    ids = [5, 17, 42, 5, 17, 42, 5]
+    out = decoder.generate(ids, 20, "auto")
+    assert measured == [["ar", "anpd", "feature-grown", "feature-grown-anpd"]]
+    assert out.method in measured[0] and out.tokens == decoder.generate(ids, 20, "ar").tokens
+    again = _decoder(model, tok, heads, None)  # another process on this machine: the cached choice
+    assert again.generate(ids, 20, "auto").method == out.method and len(measured) == 1
+    saved = next((tmp_path / "profiles").glob("auto-*.json")).read_text()
+    assert '"chosen": "%s"' % out.method in saved and "tokens_per_s" in saved
+    with pytest.raises(ValueError, match="needs"):
+        decoder.generate(ids, 4, "ppd")  # auto does not lend other methods what the component lacks
