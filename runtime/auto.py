@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from ppdkit.models.paths import cache_dir
 
-from .profile import RUNTIME_REVISION, machine_key
+from .profile import machine_key, runtime_key
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,7 @@ def fastest_method(decoder, refresh: bool = False) -> str:
     methods = candidates(decoder)
     if methods == ["ar"]:
         return "ar"
-    path_kind = "native" if decoder.model.native is not None else "torch"
-    key = f"{decoder.identity()}-{machine_key()}-{path_kind}-r{RUNTIME_REVISION}"
-    path = cache_dir() / "profiles" / f"auto-{key}.json"
+    path = cache_dir() / "profiles" / f"auto-{decoder.identity()}-{runtime_key(decoder.model)}.json"
     if path.is_file() and not refresh:
         saved = json.loads(path.read_text())
         if saved.get("methods") == methods:

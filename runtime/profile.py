@@ -21,6 +21,13 @@ def machine_key() -> str:
     return f"{platform.node()}-{platform.machine()}-{os.cpu_count()}cpu-{torch.get_num_threads()}threads"
 
 
+def runtime_key(model: LeanLlama) -> str:
+    """This machine, the kernel path the model runs on (the kernels change every timing) and the runtime's
+    revision: what a cached measurement (tree profile, auto's trial) holds for."""
+    path_kind = "native" if model.native is not None else "torch"
+    return f"{machine_key()}-{path_kind}-r{RUNTIME_REVISION}"
+
+
 def measure_latency(model: LeanLlama, size: int, context: int = 256, repeats: int = 5) -> float:
     """Median seconds of one forward of `size` tree tokens over `context` cached tokens."""
     cache = model.new_cache(context + size + 1)
@@ -44,8 +51,7 @@ def profile_trees(model: LeanLlama, taus: dict[int, float], fingerprint: str, re
     """{"rows": [{size, tau, latency_ms, draft_ms, tokens_per_s}], "chosen": size}; cached per machine, model and
     drafter kind ("ppd" or "heads": one component of each may serve the same base model). `draft_seconds(size)`:
     what drafting a tree of that size costs before its forward (draft heads; PPD drafts inside the forward)."""
-    path_kind = "native" if model.native is not None else "torch"  # the kernels change L(n): one profile each
-    name = f"{fingerprint.split(':')[-1][:16]}-{drafter}-{machine_key()}-{path_kind}-r{RUNTIME_REVISION}.json"
+    name = f"{fingerprint.split(':')[-1][:16]}-{drafter}-{runtime_key(model)}.json"
     path = cache_dir() / "profiles" / name
     key = sorted(taus)
     if path.is_file() and not refresh:
