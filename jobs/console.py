@@ -49,8 +49,13 @@ def print_run_summary(spec, output: Path, results: dict, tracker) -> None:
               f"{teacher['mass_kept_mean']:.3f} of the mass (p5 {teacher['mass_kept_p5']:.3f}), "
               f"{teacher['bytes_per_position']:.0f} bytes/position = "
               f"{100 * teacher['fraction_of_full_vocab']:.2f}% of full fp16 logits{speed}")
+    train = results.get("train")
+    if train and "best_ms_per_token" in train:  # a layer-skip search
+        print(f"  train: layer-skip search of {train['trials']} maps chose {train['skipped_attention']} attention and "
+              f"{train['skipped_mlp']} MLP sub-layers to skip: {train['skip_ms_per_token']:.2f} ms/token against ar's "
+              f"{train['ar_ms_per_token']:.2f} ({train['speedup_vs_ar']:.2f}x) on the development prompts")
     calibrate = results.get("calibrate")
-    if calibrate:
+    if calibrate and calibrate.get("calibrated", 1):
         hits = [v for key, v in sorted(calibrate.items()) if key.startswith("p_top1_d")]
         taus = sorted((int(key.removeprefix("tau_size")), v) for key, v in calibrate.items() if key.startswith("tau_size"))
         print("  calibrate: top-1 guess right " + ", ".join(f"{100 * v:.0f}%" for v in hits) + " at distances 1.."

@@ -63,7 +63,17 @@ def _run_teacher(ctx: StageContext) -> dict[str, Any]:
 
 def _run_train(ctx: StageContext) -> dict[str, Any]:
     from ppdkit.trainer.launch import run_training
+    from ppdkit.trainer.methods import TRAINING_METHODS
 
+    method = TRAINING_METHODS[ctx.spec.train.method]
+    if method.searches:  # no weights to train: a search on Ray Tune exports the component
+        import importlib
+
+        search = importlib.import_module(f"ppdkit.trainer.{method.run}").run_search
+        result = search(ctx.spec.base_model, ctx.spec.train, ctx.output / "data", ctx.stage_dir, ctx.tracker.ref())
+        for folder in ("component", "plots"):
+            ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
+        return result
     result = run_training(ctx.spec.base_model, ctx.spec.train, ctx.output / "teacher", ctx.stage_dir, ctx.tracker.ref())
     for folder in ("component", "plots"):
         ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
@@ -77,12 +87,17 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     from ppdkit.models.artifact import add_files
     from ppdkit.trainer.calibrate import calibrate
 
-    cfg = ctx.spec.calibrate
-    result = calibrate(ctx.spec.base_model.name, ctx.output / "train" / "component", ctx.output / "teacher", cfg.sizes,
-                       cfg.max_rank, cfg.sequences, cfg.groups_per_sequence, cfg.micro_batch, ctx.spec.base_model.dtype)
+    from ppdkit.trainer.methods import TRAINING_METHODS
+
     component = ctx.stage_dir / "component"  # the trained component plus its trees: what the decoder loads
     shutil.rmtree(component, ignore_errors=True)
     shutil.copytree(ctx.output / "train" / "component", component)
+    if not TRAINING_METHODS[ctx.spec.train.method].calibrates:  # nothing to calibrate: passed on as trained
+        ctx.tracker.log_artifact(component, "component")
+        return {"component": str(component), "calibrated": 0}
+    cfg = ctx.spec.calibrate
+    result = calibrate(ctx.spec.base_model.name, ctx.output / "train" / "component", ctx.output / "teacher", cfg.sizes,
+                       cfg.max_rank, cfg.sequences, cfg.groups_per_sequence, cfg.micro_batch, ctx.spec.base_model.dtype)
     add_files(component, json_files={"trees": result})
     ngram_figures = _write_ngram_table(ctx, component) if cfg.ngram_branches and result["kind"] == "ppd" else {}
     # the whole directory again: component.json now lists (and checksums) the trees and the n-gram table
@@ -163,9 +178,10 @@ def registry_tags(method_name: str, base_model: str, fingerprint: str, train: di
 
     size = evaluate["tree_size"]
     taus = {k: v for k, v in calibrate.items() if k.startswith("tau_size")}
-    tags = {"method": method_name, "base_model": base_model, "fingerprint": fingerprint, "tree_size": size,
-            "tau": calibrate.get(f"tau_size{size}", max(taus.values())),
+    tags = {"method": method_name, "base_model": base_model, "fingerprint": fingerprint,
             **{k.removeprefix("best_"): v for k, v in train.items() if k.startswith("best_acc_top1_d")}}
+    if taus:  # a method with calibrated trees
+        tags.update(tree_size=size, tau=calibrate.get(f"tau_size{size}", max(taus.values())))
     # metric names as the evaluate stage writes them (ppd-head -> ppd_head_speedup ...)
     keys = [m.replace("-", "_") for m in (*COMPONENT_FREE, *TRAINING_METHODS[method_name].decoding_methods)]
     measured = [key for key in keys if f"{key}_speedup" in evaluate]
@@ -206,6 +222,14 @@ def select_stages(names: list[str] | None) -> list[Stage]:
     if missing:
         raise PipelineError(f"stage(s) {missing} are not available in this version; available: {', '.join(STAGES)}")
     return [STAGES[n] for n in STAGE_ORDER if n in names]
+
+
+def _unneeded_stages(spec: JobSpec) -> dict[str, str]:
+    """Stages the training method has no use for, with why: a layer-skip search reads no teacher cache."""
+    from ppdkit.trainer.methods import TRAINING_METHODS
+
+    method = TRAINING_METHODS[spec.train.method]
+    return {} if method.needs_teacher else {"teacher": f"train.method {method.name} reads no teacher cache"}
 
 
 def stage_inputs(spec: JobSpec, stage: Stage) -> dict[str, Any]:
@@ -280,13 +304,17 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
     _write_spec(output / "spec.yaml", spec)
     tracker.log_artifact(output / "spec.yaml")
     results: dict[str, dict[str, Any]] = {}
+    unneeded = _unneeded_stages(spec)
     for stage in selected:
         stage_dir = output / stage.name
+        if stage.name in unneeded:
+            log.info("stage %s: skipped, %s", stage.name, unneeded[stage.name])
+            continue
         if _is_done(spec, stage, stage_dir, force):
             log.info("stage %s: complete in %s, skipped", stage.name, stage_dir)
             results[stage.name] = read_summary(stage_dir)
             continue
-        earlier = [s for s in STAGE_ORDER[: STAGE_ORDER.index(stage.name)] if s in STAGES]
+        earlier = [s for s in STAGE_ORDER[: STAGE_ORDER.index(stage.name)] if s in STAGES and s not in unneeded]
         for name in earlier:
             made = read_summary(output / name)
             if made is None or made.get("inputs_digest") != _digest(stage_inputs(spec, STAGES[name])):

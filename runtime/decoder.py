@@ -144,7 +144,15 @@ class Decoder:
         digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
         base = load_base_model(component.base_model["name"], quantization="none", dtype=dtype)
         read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
-        if "draft_vocab" in component.tensors:  # draft heads over the base model's features
+        taus: dict[int, float] = {}
+        if component.method == "layer-skip":  # a skip map alone: the base model drafts for itself
+            decoder = cls(base.model, base.tokenizer, None, None, max_length)
+            try:
+                decoder.skip_map = check_skip_map(component.hyperparameters["skip_map"], len(decoder.model.layers))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ArtifactError(f"{directory}/component.json: a layer-skip component needs hyperparameters."
+                                    f"skip_map for this base model: {e}") from None
+        elif "draft_vocab" in component.tensors:  # draft heads over the base model's features
             heads, head_trees = load_draft_heads(component, base.model)
             decoder = cls(base.model, base.tokenizer, None, None, max_length)
             decoder.heads, taus = heads, {s: tau for s, (_, tau) in head_trees.items()}

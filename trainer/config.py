@@ -36,6 +36,11 @@ class TrainConfig(Section):
     head_inner: int = Field(1024, ge=1, description="feature-head: width of the head's MLP")
     feature_weight: float = Field(1.0, ge=0.0, description="feature-head: weight of the feature regression loss")
     early_layer: int = Field(4, ge=1, description="early-head: the decoder layers before the head (ProPD's n)")
+    # the skip-map search (method layer-skip, papers/002 3.3)
+    search_trials: int = Field(40, ge=1, description="layer-skip: skip maps timed (Optuna's TPE on Ray Tune)")
+    search_prompts: int = Field(8, ge=1, description="layer-skip: development prompts, the data stage's held-out "
+                                                    "first user turns")
+    search_new_tokens: int = Field(32, ge=1, description="layer-skip: tokens decoded per prompt in a trial")
     # the objective
     loss: Literal["kd", "ce"] = Field("kd", description="kd: decayed KL to the teacher; ce: hard labels (ablation)")
     alpha: float = Field(0.8, gt=0.0, le=1.0, description="decay per token distance")
@@ -72,7 +77,9 @@ class TrainConfig(Section):
                                       (("draft_vocab",), method.head_kind is not None,
                                        "feature-head, medusa and early-head"),
                                       (("feature_weight",), method.head_kind == "feature", "feature-head"),
-                                      (("early_layer",), method.head_kind == "early", "early-head")):
+                                      (("early_layer",), method.head_kind == "early", "early-head"),
+                                      (("search_trials", "search_prompts", "search_new_tokens"), method.searches,
+                                       "layer-skip")):
             set_here = [k for k in keys if getattr(self, k) != defaults[k].default]
             if set_here and not applies:
                 raise ValueError(f"{', '.join(set_here)} only apply to {owners}, not {self.method}")

@@ -13,6 +13,8 @@ feature-head  ppdkit's draft head over the base model's last hidden state and th
 medusa        Medusa-1 heads over the last hidden state (the baseline of feature-head).
 early-head    ProPD's early prediction head after n layers, for pruning tree nodes (papers/004 4.1).
                                                                                         trainer/early_run.py
+layer-skip    Draft & Verify's skip map (papers/002 3.3): no weights; a Ray Tune search of the sub-layers the
+              draft leaves out, by measured time per token on development prompts. trainer/layer_skip_run.py
 """
 
 import importlib
@@ -34,6 +36,10 @@ class TrainingMethod:
     trains_head: bool = False  # PPD's custom decoding head: train.head_start_step / head_lr_scale apply
     head_kind: str | None = None  # a head over the base model's features: feature, medusa (models/draft_heads.py),
     # early (trainer/early_run.py)
+    searches: bool = False  # trains no weights: `run` names a module whose `run_search(base, cfg, data_dir,
+    # out_dir, tracker_ref)` searches on Ray Tune and exports the component itself
+    needs_teacher: bool = True  # reads the teacher cache (the teacher stage is skipped for a method that does not)
+    calibrates: bool = True  # has trees to calibrate (the calibrate stage passes the component on otherwise)
 
     def start(self, cfg, base, train_sequences):
         """The method's run: module, param_groups, loss, evaluate, export_tensors, hyperparameters."""
@@ -50,4 +56,7 @@ TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (
                    ("medusa",), head_kind="medusa"),
     TrainingMethod("early-head", "ProPD's early prediction head after train.early_layer layers (papers/004 4.1)",
                    "early_run", (), head_kind="early"),
+    TrainingMethod("layer-skip", "Draft & Verify's skip map, searched on Ray Tune by measured time per token "
+                   "(papers/002 3.3)", "layer_skip_run", ("skip",), searches=True, needs_teacher=False,
+                   calibrates=False),
 )}
