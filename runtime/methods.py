@@ -17,6 +17,7 @@ FEATURE_HEAD, MEDUSA_HEADS, HEAD_TREE = "a feature draft head", "Medusa heads", 
 EARLY_HEAD = "an early prediction head (Decoder.from_pretrained(early_head=...), --early-head)"
 SKIP_MAP = "a layer-skip map (--base NAME --skip-map ..., Decoder.from_base(skip_map=...))"
 GROWN_NODES = 8  # the most nodes of a grown tree (the root included); each step takes what pays of them
+SELF_DRAFT = {"branches": 2, "branch_length": 4, "gram": 3, "candidates": 4}  # N, L, G, C of runtime/self_draft.py
 LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' reach), doubled after a chain
 # was accepted whole (the text is copying itself). Measured with the committed component, tree of 6,
 # 20 prompts, 128 tokens, one process: 1.65 -> 1.70 tokens per step on MT-Bench (speed alike), 2.25 -> 2.59
@@ -55,6 +56,11 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                    "machine (never a drafter that does not beat ar there)", (), "auto:decode_auto"),
     DecodingMethod("anpd", "ANPD: a chain of up to 7 guesses from the live text's multi-level n-grams (N up to 5); "
                    "no component needed", (), "anpd:decode_anpd", {"max_n": 5, "draft_length": 7}),
+    DecodingMethod("self-draft", "Self-Draft: drafting branches of the model's own guesses ride in the verification "
+                   "forward and fill a context cache of n-grams, whose continuations of the last token are verified "
+                   "(plus the corpus table's, when the component has one); no component needed", (),
+                   "self_draft:decode_self_draft", SELF_DRAFT | {"nodes": 1 + SELF_DRAFT["candidates"] * SELF_DRAFT[
+                       "gram"] + SELF_DRAFT["branches"] * SELF_DRAFT["branch_length"]}),
     DecodingMethod("skip", "Draft & Verify: the base model with sub-layers skipped drafts a chain (adaptive exit), "
                    "the whole model verifies it", (SKIP_MAP,), "layer_skip:decode_skip", {"draft_length": 12}),
     DecodingMethod("ppd", "the prompt tokens' dynamic sparse tree, verified in the same forward",
@@ -80,8 +86,8 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
 )}
 
 
-# the methods every decoder serves, whatever its component: plain decoding, ANPD, and auto's choice among all
-COMPONENT_FREE = ("ar", "anpd", "auto")
+# the methods every decoder serves, whatever its component: plain decoding, ANPD, Self-Draft, and auto's choice
+COMPONENT_FREE = ("ar", "anpd", "self-draft", "auto")
 
 
 def get_method(name: str) -> DecodingMethod:

@@ -66,7 +66,7 @@ def test_sampled_anpd_draws_the_base_models_first_tokens(tiny_decoder):  # noqa:
 
 def test_a_base_model_alone_decodes_with_anpd_and_refuses_component_methods(tmp_path):
     decoder = Decoder.from_base("tiny-llama")
-    assert decoder.methods() == ["ar", "auto", "anpd"]
+    assert decoder.methods() == ["ar", "auto", "anpd", "self-draft"]
     with pytest.raises(ValueError, match="method ppd needs prompt tokens"):
         decoder.generate([5, 6, 7], 4, "ppd")
     out = subprocess.run([sys.executable, "-m", "ppdkit.jobs.cli", "decode", "--base", "tiny-llama", "--method",

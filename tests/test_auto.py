@@ -33,7 +33,7 @@ def test_auto_measures_once_per_machine_then_decodes_like_ar(tmp_path, monkeypat
     decoder = _decoder(model, tok, heads, None)
     ids = [5, 17, 42, 5, 17, 42, 5]
     out = decoder.generate(ids, 20, "auto")
-    assert measured == [["ar", "anpd", "feature-grown", "feature-grown-anpd"]]
+    assert measured == [["ar", "anpd", "self-draft", "feature-grown", "feature-grown-anpd"]]
     assert out.method in measured[0] and out.tokens == decoder.generate(ids, 20, "ar").tokens
     again = _decoder(model, tok, heads, None)  # another process on this machine: the cached choice
     assert again.generate(ids, 20, "auto").method == out.method and len(measured) == 1

@@ -53,7 +53,7 @@ OUT_OF_RANGE = [
     ("train.method=eagle", ["'train.method'", "'ept'", "'medusa'", "eagle"]),
     ("train.init_token_ids=[1,2]", ["'train.init_token_ids'", "3 * 1 = 3 token ids, not 2"]),
     ("evaluate.methods=[ppd,eagle]", ["'evaluate.methods[1]'",
-                                      "'hf-greedy', 'hf-pld', 'ar', 'auto', 'anpd', 'skip', 'ppd', 'ppd-lookup', 'ppd-head', "
+                                      "'hf-greedy', 'hf-pld', 'ar', 'auto', 'anpd', 'self-draft', 'skip', 'ppd', 'ppd-lookup', 'ppd-head', "
                                       "'feature-head', 'feature-grown', 'feature-grown-anpd', 'medusa', 'ppd-prune', "
                                       "'feature-head-prune' or 'medusa-prune'",
                                       "'eagle'"]),

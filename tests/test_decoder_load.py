@@ -140,7 +140,7 @@ def test_a_well_formed_component_decodes(tiny_component):
 def test_a_component_with_a_head_decodes_with_ppd_head(tiny_component):
     _rewrite(tiny_component, head={"head_weight": torch.randn(64, 64) / 8, "head_bias": torch.randn(64)})
     decoder = Decoder.from_pretrained(tiny_component, tree_size=12)
-    assert decoder.methods() == ["ar", "auto", "anpd", "ppd", "ppd-lookup", "ppd-head"]
+    assert decoder.methods() == ["ar", "auto", "anpd", "self-draft", "ppd", "ppd-lookup", "ppd-head"]
     ids = [5, 6, 7, 8, 5, 6]
     assert decoder.generate(ids, 12, "ppd-head").tokens == decoder.generate(ids, 12, "ar").tokens
 

@@ -78,7 +78,7 @@ def test_two_steps_on_two_ray_workers_match_the_recorded_losses(method, teacher_
     add_files(tmp_path / "train" / "component", json_files={"trees": trees})
     decoder = Decoder.from_pretrained(tmp_path / "train" / "component", tree_size=8)
     grown = ["feature-grown", "feature-grown-anpd"] if method == "feature-head" else []
-    assert decoder.methods() == ["ar", "auto", "anpd", method, *grown] and decoder.head_tree.layout.size == len(trees["trees"]["8"]["parents"])
+    assert decoder.methods() == ["ar", "auto", "anpd", "self-draft", method, *grown] and decoder.head_tree.layout.size == len(trees["trees"]["8"]["parents"])
     for prompt in ("Hello there", "Name three colors."):
         assert decoder.generate(prompt, 16, method).tokens == decoder.generate(prompt, 16, "ar").tokens
     with pytest.raises(ValueError, match="method ppd needs prompt tokens"):

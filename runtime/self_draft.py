@@ -1,0 +1,146 @@
+"""Self-Draft (papers/001): drafting branches of the model's own guesses ride in the verification forward.
+No component is needed; a component's corpus n-gram table (models/ngram_table.py) adds candidates when present.
+
+Each step feeds one sequence: the root (the token decoded last), a trie of candidate continuations of the
+root, and N drafting branches of up to L tokens. Candidates see the committed text and their own path (as every
+tree here); branch b's tokens see the committed text, the root and branch b's earlier tokens (block-diagonal
+causal masks, figure 3b), never a candidate or another branch. Each branch row's greedy guess is a draft of
+the token after it:
+- the guess after a branch's last token is appended to it; once it holds L tokens its first is dropped too
+  (Algorithm 1's sliding window);
+- every G consecutive branch tokens with the guess after the last form a (G+1)-gram; its first token keys an
+  LRU pool of continuations (the other G tokens): the context cache.
+The next step's candidates are the pool's continuations of the new root (most recent first), then the corpus
+table's for the text's ending, at most C, merged into a trie. Only the verified path's cache entries are
+kept (a branch row's are discarded as a prompt token's are) and acceptance is the runtime's
+(runtime/acceptance.py), so the output is the base model's: greedy exactly, sampled in distribution.
+
+Branches start as one token each, drawn from the prompt with a fixed seed (decoding repeats itself).
+The paper's N = L = 6, G = 4 are for an A100, where rows cost almost nothing; on 2 CPU cores a step of 61 rows
+costs ~3x a one-token step, so ppdkit's defaults are smaller (runtime/methods.py says what was measured).
+"""
+
+import random
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .acceptance import Sampling, TreeLinks, choose, pick
+from .kv_cache import KVCache
+
+POOL = 8  # continuations kept per key token in the context cache (least recently used dropped first)
+
+
+@dataclass
+class Drafts:
+    """The branches and the context cache of one generate call."""
+
+    branches: list[list[int]]
+    gram: int  # G
+    length: int  # L
+    pool: dict[int, OrderedDict] = field(default_factory=dict)  # key token -> {continuation: None}, newest last
+
+    @classmethod
+    def start(cls, prompt: list[int], branches: int, length: int, gram: int) -> "Drafts":
+        rng = random.Random(0)
+        return cls([[rng.choice(prompt)] for _ in range(branches)], gram, length)
+
+    def candidates(self, root: int, text: list[int], table, count: int) -> list[list[int]]:
+        """Up to `count` distinct continuations of `root`: the context cache's newest first, then the table's."""
+        found = list(reversed(self.pool.get(root, {})))
+        if table is not None:
+            found += [tuple(c[:self.gram]) for c in table.continuations(text)]
+        out: list[list[int]] = []
+        for chain in found:
+            if chain and list(chain) not in out:
+                out.append(list(chain))
+        return out[:count]
+
+    def update(self, guesses: list[list[int]]) -> None:
+        """guesses[b][j]: the model's greedy token after branch b's token j, this step."""
+        for branch, after in zip(self.branches, guesses):
+            for j in range(self.gram - 1, len(branch)):
+                gram = branch[j - self.gram + 1:j + 1] + [after[j]]
+                pool = self.pool.setdefault(gram[0], OrderedDict())
+                pool[tuple(gram[1:])] = None
+                pool.move_to_end(tuple(gram[1:]))
+                if len(pool) > POOL:
+                    pool.popitem(last=False)
+            branch.append(after[-1])
+            if len(branch) > self.length:
+                del branch[0]
+
+
+def trie(root: int, chains: list[list[int]]) -> tuple[list[int], list[int], list[int]]:
+    """The root and the chains' tokens merged on common prefixes: (tokens, parents, depths), parents first."""
+    tokens, parents, depths, children = [root], [-1], [0], [{}]
+    for chain in chains:
+        node = 0
+        for token in chain:
+            if token not in children[node]:
+                children[node][token] = len(tokens)
+                tokens.append(token)
+                parents.append(node)
+                depths.append(depths[node] + 1)
+                children.append({})
+            node = children[node][token]
+    return tokens, parents, depths
+
+
+def step_inputs(tokens: list[int], parents: list[int], depths: list[int], branches: list[list[int]]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
+    """The step's input: (tokens [T], offsets from the root [T], mask [T, T] bool, each node's path), the trie's
+    nodes first, then the branches' tokens in order."""
+    nodes = len(tokens)
+    rows = nodes + sum(len(b) for b in branches)
+    mask = torch.zeros(rows, rows, dtype=torch.bool)
+    offsets = torch.zeros(rows, dtype=torch.long)
+    paths: list[list[int]] = []
+    for node, parent in enumerate(parents):
+        paths.append([node] if parent < 0 else paths[parent] + [node])
+        mask[node, paths[node]] = True
+    offsets[:nodes] = torch.tensor(depths)
+    start = nodes
+    for branch in branches:
+        rows_b = slice(start, start + len(branch))
+        mask[rows_b, 0] = True  # the root: the text the branch continues
+        mask[rows_b, rows_b] = torch.ones(len(branch), len(branch), dtype=torch.bool).tril()
+        offsets[rows_b] = torch.arange(1, len(branch) + 1)
+        start += len(branch)
+    return torch.tensor(tokens + sum(branches, [])), offsets, mask, paths
+
+
+def decode_self_draft(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool],
+                      sampling: Sampling, generator: torch.Generator | None, sizer=None, branches: int = 2,
+                      branch_length: int = 4, gram: int = 3, candidates: int = 4, nodes: int = 0) -> None:
+    """Read the prompt ids [P], then steps of verification and drafting until `emit` says stop (`sizer` unused;
+    `nodes`, the most rows of a step, sizes the cache)."""
+    model = decoder.model
+    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
+    cache.commit(None, len(ids))
+    root = pick(model.logits(hidden[-1]), sampling, generator)
+    text = ids.tolist() + [root]
+    drafts = Drafts.start(ids.tolist(), branches, branch_length, gram)
+    done = emit([root])
+    while not done:
+        tokens, parents, depths = trie(root, drafts.candidates(root, text, decoder.ngrams, candidates))
+        inputs, offsets, mask, paths = step_inputs(tokens, parents, depths, drafts.branches)
+        hidden = model.forward(model.embed_ids(inputs), cache.length + offsets, cache,
+                               torch.cat([torch.ones(len(inputs), cache.length, dtype=torch.bool), mask], 1))  # [T, H]
+        logits = model.logits(hidden)  # [T, V]
+        n = len(tokens)
+        final, next_token = choose(inputs[:n], logits[:n], TreeLinks.of(parents, depths, [0] * n), sampling,
+                                   generator)
+        cache.commit(torch.tensor(paths[final]), len(inputs))
+        guesses = logits[n:].argmax(-1).tolist()  # [rows of the branches]
+        split, start = [], 0
+        for branch in drafts.branches:
+            split.append(guesses[start:start + len(branch)])
+            start += len(branch)
+        drafts.update(split)
+        accepted = [tokens[i] for i in paths[final][1:]] + [next_token]
+        text += accepted
+        root = next_token
+        done = emit(accepted)

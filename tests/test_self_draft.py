@@ -1,0 +1,72 @@
+"""Self-Draft (papers/001) as a decoding method: the branches and context cache by hand, the step's masks,
+greedy output identical to plain greedy decoding on both kernel paths and in float64 against transformers,
+sampled output with the base model's distribution, and decoding from a base model with no component."""
+
+import random
+
+import pytest
+from conftest import hf_greedy, plain_tiny_decoder
+from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noqa: F401  (the fixture)
+
+from ppdkit.models.ngram_table import NgramTable
+from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.self_draft import Drafts, step_inputs, trie
+
+VOCAB = 384
+
+
+def test_branches_slide_and_fill_the_context_cache():
+    drafts = Drafts([[1, 2, 3], [7]], gram=2, length=3)
+    drafts.update([[20, 30, 4], [8]])  # the model's guess after each branch token
+    assert drafts.branches == [[2, 3, 4], [7, 8]]  # full: first dropped, guess appended; short: grows
+    assert list(drafts.pool[1]) == [(2, 30)] and list(drafts.pool[2]) == [(3, 4)]  # 2 branch tokens + the guess
+    assert 7 not in drafts.pool  # a branch shorter than G makes no n-gram
+    drafts.update([[9, 9, 9], [8, 8]])
+    assert list(drafts.pool[2]) == [(3, 4), (3, 9)] and list(drafts.pool[7]) == [(8, 8)]  # newest last
+    assert drafts.candidates(2, [5, 2], None, 4) == [[3, 9], [3, 4]]  # newest first
+    table = NgramTable(2, 2, 2, {(5, 2): [[3, 6], [3, 4, 1]]})
+    assert drafts.candidates(2, [5, 2], table, 4) == [[3, 9], [3, 4], [3, 6]]  # the table's cut to G, once each
+    assert drafts.candidates(2, [5, 2], table, 1) == [[3, 9]]
+
+
+def test_candidates_merge_into_a_trie_and_branches_see_only_their_own_past():
+    tokens, parents, depths = trie(9, [[1, 2], [1, 3], [4]])
+    assert tokens == [9, 1, 2, 3, 4] and parents == [-1, 0, 1, 1, 0] and depths == [0, 1, 2, 2, 1]
+    inputs, offsets, mask, paths = step_inputs(tokens, parents, depths, [[5, 6], [7]])
+    assert inputs.tolist() == [9, 1, 2, 3, 4, 5, 6, 7]
+    assert offsets.tolist() == [0, 1, 2, 2, 1, 1, 2, 1]
+    assert paths[3] == [0, 1, 3]
+    assert mask[3].nonzero().flatten().tolist() == [0, 1, 3]  # a candidate: its path
+    assert mask[6].nonzero().flatten().tolist() == [0, 5, 6]  # a branch token: the root and its branch's past
+    assert mask[7].nonzero().flatten().tolist() == [0, 7]
+
+
+@pytest.mark.parametrize("path", ["native", "pytorch"])
+def test_self_draft_gives_plain_greedy_tokens_on_both_kernel_paths(path, monkeypatch):
+    decoder = plain_tiny_decoder(path, monkeypatch)
+    rng = random.Random(0)
+    steps = emitted = 0
+    for case in range(12):
+        ids = [rng.randrange(3, 30) for _ in range(rng.randint(1, 40))]
+        ar = decoder.generate(ids, 48, "ar").tokens
+        out = decoder.generate(ids, 48, "self-draft")
+        assert out.tokens == ar, case
+        steps, emitted = steps + out.steps, emitted + len(out.tokens)
+    assert emitted / steps > 1.02  # candidates were accepted (on this random model, rarely): the trimming ran
+
+
+def test_self_draft_reproduces_transformers_greedy_in_float64(tiny_f64):
+    model, tok = tiny_f64
+    decoder = Decoder(model, tok, None, None)
+    rng = random.Random(1)
+    for case in range(20):
+        ids = [rng.randrange(3, VOCAB if case % 2 else 20) for _ in range(rng.randint(1, 48))]  # 0-2: special
+        budget = rng.randint(1, 48)
+        truth = hf_greedy(model, ids, budget)
+        out = decoder.generate(ids, budget, "self-draft").tokens
+        assert out == truth[:len(out)], case
+        assert len(out) == budget or out[-1] in decoder._eos_ids(), case
+
+
+def test_sampled_self_draft_draws_the_base_models_first_tokens(tiny_decoder):  # noqa: F811
+    first_two_tokens_follow_the_model(tiny_decoder, [5, 17, 5, 17, 5, 17, 5], "self-draft")
