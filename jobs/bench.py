@@ -42,16 +42,17 @@ def _hf_generate(decoder: Decoder, ids: list[int], max_new_tokens: int, pld: boo
 
 
 def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int
-               ) -> tuple[list[int], int, list[int], float]:
-    """(new tokens, decoding steps, the tree size of each step, tree rows dropped by early pruning)."""
+               ) -> tuple[list[int], int, list[int], float, list[int]]:
+    """(new tokens, decoding steps, the tree size of each step, tree rows dropped by early pruning, the inputs each
+    step fed the model)."""
     if method in HF_METHODS:
         tokens = _hf_generate(decoder, ids, max_new_tokens, pld=method == "hf-pld")
-        return tokens, len(tokens), [], 0.0
+        return tokens, len(tokens), [], 0.0, []
     decoder.dynamic_size = method.endswith(DYNAMIC)
     result = decoder.generate(ids, max_new_tokens, method.removesuffix(DYNAMIC))
     tree_method = {TREES, HEAD_TREE} & set(get_method(method.removesuffix(DYNAMIC)).needs)
     fixed = [decoder.size] * (result.steps - 1) if tree_method else []  # a tree method, one size
-    return result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows)
+    return result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows), result.rows_per_step
 
 
 def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[int]) -> dict:
@@ -88,16 +89,17 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
     for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured
         run_method(decoder, method, prompts[0][:16], 4)
     outputs: dict[str, list[list[int]]] = {m: [] for m in order}
-    stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0, "sizes": [], "pruned": 0.0} for m in order}
+    stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0, "sizes": [], "pruned": 0.0, "rows": []} for m in order}
     for ids in tqdm(prompts, desc="bench", unit="prompt"):
         for method in order:  # interleaved: drift in machine speed hits every method alike
             started = time.perf_counter()
-            tokens, steps, sizes, pruned = run_method(decoder, method, ids, max_new_tokens)
+            tokens, steps, sizes, pruned, rows = run_method(decoder, method, ids, max_new_tokens)
             stats[method]["seconds"] += time.perf_counter() - started
             stats[method]["new_tokens"] += len(tokens)
             stats[method]["steps"] += steps
             stats[method]["sizes"] += sizes
             stats[method]["pruned"] += pruned
+            stats[method]["rows"] += rows
             outputs[method].append(tokens)
     results = []
     for method in order:
@@ -107,6 +109,9 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
                "tokens_per_s": stats[method]["new_tokens"] / stats[method]["seconds"],
                "mean_accepted_per_step": stats[method]["new_tokens"] / max(stats[method]["steps"], 1),
                "mean_tree_size": sum(stats[method]["sizes"]) / len(stats[method]["sizes"]) if stats[method]["sizes"]
+               else None,
+               # what a step costs: the inputs it fed the model (drafts' own forwards, as skip's, aside)
+               "mean_rows_per_step": sum(stats[method]["rows"]) / len(stats[method]["rows"]) if stats[method]["rows"]
                else None,
                # of the rows the trees fed after the early head's layer, the share dropped (pruning methods)
                "pruned_fraction": stats[method]["pruned"] / max(sum(_rows(decoder, s) for s in stats[method]["sizes"]), 1),
@@ -136,13 +141,14 @@ def _rows(decoder: Decoder, size: int) -> int:
 def print_table(report: dict) -> None:
     width = max(16, *(len(r["method"]) for r in report["results"]))
     print(f"\n{'method':<{width}} {'prompts':>7} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'x greedy':>8} {'x ar':>6} "
-          f"{'tok/step':>8} {'tree':>5} {'pruned':>6} {'identical':>9}")
+          f"{'tok/step':>8} {'rows':>5} {'tree':>5} {'pruned':>6} {'identical':>9}")
     for r in report["results"]:
         vs_ar = f"{r['speedup_vs_ar']:>6.2f}" if "speedup_vs_ar" in r else f"{'-':>6}"
         tree = f"{r['mean_tree_size']:>5.1f}" if r.get("mean_tree_size") else f"{'-':>5}"
+        rows = f"{r['mean_rows_per_step']:>5.1f}" if r.get("mean_rows_per_step") else f"{'-':>5}"
         pruned = f"{r['pruned_fraction']:>6.2f}" if r.get("pruned_fraction") else f"{'-':>6}"
         print(f"{r['method']:<{width}} {r['prompts']:>7} {r['new_tokens']:>7} {r['seconds']:>8.1f} {r['tokens_per_s']:>7.1f} "
-              f"{r['speedup_vs_hf_greedy']:>8.2f} {vs_ar} {r['mean_accepted_per_step']:>8.2f} {tree} {pruned} "
+              f"{r['speedup_vs_hf_greedy']:>8.2f} {vs_ar} {r['mean_accepted_per_step']:>8.2f} {rows} {tree} {pruned} "
               f"{r['identical_to_greedy']:>9.2f}")
         for d in r["divergences"]:
             kind = "near-tie" if d["near_tie"] else "NOT a near-tie"

@@ -93,4 +93,4 @@ def decode_anpd(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list
         accepted = tokens[path[1:]].tolist()
         ngrams.extend(accepted)
         root = next_token
-        done = emit(accepted + [next_token])
+        done = emit(accepted + [next_token], rows=len(tokens))

@@ -15,7 +15,9 @@ def decode_ar(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[i
     hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)
     cache.commit(None, len(ids))
     token = pick(model.logits(hidden[-1]), sampling, generator)
-    while not emit([token]):
+    done = emit([token])
+    while not done:
         hidden = model.forward(model.embed_ids(torch.tensor([token])), torch.tensor([cache.length]), cache, None)
         cache.commit(None, 1)
         token = pick(model.logits(hidden[-1]), sampling, generator)
+        done = emit([token], rows=1)

@@ -44,6 +44,7 @@ class GenerateResult:
     seconds: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)  # with dynamic_size: the tree size of every step
     pruned_rows: list[int] = field(default_factory=list)  # with early pruning: the tree nodes each step dropped
+    rows_per_step: list[int] = field(default_factory=list)  # the inputs each step after the prompt fed the model
     method: str = ""  # the method that decoded (auto's choice, for auto)
 
     @property
@@ -272,11 +273,15 @@ class Decoder:
         started = time.perf_counter()
         out: list[int] = []
         per_step: list[int] = []
+        rows_fed: list[int] = []
         eos = self._eos_ids()
 
-        def emit(tokens: list[int]) -> bool:
-            """Append one step's tokens; True when generation is over (EOS or the token budget)."""
+        def emit(tokens: list[int], rows: int | None = None) -> bool:
+            """Append one step's tokens (`rows`: the inputs the step fed the model; None for the prompt's step);
+            True when generation is over (EOS or the token budget)."""
             per_step.append(len(tokens))
+            if rows is not None:
+                rows_fed.append(rows)
             for t in tokens:
                 out.append(t)
                 if t in eos or len(out) >= max_new_tokens:
@@ -293,7 +298,7 @@ class Decoder:
         out = out[:max_new_tokens]
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
                               self._tree_size(method), time.perf_counter() - started,
-                              sizer.chosen if sizer is not None else [], self.pruned_rows, method)
+                              sizer.chosen if sizer is not None else [], self.pruned_rows, rows_fed, method)
 
     def profile_drafter(self) -> dict:
         """profile_trees' arguments for this decoder's drafter: draft heads draft before the forward, and that

@@ -152,4 +152,4 @@ def decode_heads(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[lis
         root = next_token
         if sizer is not None:  # the draft's time counts: it is part of what a larger tree costs
             sizer.observe(layout.size, time.perf_counter() - started, len(path))
-        done = emit(tokens[path[1:]].tolist() + [next_token])
+        done = emit(tokens[path[1:]].tolist() + [next_token], rows=layout.size)

@@ -215,4 +215,4 @@ def decode_grown(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[lis
         if chains:
             chains.update(chain, accepted, next_token)
         root = next_token
-        done = emit(accepted + [next_token])
+        done = emit(accepted + [next_token], rows=layout.size)

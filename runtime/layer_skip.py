@@ -90,4 +90,4 @@ def decode_skip(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list
         _, next_token, path = verify_tree(model, cache, chain_layout(len(chain)), tokens, sampling, generator)
         exiting.update((len(path) - 1) / len(chain))
         root = next_token
-        done = emit(tokens[path[1:]].tolist() + [next_token])
+        done = emit(tokens[path[1:]].tolist() + [next_token], rows=len(tokens))  # the drafts' one-row forwards aside

@@ -45,7 +45,7 @@ class DecodingMethod:
 
     @property
     def decode(self) -> Callable[..., None]:
-        """Decodes until emit(step's tokens) returns True."""
+        """Decodes until emit(step's tokens, rows=the inputs the step fed the model) returns True."""
         module, function = self.loop.split(":")
         return partial(getattr(importlib.import_module(f"ppdkit.runtime.{module}"), function), **self.options)
 

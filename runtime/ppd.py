@@ -152,7 +152,7 @@ def decode_ppd(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[
             sizer.observe(layout.size, time.perf_counter() - started, len(step.accepted) + 1)
         whole_chain = bool(chain) and step.state == 0 and len(step.accepted) == length
         level = min(level + 1, len(LOOKUP_LENGTHS) - 1) if whole_chain else 0
-        done = emit(step.accepted + [step.next_token])
+        done = emit(step.accepted + [step.next_token], rows=layout.size)
         if context is not None:
             context.extend(step.accepted + [step.next_token])
         root, guesses, state = step.next_token, step.guesses, step.state

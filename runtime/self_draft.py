@@ -92,24 +92,26 @@ def trie(root: int, chains: list[list[int]]) -> tuple[list[int], list[int], list
 def step_inputs(tokens: list[int], parents: list[int], depths: list[int], branches: list[list[int]]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
     """The step's input: (tokens [T], offsets from the root [T], mask [T, T] bool, each node's path), the trie's
-    nodes first, then the branches' tokens in order."""
+    nodes first, then the branches' tokens in order. Built in Python: a few dozen rows, and per-element tensor
+    ops would cost more than the lists."""
     nodes = len(tokens)
     rows = nodes + sum(len(b) for b in branches)
-    mask = torch.zeros(rows, rows, dtype=torch.bool)
-    offsets = torch.zeros(rows, dtype=torch.long)
+    mask = [[False] * rows for _ in range(rows)]
     paths: list[list[int]] = []
     for node, parent in enumerate(parents):
         paths.append([node] if parent < 0 else paths[parent] + [node])
-        mask[node, paths[node]] = True
-    offsets[:nodes] = torch.tensor(depths)
+        for seen in paths[node]:
+            mask[node][seen] = True
+    offsets = list(depths)
     start = nodes
     for branch in branches:
-        rows_b = slice(start, start + len(branch))
-        mask[rows_b, 0] = True  # the root: the text the branch continues
-        mask[rows_b, rows_b] = torch.ones(len(branch), len(branch), dtype=torch.bool).tril()
-        offsets[rows_b] = torch.arange(1, len(branch) + 1)
+        for j in range(len(branch)):
+            row = mask[start + j]
+            row[0] = True  # the root: the text the branch continues
+            row[start:start + j + 1] = [True] * (j + 1)  # the branch's own past
+            offsets.append(j + 1)
         start += len(branch)
-    return torch.tensor(tokens + sum(branches, [])), offsets, mask, paths
+    return torch.tensor(tokens + sum(branches, [])), torch.tensor(offsets), torch.tensor(mask), paths
 
 
 def decode_self_draft(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool],
@@ -143,4 +145,4 @@ def decode_self_draft(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable
         accepted = [tokens[i] for i in paths[final][1:]] + [next_token]
         text += accepted
         root = next_token
-        done = emit(accepted)
+        done = emit(accepted, rows=len(inputs))

@@ -38,9 +38,10 @@ def test_anpd_gives_plain_greedy_tokens_on_both_kernel_paths(path, monkeypatch):
     steps = emitted = 0
     for case in range(12):
         ids = [rng.randrange(3, 30) for _ in range(rng.randint(1, 40))]  # few distinct tokens: contexts repeat
-        ar = decoder.generate(ids, 40, "ar").tokens
+        plain = decoder.generate(ids, 40, "ar")
         out = decoder.generate(ids, 40, "anpd")
-        assert out.tokens == ar, case
+        assert out.tokens == plain.tokens, case
+        assert plain.rows_per_step == [1] * (plain.steps - 1) and len(out.rows_per_step) == out.steps - 1
         steps, emitted = steps + out.steps, emitted + len(out.tokens)
     assert emitted / steps > 1.5  # chains were accepted: multi-token verification and cache trimming ran
 

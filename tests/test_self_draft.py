@@ -10,6 +10,7 @@ from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noq
 
 from ppdkit.models.ngram_table import NgramTable
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.methods import get_method
 from ppdkit.runtime.self_draft import Drafts, step_inputs, trie
 
 VOCAB = 384
@@ -51,6 +52,8 @@ def test_self_draft_gives_plain_greedy_tokens_on_both_kernel_paths(path, monkeyp
         ar = decoder.generate(ids, 48, "ar").tokens
         out = decoder.generate(ids, 48, "self-draft")
         assert out.tokens == ar, case
+        assert len(out.rows_per_step) == out.steps - 1  # every step but the prompt's says what it fed
+        assert max(out.rows_per_step) <= get_method("self-draft").chain_rows  # what the cache was sized for
         steps, emitted = steps + out.steps, emitted + len(out.tokens)
     assert emitted / steps > 1.02  # candidates were accepted (on this random model, rarely): the trimming ran
 
