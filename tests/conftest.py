@@ -84,6 +84,14 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
+def assert_gives_hf_greedy(decoder, model, method: str, ids: list[int], budget: int, case) -> None:
+    """`method`'s output is transformers' greedy tokens, stopped only by the budget or an end token."""
+    truth = hf_greedy(model, ids, budget)
+    out = decoder.generate(ids, budget, method).tokens
+    assert out == truth[:len(out)], case
+    assert len(out) == budget or out[-1] in decoder._eos_ids(), case
+
+
 def kernels_or_skip(variant: str):
     """The runtime's native kernels for this CPU ("native"), their AVX2 build ("avx2": on an AVX-512
     machine the narrower path is tested too), or skip where they cannot be built."""

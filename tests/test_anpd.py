@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import hf_greedy, plain_tiny_decoder
+from conftest import assert_gives_hf_greedy, plain_tiny_decoder
 from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noqa: F401  (the fixture)
 
 from ppdkit.runtime.anpd import AdaptiveNgram
@@ -53,10 +53,7 @@ def test_anpd_reproduces_transformers_greedy_in_float64(tiny_f64):
     for case in range(30):
         ids = [rng.randrange(3, VOCAB if case % 2 else 20) for _ in range(rng.randint(1, 48))]  # 0-2: special
         budget = rng.randint(1, 48)
-        truth = hf_greedy(model, ids, budget)
-        out = decoder.generate(ids, budget, "anpd").tokens
-        assert out == truth[:len(out)], case
-        assert len(out) == budget or out[-1] in decoder._eos_ids(), case
+        assert_gives_hf_greedy(decoder, model, "anpd", ids, budget, case)
 
 
 def test_sampled_anpd_draws_the_base_models_first_tokens(tiny_decoder):  # noqa: F811

@@ -5,7 +5,7 @@ sampled output with the base model's distribution, and decoding from a base mode
 import random
 
 import pytest
-from conftest import hf_greedy, plain_tiny_decoder
+from conftest import assert_gives_hf_greedy, plain_tiny_decoder
 from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noqa: F401  (the fixture)
 
 from ppdkit.models.ngram_table import NgramTable
@@ -65,10 +65,7 @@ def test_self_draft_reproduces_transformers_greedy_in_float64(tiny_f64):
     for case in range(20):
         ids = [rng.randrange(3, VOCAB if case % 2 else 20) for _ in range(rng.randint(1, 48))]  # 0-2: special
         budget = rng.randint(1, 48)
-        truth = hf_greedy(model, ids, budget)
-        out = decoder.generate(ids, budget, "self-draft").tokens
-        assert out == truth[:len(out)], case
-        assert len(out) == budget or out[-1] in decoder._eos_ids(), case
+        assert_gives_hf_greedy(decoder, model, "self-draft", ids, budget, case)
 
 
 def test_sampled_self_draft_draws_the_base_models_first_tokens(tiny_decoder):  # noqa: F811
