@@ -14,7 +14,8 @@ from test_pipeline import spec_file  # noqa: F401 (the tiny job's spec, a fixtur
 
 from ppdkit.jobs.cli import main
 from ppdkit.registry.tracking import TrackerRef
-from ppdkit.trainer.skip_search import SearchError, SearchSettings, config_of, search_skip_maps, skip_map_of, starting_maps
+from ppdkit.trainer.skip_search import (SearchError, SearchSettings, config_of, search_skip_maps, skip_map_of,
+                                        starting_maps, sublayer_ranking)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the costs below run in Ray Tune's trial actors
 
@@ -55,6 +56,8 @@ def test_the_search_finds_a_known_optimum_in_a_few_trials(ray_local, tmp_path):
     best = min(trials, key=lambda t: t["ms_per_token"])
     assert best["skip"] == TARGET and best["ms_per_token"] == 1.0
     assert best["skipped_sublayers"] == 4
+    ranking = sublayer_ranking(trials, 4)  # what TARGET skips is what the trials found faster without
+    assert set(ranking[:4]) == {"attention_0", "mlp_1", "attention_3", "mlp_3"}, ranking
 
 
 def test_a_failed_trial_is_resumed_and_finished_trials_are_kept(ray_local, tmp_path):
@@ -82,6 +85,9 @@ def test_layer_skip_runs_through_the_pipeline_and_decodes_from_the_registry(ray_
         assert (out / "train" / "plots" / name).stat().st_size > 1000
     component = json.loads((out / "calibrate" / "component" / "component.json").read_text())
     assert component["method"] == "layer-skip" and component["weights"] == []
+    search = json.loads((out / "calibrate" / "component" / "search.json").read_text())
+    assert len(search["trials"]) == 6 and sorted(search["ranking"]) == sorted(f"{p}_{i}" for i in (0, 1)
+                                                                               for p in ("attention", "mlp"))
     assert len(component["hyperparameters"]["skip_map"]) == 2
     client = MlflowClient(tracking_uri)
     run_id = json.loads((out / "run.json").read_text())["run_id"]

@@ -16,7 +16,7 @@ from ppdkit.runtime.llama import SKIP_ATTENTION, SKIP_MLP
 from .checkpoint import replace_dir
 from .config import TrainConfig
 from .plots import plot_search, plot_skip_map
-from .skip_search import METRIC, DevSetTimer, SearchSettings, search_skip_maps
+from .skip_search import METRIC, DevSetTimer, SearchSettings, search_skip_maps, sublayer_ranking
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,8 @@ def run_search(base: BaseModelConfig, cfg: TrainConfig, data_dir: Path, out_dir:
     shutil.rmtree(tmp, ignore_errors=True)  # an export a crash interrupted
     write_component(tmp, "layer-skip", hyper, base.name, check["fingerprint"],
                     {"mlflow_run_id": tracker_ref.run_id, "trials": len(trials)}, {},
-                    extras={"search": {**figures, "trials": [{**t, "skip": list(t["skip"])} for t in trials]}})
+                    extras={"search": {**figures, "ranking": sublayer_ranking(trials, layers),
+                                       "trials": [{**t, "skip": list(t["skip"])} for t in trials]}})
     replace_dir(tmp, out_dir / "component")
     plots = out_dir / "plots"
     plots.mkdir(exist_ok=True)

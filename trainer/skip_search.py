@@ -50,6 +50,21 @@ def starting_maps(layers: int) -> list[tuple[int, ...]]:
     return [m for i, m in enumerate(maps) if any(m) and m not in maps[:i]]
 
 
+def sublayer_ranking(trials: list[dict], layers: int) -> list[str]:
+    """Every sub-layer ("attention_3", "mlp_3", ...), the one most worth skipping first: ranked by the mean time per
+    token of the trials that skipped it minus that of the trials that kept it (a sub-layer never tried both ways
+    ranks last). The aggressive-skip fine-tune (papers/002 appendix F) skips the top of this list."""
+    def effect(name: str) -> float:
+        part, layer = name.split("_")
+        bit = SKIP_ATTENTION if part == "attention" else SKIP_MLP
+        skipped = [t[METRIC] for t in trials if t["skip"][int(layer)] & bit]
+        kept = [t[METRIC] for t in trials if not t["skip"][int(layer)] & bit]
+        return sum(skipped) / len(skipped) - sum(kept) / len(kept) if skipped and kept else float("inf")
+
+    names = [f"{part}_{i}" for i in range(layers) for part in ("attention", "mlp")]
+    return sorted(names, key=effect)  # stable: ties keep layer order
+
+
 def _trial(config: dict, objective: Callable[[tuple[int, ...]], dict], layers: int) -> None:
     from ray import tune
 
