@@ -325,7 +325,7 @@ def test_the_job_api_address_given_is_the_one_used(monkeypatch):
 
 def test_a_head_method_evaluated_without_a_head_is_refused(job):
     with pytest.raises(SpecError, match=r"evaluate.methods \['ppd-head'\] cannot decode with what train.method=ept "
-                                        r"trains \(its component serves ar, anpd, auto, ppd, ppd-lookup\): drop them, or train "
+                                        r"trains \(its component serves ar, anpd, self-draft, auto, ppd, ppd-lookup\): drop them, or train "
                                         "with ept-head"):
         load_spec(job, ["evaluate.methods=[ar,ppd-head]"])
     assert load_spec(job, ["evaluate.methods=[ar,ppd-head]", "train.method=ept-head"]).train.method == "ept-head"
