@@ -50,6 +50,12 @@ def print_run_summary(spec, output: Path, results: dict, tracker) -> None:
               f"{teacher['bytes_per_position']:.0f} bytes/position = "
               f"{100 * teacher['fraction_of_full_vocab']:.2f}% of full fp16 logits{speed}")
     train = results.get("train")
+    if train and "best_acc_top1_d1" in train:  # a trained draft: its held-out accuracy at the best step
+        hits = [v for key, v in sorted(train.items()) if key.startswith("best_acc_top1_d")]
+        losses = (f", loss {train['first_loss']:.3f} -> {train['final_loss']:.3f}"
+                  if train.get("first_loss") is not None and train.get("final_loss") is not None else "")
+        print(f"  train: {train['steps']} steps{losses}; best at step {train['best_step']}: held-out top-1 "
+              + ", ".join(f"{100 * v:.0f}%" for v in hits) + f" at distances 1..{len(hits)}")
     if train and "best_ms_per_token" in train:  # a layer-skip search
         print(f"  train: layer-skip search of {train['trials']} maps chose {train['skipped_attention']} attention and "
               f"{train['skipped_mlp']} MLP sub-layers to skip: {train['skip_ms_per_token']:.2f} ms/token against ar's "
@@ -74,4 +80,6 @@ def print_run_summary(spec, output: Path, results: dict, tracker) -> None:
         print(f"  MLflow run {tracker.run_id} at {tracker.uri}")
         print(f"  list runs: MLFLOW_TRACKING_URI={tracker.uri} mlflow runs list --experiment-id "
               f"{tracker.client.get_run(tracker.run_id).info.experiment_id}")
-        print("  browse:    ppdkit ui")
+        from ppdkit.registry.tracking import default_tracking_uri
+
+        print("  browse:    ppdkit ui" + ("" if tracker.uri == default_tracking_uri() else f" --tracking-uri {tracker.uri}"))

@@ -90,10 +90,13 @@ def test_unreachable_tracking_server_is_a_clear_error(spec_file, tmp_path, capsy
     assert "not reachable" in capsys.readouterr().err
 
 
-def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, tmp_path):
+def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, tmp_path, capsys):
     out = tmp_path / "out"
     overrides = []
     assert main(["run", str(spec_file), "--output", str(out), *overrides]) == 0
+    printed = capsys.readouterr().out  # the run summary: a line per stage with its key figure
+    assert "train: 2 steps, loss " in printed and "held-out top-1" in printed
+    assert printed.rstrip().endswith("browse:    ppdkit ui")  # $MLFLOW_TRACKING_URI names the run's store already
     teacher = json.loads((out / "teacher" / "summary.json").read_text())
     manifest = json.loads((out / "teacher" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["quantization"] == "nf4"
