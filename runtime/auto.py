@@ -20,13 +20,22 @@ from .profile import machine_key, runtime_key
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
+# Prose, explanation, code and editing in equal parts: the drafters part ways most between prose (where few
+# guesses land) and code or rewritten text (where the text repeats itself). 4 prompts of 64 tokens left choices
+# within this machine's noise (a method 5% better lost to one 3% better, measured); 8 of 96 cost ~1 min once.
 TRIAL_PROMPTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain how a hash table works and when it is a poor choice.",
-    "Write a Python function that merges two sorted lists into one sorted list, with a docstring and tests.",
+    "Compose a polite email asking a colleague to review a report by Friday.",
     "List ten tips for staying productive when working from home.",
+    "Write a Python function that merges two sorted lists into one sorted list, with a docstring and tests.",
+    "Write a JavaScript class for a stack with push, pop, peek and size methods, and show how to use it.",
+    "Rewrite this sentence three times, each more formal: 'the meeting got moved to next week because the "
+    "numbers were not ready.'",
+    "Fix the bug and explain it: def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n"
+    "    return total / len(xs) + 1",
 )
-TRIAL_TOKENS = 64
+TRIAL_TOKENS = 96
 MARGIN = 0.03
 
 
