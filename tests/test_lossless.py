@@ -12,7 +12,7 @@ import random
 
 import pytest
 import torch
-from conftest import hf_greedy, kernels_or_skip
+from conftest import assert_gives_hf_greedy, hf_greedy, kernels_or_skip
 
 import ppdkit.runtime.linear as linear_module
 from ppdkit.data_pipeline.ngram_cache import build_ngram_table
@@ -128,3 +128,14 @@ def test_random_drafts_never_change_greedy_output(tiny_f64):
             if method == "ppd-lookup":
                 steps, emitted = steps + out.steps, emitted + len(out.tokens)
     assert emitted / steps > 1.3  # lookup chains were really accepted: the pruning paths ran
+
+
+@pytest.mark.parametrize("method", ["anpd", "self-draft"])
+def test_the_drafters_without_a_component_reproduce_transformers_greedy_in_float64(tiny_f64, method):
+    """ANPD's n-grams and Self-Draft's branches and context cache (with a random corpus table every other case)."""
+    model, tok = tiny_f64
+    rng = random.Random(1)
+    for case in range(24):
+        decoder = Decoder(model, tok, None, None, ngrams=_random_table(rng) if case % 2 else None)
+        ids = [rng.randrange(3, VOCAB if case % 3 else 20) for _ in range(rng.randint(1, 48))]  # 0-2: special
+        assert_gives_hf_greedy(decoder, model, method, ids, rng.randint(1, 48), case)

@@ -1,19 +1,16 @@
 """Self-Draft (papers/001) as a decoding method: the branches and context cache by hand, the step's masks,
-greedy output identical to plain greedy decoding on both kernel paths and in float64 against transformers,
-sampled output with the base model's distribution, and decoding from a base model with no component."""
+greedy output identical to plain greedy decoding on both kernel paths (against transformers in float64:
+tests/test_lossless.py), and sampled output with the base model's distribution."""
 
 import random
 
 import pytest
-from conftest import assert_gives_hf_greedy, plain_tiny_decoder
+from conftest import plain_tiny_decoder
 from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noqa: F401  (the fixture)
 
 from ppdkit.models.ngram_table import NgramTable
-from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.methods import get_method
 from ppdkit.runtime.self_draft import Drafts, step_inputs, trie
-
-VOCAB = 384
 
 
 def test_branches_slide_and_fill_the_context_cache():
@@ -56,16 +53,6 @@ def test_self_draft_gives_plain_greedy_tokens_on_both_kernel_paths(path, monkeyp
         assert max(out.rows_per_step) <= get_method("self-draft").chain_rows  # what the cache was sized for
         steps, emitted = steps + out.steps, emitted + len(out.tokens)
     assert emitted / steps > 1.02  # candidates were accepted (on this random model, rarely): the trimming ran
-
-
-def test_self_draft_reproduces_transformers_greedy_in_float64(tiny_f64):
-    model, tok = tiny_f64
-    decoder = Decoder(model, tok, None, None)
-    rng = random.Random(1)
-    for case in range(20):
-        ids = [rng.randrange(3, VOCAB if case % 2 else 20) for _ in range(rng.randint(1, 48))]  # 0-2: special
-        budget = rng.randint(1, 48)
-        assert_gives_hf_greedy(decoder, model, "self-draft", ids, budget, case)
 
 
 def test_sampled_self_draft_draws_the_base_models_first_tokens(tiny_decoder):  # noqa: F811
