@@ -205,9 +205,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from ppdkit.registry.tracking import default_tracking_uri
 
     uri = args.tracking_uri or default_tracking_uri()
-    cmd = ["mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    # this interpreter's mlflow: `.venv/bin/ppdkit ui` works with the venv not activated (no mlflow on PATH)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port",
+           str(args.port)]
     print("running:", " ".join(cmd))
-    os.execvp(cmd[0], cmd)
+    os.execv(cmd[0], cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

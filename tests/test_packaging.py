@@ -60,3 +60,35 @@ def test_console_command_lists_its_subcommands():
     assert result.returncode == 0, result.stderr
     for command in ("run", "demo", "ui"):
         assert command in result.stdout
+
+
+def test_ui_runs_mlflow_from_its_own_environment_without_an_activated_venv(tmp_path):
+    """`.venv/bin/ppdkit ui` with no venv on PATH: mlflow comes from the interpreter ppdkit runs in."""
+    import os
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "MLFLOW_TRACKING_URI")}
+    env["PATH"] = "/usr/bin:/bin"  # no mlflow here
+    ppdkit = Path(sys.executable).with_name("ppdkit")
+    server = subprocess.Popen([str(ppdkit), "ui", "--port", str(port), "--tracking-uri",
+                               f"sqlite:///{tmp_path / 'mlflow.db'}"], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
+                    assert reply.status == 200
+                    break
+            except OSError:
+                assert server.poll() is None, server.stdout.read()
+                assert time.time() < deadline, "the MLflow UI did not answer within 2 minutes"
+                time.sleep(1)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
