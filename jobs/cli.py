@@ -130,9 +130,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
     result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=text_streamer(decoder.tokenizer),
                               temperature=args.temperature, acceptance=args.acceptance, epsilon=args.epsilon,
                               delta=args.delta, seed=args.seed)
-    print(f"\n\n[{args.method}] {len(result.tokens)} tokens in {result.seconds:.2f} s "
+    rows = result.rows_per_step
+    fed = f", {sum(rows) / len(rows):.1f} inputs per step (at most {max(rows)})" if rows else ""
+    ran = f" (auto ran {result.method})" if args.method != result.method else ""
+    print(f"\n\n[{args.method}]{ran} {len(result.tokens)} tokens in {result.seconds:.2f} s "
           f"({len(result.tokens) / result.seconds:.1f} tok/s), {result.steps} steps, "
-          f"{result.mean_accepted_per_step:.2f} tokens per step, tree size {result.tree_size}", file=sys.stderr)
+          f"{result.mean_accepted_per_step:.2f} tokens per step{fed}", file=sys.stderr)
     return 0
 
 
@@ -277,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
         source.add_argument("--model", help="a component: its directory (e.g. OUTPUT/calibrate/component) or "
                                             "models:/NAME@ALIAS")
         source.add_argument("--base", help="a base model alone (smollm2-135m, tiny-llama or a local directory), for "
-                                           "the methods that need no component: ar, anpd, and skip with --skip-map")
+                                           "the methods that need no component: ar, anpd, self-draft, auto, and skip "
+                                           "with --skip-map")
         parser_.add_argument("--skip-map", type=_skip_map, help="with --base, for --method skip: per decoder layer "
                                                                 "0 keep, 1 skip the attention, 2 the MLP, 3 both, "
                                                                 "comma-separated (e.g. 0,0,3,1,...)")

@@ -60,4 +60,4 @@ def test_a_base_model_alone_decodes_with_anpd_and_refuses_component_methods(tmp_
                           "anpd", "--prompt", "hello hello hello", "--max-new-tokens", "12"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "[anpd] 12 tokens" in out.stderr
+    assert "[anpd] 12 tokens" in out.stderr and "inputs per step (at most 8)" in out.stderr  # root + a chain of 7
