@@ -86,7 +86,6 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
 def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     from ppdkit.models.artifact import add_files
     from ppdkit.trainer.calibrate import calibrate
-
     from ppdkit.trainer.methods import TRAINING_METHODS
 
     component = ctx.stage_dir / "component"  # the trained component plus its trees: what the decoder loads

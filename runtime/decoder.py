@@ -132,7 +132,7 @@ class Decoder:
                         max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False,
                         early_head: str | Path | None = None, prune_top_k: int = 8) -> "Decoder":
         """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens,
-        trees and n-gram table. `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
+        trees and n-gram table (or draft heads and their trees, or a layer-skip map). `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
         `dynamic_size` picks the tree size while decoding (runtime/tree_sizer.py), starting from the
         profiled (or given) size. `early_head`: an early-head component (a directory or models:/ URI) for the
         pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses."""
