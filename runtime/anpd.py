@@ -10,14 +10,12 @@ Defaults N = 5, K = 7: the paper's choice (section 4.4), where longer contexts a
 """
 
 from collections.abc import Callable
-from functools import lru_cache
 
 import torch
 
 from .acceptance import Sampling, pick
 from .kv_cache import KVCache
-from .tree import TreeState
-from .tree_layout import TreeLayout, layout_tree
+from .tree_layout import TreeLayout, shape_layout
 from .verify import verify_tree
 
 MAX_N, DRAFT_LENGTH = 5, 7
@@ -68,12 +66,9 @@ class AdaptiveNgram:
         return chain
 
 
-@lru_cache(maxsize=64)
 def chain_layout(length: int) -> TreeLayout:
     """The layout of the root and a chain of `length` guesses under it (a tree with one branch)."""
-    nodes = length + 1
-    state = TreeState(tuple(range(-1, length)), tuple(range(nodes)), (-1,) + (0,) * length, (0,) * nodes)
-    return layout_tree(state, 1, "ensemble")
+    return shape_layout(tuple(range(-1, length)), (-1,) + (0,) * length)
 
 
 def decode_anpd(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,

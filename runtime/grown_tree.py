@@ -23,7 +23,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import torch
 
@@ -32,8 +31,7 @@ from ppdkit.models.draft_heads import draft_logits, feature_step
 from .acceptance import Sampling, pick
 from .anpd import AdaptiveNgram
 from .kv_cache import KVCache
-from .tree import TreeState
-from .tree_layout import TreeLayout, layout_tree
+from .tree_layout import shape_layout
 from .tree_sizer import LatencyModel
 from .verify import verify_tree
 
@@ -130,15 +128,6 @@ def tree_shape(chosen: list[int], parents: list[int]) -> tuple[tuple[int, ...], 
         ranks.append(siblings.get(parent, 0))
         siblings[parent] = ranks[-1] + 1
     return tuple(tree_parents), tuple(ranks)
-
-
-@lru_cache(maxsize=1024)
-def shape_layout(parents: tuple[int, ...], ranks: tuple[int, ...]) -> TreeLayout:
-    """The layout of a tree of node tokens only (shapes recur from step to step, so each is built once)."""
-    depths = [0] * len(parents)
-    for i in range(1, len(parents)):
-        depths[i] = depths[parents[i]] + 1
-    return layout_tree(TreeState(parents, tuple(depths), ranks, (0,) * len(parents)), 1, "ensemble")
 
 
 class ChainSource:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .acceptance import Sampling, TreeLinks, choose, pick
+from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
+from .tree_layout import TreeLayout, shape_layout
 
 POOL = 8  # continuations kept per key token in the context cache (least recently used dropped first)
 
@@ -73,9 +74,9 @@ class Drafts:
                 del branch[0]
 
 
-def trie(root: int, chains: list[list[int]]) -> tuple[list[int], list[int], list[int]]:
-    """The root and the chains' tokens merged on common prefixes: (tokens, parents, depths), parents first."""
-    tokens, parents, depths, children = [root], [-1], [0], [{}]
+def trie(root: int, chains: list[list[int]]) -> tuple[list[int], tuple[int, ...]]:
+    """The root and the chains' tokens merged on common prefixes: (tokens, parents), parents first."""
+    tokens, parents, children = [root], [-1], [{}]
     for chain in chains:
         node = 0
         for token in chain:
@@ -83,35 +84,33 @@ def trie(root: int, chains: list[list[int]]) -> tuple[list[int], list[int], list
                 children[node][token] = len(tokens)
                 tokens.append(token)
                 parents.append(node)
-                depths.append(depths[node] + 1)
                 children.append({})
             node = children[node][token]
-    return tokens, parents, depths
+    return tokens, tuple(parents)
 
 
-def step_inputs(tokens: list[int], parents: list[int], depths: list[int], branches: list[list[int]]
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
-    """The step's input: (tokens [T], offsets from the root [T], mask [T, T] bool, each node's path), the trie's
-    nodes first, then the branches' tokens in order. Built in Python: a few dozen rows, and per-element tensor
-    ops would cost more than the lists."""
-    nodes = len(tokens)
+def step_inputs(tokens: list[int], layout: TreeLayout, branches: list[list[int]]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step's (tokens [T], offsets from the root [T], mask [T, T] bool): the trie's nodes as `layout` lays
+    them out, then the branches' tokens in order, each seeing the root and its own branch's past. The branch
+    rows are built as Python lists: a few dozen rows, where per-element tensor ops would cost more."""
+    nodes = layout.size
     rows = nodes + sum(len(b) for b in branches)
-    mask = [[False] * rows for _ in range(rows)]
-    paths: list[list[int]] = []
-    for node, parent in enumerate(parents):
-        paths.append([node] if parent < 0 else paths[parent] + [node])
-        for seen in paths[node]:
-            mask[node][seen] = True
-    offsets = list(depths)
+    below: list[list[bool]] = []
+    branch_offsets: list[int] = []  # each branch token's distance from the root
     start = nodes
     for branch in branches:
         for j in range(len(branch)):
-            row = mask[start + j]
+            row = [False] * rows
             row[0] = True  # the root: the text the branch continues
             row[start:start + j + 1] = [True] * (j + 1)  # the branch's own past
-            offsets.append(j + 1)
+            below.append(row)
+            branch_offsets.append(j + 1)
         start += len(branch)
-    return torch.tensor(tokens + sum(branches, [])), torch.tensor(offsets), torch.tensor(mask), paths
+    mask = torch.cat([torch.cat([layout.mask, torch.zeros(nodes, rows - nodes, dtype=torch.bool)], 1),
+                      torch.tensor(below, dtype=torch.bool).reshape(rows - nodes, rows)])
+    offsets = torch.cat([layout.offsets, torch.tensor(branch_offsets, dtype=torch.long)])  # [T]
+    return torch.tensor(tokens + sum(branches, [])), offsets, mask
 
 
 def decode_self_draft(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool],
@@ -127,22 +126,22 @@ def decode_self_draft(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable
     drafts = Drafts.start(ids.tolist(), branches, branch_length, gram)
     done = emit([root])
     while not done:
-        tokens, parents, depths = trie(root, drafts.candidates(root, text, decoder.ngrams, candidates))
-        inputs, offsets, mask, paths = step_inputs(tokens, parents, depths, drafts.branches)
+        tokens, parents = trie(root, drafts.candidates(root, text, decoder.ngrams, candidates))
+        layout = shape_layout(parents, (-1,) + (0,) * (len(parents) - 1))  # ranks: unused by acceptance here
+        inputs, offsets, mask = step_inputs(tokens, layout, drafts.branches)
         hidden = model.forward(model.embed_ids(inputs), cache.length + offsets, cache,
                                torch.cat([torch.ones(len(inputs), cache.length, dtype=torch.bool), mask], 1))  # [T, H]
         logits = model.logits(hidden)  # [T, V]
         n = len(tokens)
-        final, next_token = choose(inputs[:n], logits[:n], TreeLinks.of(parents, depths, [0] * n), sampling,
-                                   generator)
-        cache.commit(torch.tensor(paths[final]), len(inputs))
+        final, next_token = choose(inputs[:n], logits[:n], layout.links, sampling, generator)
+        cache.commit(layout.paths[final], len(inputs))
         guesses = logits[n:].argmax(-1).tolist()  # [rows of the branches]
         split, start = [], 0
         for branch in drafts.branches:
             split.append(guesses[start:start + len(branch)])
             start += len(branch)
         drafts.update(split)
-        accepted = [tokens[i] for i in paths[final][1:]] + [next_token]
+        accepted = inputs[layout.paths[final][1:]].tolist() + [next_token]
         text += accepted
         root = next_token
         done = emit(accepted, rows=len(inputs))

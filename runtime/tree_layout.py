@@ -4,6 +4,7 @@ Built once per state when a decoder loads, so a decoding step only indexes preco
 """
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -67,3 +68,13 @@ def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
                       tuple(state.prompts), tuple(torch.tensor(p) for p in paths),
                       TreeLinks.of(list(state.parents), list(state.depths), list(state.ranks)),
                       sum(r == LOOKUP_RANK for r in state.ranks))
+
+
+@lru_cache(maxsize=1024)
+def shape_layout(parents: tuple[int, ...], ranks: tuple[int, ...]) -> TreeLayout:
+    """The layout of a tree of node tokens only, no prompt tokens (grown trees, n-gram chains, Self-Draft's
+    tries): shapes recur from step to step, so each is built once."""
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    return layout_tree(TreeState(parents, tuple(depths), ranks, (0,) * len(parents)), 1, "ensemble")

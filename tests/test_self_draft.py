@@ -11,6 +11,7 @@ from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noq
 from ppdkit.models.ngram_table import NgramTable
 from ppdkit.runtime.methods import get_method
 from ppdkit.runtime.self_draft import Drafts, step_inputs, trie
+from ppdkit.runtime.tree_layout import shape_layout
 
 
 def test_branches_slide_and_fill_the_context_cache():
@@ -28,12 +29,14 @@ def test_branches_slide_and_fill_the_context_cache():
 
 
 def test_candidates_merge_into_a_trie_and_branches_see_only_their_own_past():
-    tokens, parents, depths = trie(9, [[1, 2], [1, 3], [4]])
-    assert tokens == [9, 1, 2, 3, 4] and parents == [-1, 0, 1, 1, 0] and depths == [0, 1, 2, 2, 1]
-    inputs, offsets, mask, paths = step_inputs(tokens, parents, depths, [[5, 6], [7]])
+    tokens, parents = trie(9, [[1, 2], [1, 3], [4]])
+    assert tokens == [9, 1, 2, 3, 4] and parents == (-1, 0, 1, 1, 0)
+    layout = shape_layout(parents, (-1, 0, 0, 0, 0))
+    assert layout.depths.tolist() == [0, 1, 2, 2, 1]
+    inputs, offsets, mask = step_inputs(tokens, layout, [[5, 6], [7]])
     assert inputs.tolist() == [9, 1, 2, 3, 4, 5, 6, 7]
     assert offsets.tolist() == [0, 1, 2, 2, 1, 1, 2, 1]
-    assert paths[3] == [0, 1, 3]
+    assert layout.paths[3].tolist() == [0, 1, 3]
     assert mask[3].nonzero().flatten().tolist() == [0, 1, 3]  # a candidate: its path
     assert mask[6].nonzero().flatten().tolist() == [0, 5, 6]  # a branch token: the root and its branch's past
     assert mask[7].nonzero().flatten().tolist() == [0, 7]
