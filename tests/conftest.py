@@ -109,16 +109,37 @@ def kernels_or_skip(variant: str):
     return module
 
 
-def plain_tiny_decoder(path: str, monkeypatch):
-    """The float32 tiny Llama's decoder without a component, on the native kernels ("native") or the PyTorch
-    layers ("pytorch"), checked to really run on that path."""
+def tiny_model_on(path: str, monkeypatch):
+    """The float32 tiny Llama and its tokenizer, for decoders whose layers run on the native kernels ("native")
+    or the PyTorch layers ("pytorch")."""
     import ppdkit.runtime.linear as linear_module
     from ppdkit.models.tiny import build_tiny_llama
-    from ppdkit.runtime.decoder import Decoder
 
     module = kernels_or_skip("native") if path == "native" else None
     monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
     model, tok = build_tiny_llama()
-    decoder = Decoder(model.float().eval(), tok, None, None)
-    assert (decoder.model.native is not None) == (module is not None)
+    return model.float().eval(), tok
+
+
+def plain_tiny_decoder(path: str, monkeypatch):
+    """The float32 tiny Llama's decoder without a component, on `path` (tiny_model_on), checked to really run
+    there."""
+    from ppdkit.runtime.decoder import Decoder
+
+    decoder = Decoder(*tiny_model_on(path, monkeypatch), None, None)
+    assert (decoder.model.native is not None) == (path == "native")
     return decoder
+
+
+def lossless_on_random_prompts(decoder, method: str, budget: int, cases: int = 12) -> list:
+    """`method`'s results on seeded random prompts of few distinct tokens (contexts repeat), each asserted to be
+    plain decoding's tokens; returns (ar's result, method's result) per prompt."""
+    import random
+
+    rng, pairs = random.Random(0), []
+    for case in range(cases):
+        ids = [rng.randrange(3, 30) for _ in range(rng.randint(1, 40))]
+        plain, out = decoder.generate(ids, budget, "ar"), decoder.generate(ids, budget, method)
+        assert out.tokens == plain.tokens, (method, case)
+        pairs.append((plain, out))
+    return pairs

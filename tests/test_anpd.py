@@ -3,12 +3,11 @@ identical to plain greedy decoding on both kernel paths (against transformers in
 tests/test_lossless.py), sampled output with the base model's distribution, and decoding from a base model
 with no component."""
 
-import random
 import subprocess
 import sys
 
 import pytest
-from conftest import plain_tiny_decoder
+from conftest import lossless_on_random_prompts, plain_tiny_decoder
 from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noqa: F401  (the fixture)
 
 from ppdkit.runtime.anpd import AdaptiveNgram
@@ -33,13 +32,8 @@ def test_the_longest_seen_context_guesses_its_most_frequent_follower():
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 def test_anpd_gives_plain_greedy_tokens_on_both_kernel_paths(path, monkeypatch):
     decoder = plain_tiny_decoder(path, monkeypatch)
-    rng = random.Random(0)
     steps = emitted = 0
-    for case in range(12):
-        ids = [rng.randrange(3, 30) for _ in range(rng.randint(1, 40))]  # few distinct tokens: contexts repeat
-        plain = decoder.generate(ids, 40, "ar")
-        out = decoder.generate(ids, 40, "anpd")
-        assert out.tokens == plain.tokens, case
+    for plain, out in lossless_on_random_prompts(decoder, "anpd", 40):
         assert plain.rows_per_step == [1] * (plain.steps - 1) and len(out.rows_per_step) == out.steps - 1
         steps, emitted = steps + out.steps, emitted + len(out.tokens)
     assert emitted / steps > 1.5  # chains were accepted: multi-token verification and cache trimming ran

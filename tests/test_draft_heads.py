@@ -10,17 +10,15 @@ import random
 
 import pytest
 import torch
-from conftest import hf_greedy, kernels_or_skip
+from conftest import hf_greedy, tiny_model_on
 from test_lossless import _random_early_head
 from test_training import BASE, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
 
 import ppdkit.runtime.draft_heads as draft_heads_module
-import ppdkit.runtime.linear as linear_module
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
 from ppdkit.models.artifact import ArtifactError, read_component
 from ppdkit.models.draft_heads import DraftHeads, frequent_tokens
 from ppdkit.models.loading import load_base_model
-from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.registry.tracking import TrackerRef
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.draft_heads import DraftHeadSet, head_tree
@@ -116,10 +114,7 @@ def test_the_draft_vocabulary_is_the_most_frequent_tokens():
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 def test_poisoned_heads_cannot_change_greedy_output(path, monkeypatch):
     """Heads full of NaN, inf or huge values draft garbage; the verified output is still ar's exactly."""
-    module = kernels_or_skip("native") if path == "native" else None
-    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
-    model, tok = build_tiny_llama()
-    model = model.float().eval()
+    model, tok = tiny_model_on(path, monkeypatch)
     rng, g = random.Random(0), torch.Generator().manual_seed(0)
     vocab = torch.arange(3, VOCAB, 3)
     for case, value in enumerate((math.nan, math.inf, -math.inf, 1e30, 3e38)):
@@ -128,7 +123,7 @@ def test_poisoned_heads_cannot_change_greedy_output(path, monkeypatch):
         heads = dataclasses.replace(heads, tensors=tuple(torch.full_like(t, value) if i % 2 == case % 2 else t
                                                          for i, t in enumerate(heads.tensors)))
         decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([4, 8, 16, 32])))
-        assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
+        assert (decoder.model.native is not None) == (path == "native")  # the path under test really runs
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))]
             method = "feature-head" if kind == "feature" else "medusa"
@@ -229,10 +224,7 @@ def test_early_pruning_never_changes_greedy_output(path, monkeypatch):
     """Random early heads (K from 1, pruning almost everything, to the whole vocabulary, pruning nothing),
     poisoned ones, random heads and trees: feature-head-prune and medusa-prune give ar's tokens, the native
     layers and the PyTorch layers alike, and rows really were dropped."""
-    module = kernels_or_skip("native") if path == "native" else None
-    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
-    model, tok = build_tiny_llama()
-    model = model.float().eval()
+    model, tok = tiny_model_on(path, monkeypatch)
     rng, g = random.Random(6), torch.Generator().manual_seed(6)
     dropped = kept = 0
     for case in range(10):
@@ -242,7 +234,7 @@ def test_early_pruning_never_changes_greedy_output(path, monkeypatch):
         decoder.early_head = _random_early_head(g, model, rng.choice([1, 2, 8, 64, VOCAB]))
         if case == 9:
             decoder.early_head.weight = torch.full_like(decoder.early_head.weight, math.nan)
-        assert (decoder.model.native is not None) == (module is not None)
+        assert (decoder.model.native is not None) == (path == "native")
         method = ("feature-head" if kind == "feature" else "medusa") + "-prune"
         for _ in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))]

@@ -9,12 +9,10 @@ import random
 
 import pytest
 import torch
-from conftest import hf_greedy, kernels_or_skip
+from conftest import hf_greedy, tiny_model_on
 from test_draft_heads import HIDDEN, VOCAB, _decoder, _heads
 from test_sampling import first_two_tokens_follow_the_model
 
-import ppdkit.runtime.linear as linear_module
-from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.grown_tree import ChainSource, Proposals, add_chain, best_count, by_value, tree_shape
 
 GROWN = ("feature-grown", "feature-grown-anpd")
@@ -58,10 +56,7 @@ def test_the_tree_takes_the_proposals_that_pay_for_their_rows():
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 def test_poisoned_and_random_heads_cannot_change_greedy_output(path, monkeypatch):
     """Feature heads full of NaN, inf or huge values, or random ones, grow garbage trees; the output is ar's."""
-    module = kernels_or_skip("native") if path == "native" else None
-    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
-    model, tok = build_tiny_llama()
-    model = model.float().eval()
+    model, tok = tiny_model_on(path, monkeypatch)
     rng, g = random.Random(0), torch.Generator().manual_seed(0)
     for case, value in enumerate((None, math.nan, math.inf, -math.inf, 1e30, 3e38)):
         heads = _heads("feature", 4, g, model, torch.arange(3, VOCAB, 3), scale=rng.choice([0.1, 3.0]))
@@ -69,7 +64,7 @@ def test_poisoned_and_random_heads_cannot_change_greedy_output(path, monkeypatch
             heads = dataclasses.replace(heads, tensors=tuple(torch.full_like(t, value) if i == case % 3 else t
                                                              for i, t in enumerate(heads.tensors)))
         decoder = _decoder(model, tok, heads, None)
-        assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
+        assert (decoder.model.native is not None) == (path == "native")  # the path under test really runs
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])
             plain = decoder.generate(ids, 24, "ar").tokens

@@ -2,10 +2,8 @@
 greedy output identical to plain greedy decoding on both kernel paths (against transformers in float64:
 tests/test_lossless.py), and sampled output with the base model's distribution."""
 
-import random
-
 import pytest
-from conftest import plain_tiny_decoder
+from conftest import lossless_on_random_prompts, plain_tiny_decoder
 from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noqa: F401  (the fixture)
 
 from ppdkit.models.ngram_table import NgramTable
@@ -45,13 +43,8 @@ def test_candidates_merge_into_a_trie_and_branches_see_only_their_own_past():
 @pytest.mark.parametrize("path", ["native", "pytorch"])
 def test_self_draft_gives_plain_greedy_tokens_on_both_kernel_paths(path, monkeypatch):
     decoder = plain_tiny_decoder(path, monkeypatch)
-    rng = random.Random(0)
     steps = emitted = 0
-    for case in range(12):
-        ids = [rng.randrange(3, 30) for _ in range(rng.randint(1, 40))]
-        ar = decoder.generate(ids, 48, "ar").tokens
-        out = decoder.generate(ids, 48, "self-draft")
-        assert out.tokens == ar, case
+    for _, out in lossless_on_random_prompts(decoder, "self-draft", 48):
         assert len(out.rows_per_step) == out.steps - 1  # every step but the prompt's says what it fed
         assert max(out.rows_per_step) <= get_method("self-draft").chain_rows  # what the cache was sized for
         steps, emitted = steps + out.steps, emitted + len(out.tokens)
