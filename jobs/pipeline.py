@@ -74,13 +74,35 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
         for folder in ("component", "plots"):
             ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
         return result
-    result = run_training(ctx.spec.base_model, ctx.spec.train, ctx.output / "teacher", ctx.stage_dir, ctx.tracker.ref())
+    cfg = ctx.spec.train
+    if method.builds_on_search:  # the workers read a local directory, whatever their working directory
+        cfg = cfg.model_copy(update={"skip_from": str(local_skip_from(cfg.skip_from, ctx.tracker))})
+    result = run_training(ctx.spec.base_model, cfg, ctx.output / "teacher", ctx.stage_dir, ctx.tracker.ref())
     for folder in ("component", "plots"):
         ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
     figures = {"steps": result["steps"], "first_loss": result["first_loss"], "final_loss": result["final_loss"],
                "best_step": result["best_step"], "peak_worker_rss_mb": result["peak_worker_rss_mb"],
+               "trained_positions": result["trained_positions"],
                **{f"best_{k}": v for k, v in result["best"].items()}}
     return {**figures, "component": result["component"]}
+
+
+def local_skip_from(source: str, tracker: Tracker) -> Path:
+    """train.skip_from as the absolute directory of a readable component (a models:/ URI is downloaded from the
+    run's registry); a clear error before any stage runs when it is missing or damaged."""
+    from ppdkit.models.artifact import read_component
+
+    if source.startswith("models:/"):
+        from ppdkit.registry.models import resolve
+
+        return resolve(source, tracker.ref().uri)
+    directory = Path(source).expanduser().resolve()
+    if not (directory / "component.json").is_file():
+        raise PipelineError(f"train.skip_from={source}: no component there ({directory}/component.json is missing); "
+                            "give the component directory of a `train.method: layer-skip` run (OUTPUT/calibrate/"
+                            "component) or its registry URI models:/NAME@ALIAS")
+    read_component(directory)  # damaged files fail here, not in the train stage
+    return directory
 
 
 def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
@@ -304,6 +326,10 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
     tracker.log_artifact(output / "spec.yaml")
     results: dict[str, dict[str, Any]] = {}
     unneeded = _unneeded_stages(spec)
+    from ppdkit.trainer.methods import TRAINING_METHODS
+
+    if TRAINING_METHODS[spec.train.method].builds_on_search and any(s.name == "train" for s in selected):
+        local_skip_from(spec.train.skip_from, tracker)
     for stage in selected:
         stage_dir = output / stage.name
         if stage.name in unneeded:

@@ -18,12 +18,12 @@ from ppdkit.models.ngram_table import NgramTable
 from .acceptance import Sampling
 from .auto import AUTO, fastest_method
 from .draft_heads import DraftHeadSet, HeadTree, draft_seconds
-from .head_loading import load_draft_heads
+from .head_loading import load_draft_heads, load_skip_draft
 from .llama import LeanLlama
 from .lookup import root_only, with_lookup_chains
-from .layer_skip import check_skip_map
-from .methods import (EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, SKIP_MAP,
-                      TREES, get_method, lookup_rows)
+from .layer_skip import SkipDraft, check_skip_map
+from .methods import (EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, SKIP_DRAFT,
+                      SKIP_MAP, TREES, get_method, lookup_rows)
 from .pruning import EarlyHead, load_early_head
 from .ppd import PromptTokenSet
 from .profile import profile_trees
@@ -84,6 +84,7 @@ class Decoder:
         self.early_head: EarlyHead | None = None  # ProPD's early prediction head, for the pruning methods
         self.pruned_rows: list[int] = []  # filled by a pruning method during one generate call
         self.skip_map: tuple[int, ...] | None = None  # the sub-layers a layer-skip draft leaves out, per layer
+        self.skip_draft: SkipDraft | None = None  # a skip-finetune component's draft (its norms, head and map)
         self.component_digest = "none"  # sha256 of the component's component.json: what auto's choice is for
         self._fastest: str | None = None  # auto's choice, once measured or read
         self.set_tree(tree)
@@ -132,7 +133,8 @@ class Decoder:
                         max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False,
                         early_head: str | Path | None = None, prune_top_k: int = 8) -> "Decoder":
         """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens,
-        trees and n-gram table (or draft heads and their trees, or a layer-skip map). `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
+        trees and n-gram table (or draft heads and their trees, or a layer-skip map and its fine-tuned draft).
+        `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
         `dynamic_size` picks the tree size while decoding (runtime/tree_sizer.py), starting from the
         profiled (or given) size. `early_head`: an early-head component (a directory or models:/ URI) for the
         pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses."""
@@ -146,13 +148,9 @@ class Decoder:
         base = load_base_model(component.base_model["name"], quantization="none", dtype=dtype)
         read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
         taus: dict[int, float] = {}
-        if component.method == "layer-skip":  # a skip map alone: the base model drafts for itself
+        if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
             decoder = cls(base.model, base.tokenizer, None, None, max_length)
-            try:
-                decoder.skip_map = check_skip_map(component.hyperparameters["skip_map"], len(decoder.model.layers))
-            except (KeyError, TypeError, ValueError) as e:
-                raise ArtifactError(f"{directory}/component.json: a layer-skip component needs hyperparameters."
-                                    f"skip_map for this base model: {e}") from None
+            decoder.skip_map, decoder.skip_draft = load_skip_draft(component, decoder.model, base.model)
         elif "draft_vocab" in component.tensors:  # draft heads over the base model's features
             heads, head_trees = load_draft_heads(component, base.model)
             decoder = cls(base.model, base.tokenizer, None, None, max_length)
@@ -325,6 +323,8 @@ class Decoder:
             found.add(EARLY_HEAD)
         if self.skip_map is not None:
             found.add(SKIP_MAP)
+        if self.skip_draft is not None:
+            found.add(SKIP_DRAFT)
         return found
 
     def methods(self) -> list[str]:

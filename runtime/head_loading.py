@@ -1,11 +1,12 @@
-"""A draft-head component (feature-head, medusa) read into the decoder: its heads and calibrated trees, each
-checked against the base model's shapes, so a component built wrong gets a clear error at load, not an
-index error mid-decoding."""
+"""A draft-head component (feature-head, medusa) or a layer-skip one read into the decoder: its heads and
+calibrated trees, or its skip map and fine-tuned draft, each checked against the base model's shapes, so a
+component built wrong gets a clear error at load, not an index error mid-decoding."""
 
 from ppdkit.models.artifact import ArtifactError, Component
 from ppdkit.models.draft_heads import HEAD_KINDS, TENSORS
 
 from .draft_heads import DraftHeadSet, HeadTree, head_tree
+from .layer_skip import SkipDraft, check_skip_map
 from .tree import check_nodes
 
 
@@ -20,11 +21,7 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
         raise ArtifactError(f"{where}/component.json: a draft-head component needs hyperparameters head_kind (one of "
                             f"{', '.join(HEAD_KINDS)}) and head_depth >= 1, found {kind!r} and {depth!r}")
     hidden, tensors = config.hidden_size, component.tensors
-    vocab = tensors["draft_vocab"]
-    if vocab.dim() != 1 or vocab.is_floating_point() or not len(vocab) or int(vocab.min()) < 0 \
-            or int(vocab.max()) >= config.vocab_size or len(set(vocab.tolist())) != len(vocab):
-        raise ArtifactError(f"{where}: draft_vocab must hold distinct token ids of the base model's vocabulary "
-                            f"(0..{config.vocab_size - 1})")
+    vocab = checked_draft_vocab(component, config.vocab_size)
     found = {name: None if tensors.get(name) is None else tuple(tensors[name].shape) for name in TENSORS[kind]}
     inner = found.get("feature_up", (0,))[0] if found.get("feature_up") else 0
     expected = ({"feature_in": (hidden, 2 * hidden), "feature_up": (inner, hidden), "feature_down": (hidden, inner)}
@@ -33,7 +30,6 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
         raise ArtifactError(f"{where}: {kind} heads for hidden size {hidden} need {expected} (I: the MLP width), "
                             f"found {found}")
     dtype = next(model.parameters()).dtype
-    vocab = vocab.long()
     rows = model.get_output_embeddings().weight.detach()[vocab].to(dtype)  # [V', H] the LM head's rows
     heads = DraftHeadSet(kind, tuple(tensors[name].to(dtype) for name in TENSORS[kind]), vocab, rows, depth)
     trees = {}
@@ -49,3 +45,36 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
                                 "stage again") from None
     return heads, trees
 
+
+
+def checked_draft_vocab(component: Component, vocab_size: int):
+    """The component's draft_vocab [V'] as int64, after checking it holds distinct ids of the base vocabulary."""
+    vocab = component.tensors.get("draft_vocab")
+    if vocab is None or vocab.dim() != 1 or vocab.is_floating_point() or not len(vocab) or int(vocab.min()) < 0 \
+            or int(vocab.max()) >= vocab_size or len(set(vocab.tolist())) != len(vocab):
+        raise ArtifactError(f"{component.path}: draft_vocab must hold distinct token ids of the base model's "
+                            f"vocabulary (0..{vocab_size - 1})")
+    return vocab.long()
+
+
+def load_skip_draft(component: Component, lean, model) -> tuple[tuple[int, ...], SkipDraft | None]:
+    """A layer-skip component's skip map, and for skip-finetune its fine-tuned draft; `lean` the decoder's
+    LeanLlama, `model` the base (transformers) model."""
+    where = component.path
+    try:
+        skip = check_skip_map(component.hyperparameters["skip_map"], len(lean.layers))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"{where}/component.json: a {component.method} component needs hyperparameters.skip_map "
+                            f"for this base model: {e}") from None
+    if component.method == "layer-skip":
+        return skip, None
+    layers, hidden = len(lean.layers), lean.hidden
+    expected = {"skip_ln1": (layers, hidden), "skip_ln2": (layers, hidden), "skip_norm": (hidden,)}
+    found = {name: None if component.tensors.get(name) is None else tuple(component.tensors[name].shape)
+             for name in expected}
+    if found != expected:
+        raise ArtifactError(f"{where}: a skip-finetune draft of this base model needs {expected}, found {found}")
+    norms = [component.tensors[name].float() for name in expected]  # finite: read_component checked
+    vocab = checked_draft_vocab(component, lean.vocab_size)
+    lm_head = model.get_output_embeddings().weight.detach()
+    return skip, SkipDraft.fine_tuned(lean, lm_head, skip, *norms, vocab)

@@ -8,6 +8,11 @@ the committed length, and the verification forward writes every layer's keys/val
 drafted tokens over those positions, so the draft's partial entries never outlive their step and the
 kept path's entries are exactly the whole model's.
 
+A fine-tuned draft (train.method skip-finetune, papers/002 appendix F; `--method skip-ft`) skips more sub-layers
+and brings its own RMSNorm weights and a head over a draft vocabulary (the base model's LM-head rows of the
+tokens it guesses among); its matmuls are still the base model's, so it costs no memory beyond ~2 L H floats,
+and it reads the committed keys/values exactly as it was trained to (trainer/skip_finetune_run.py).
+
 Adaptive draft-exiting (section 3.4): drafting stops when the draft's probability of its own guess falls
 below a threshold gamma, and gamma follows the acceptance rate of each drafting stage (equations 2-4,
 defaults of table 6). Drafts are the draft's greedy tokens: greedy output is the base model's own, and
@@ -22,7 +27,8 @@ import torch
 from .acceptance import Sampling, pick
 from .anpd import chain_layout
 from .kv_cache import KVCache
-from .llama import SKIP_ATTENTION, SKIP_MLP
+from .linear import Linear
+from .llama import SKIP_ATTENTION, SKIP_MLP, LeanLlama
 from .verify import verify_tree
 
 MAX_DRAFT = 12  # K, table 6
@@ -57,35 +63,65 @@ def check_skip_map(skip: tuple[int, ...], layers: int) -> tuple[int, ...]:
     return skip
 
 
-def draft_chain(model, cache: KVCache, root: int, skip: tuple[int, ...], gamma: float, limit: int) -> list[int]:
+@dataclass(frozen=True)
+class SkipDraft:
+    """What drafts: `model` (the base model, or its view with a fine-tuned draft's norms) run with `skip`, read by
+    `head` over `vocab` (token ids [V']; None: the whole vocabulary)."""
+
+    skip: tuple[int, ...]
+    model: LeanLlama
+    head: Linear  # H -> V' (or V)
+    vocab: torch.Tensor | None = None
+
+    @classmethod
+    def of_base(cls, model: LeanLlama, skip: tuple[int, ...]) -> "SkipDraft":
+        """Draft & Verify's draft: the base model itself with sub-layers skipped."""
+        return cls(skip, model, model.head)
+
+    @classmethod
+    def fine_tuned(cls, model: LeanLlama, lm_head: torch.Tensor, skip: tuple[int, ...], ln1: torch.Tensor,
+                   ln2: torch.Tensor, norm: torch.Tensor, vocab: torch.Tensor) -> "SkipDraft":
+        """A skip-finetune component's draft: its norms ln1, ln2 [L, H] and norm [H] on `model`'s matmuls, its
+        head the rows of `lm_head` [V, H] of its draft vocabulary `vocab` [V']."""
+        return cls(skip, model.with_norms(ln1, ln2, norm), Linear(lm_head[vocab].to(model.dtype).contiguous()), vocab)
+
+    def guess(self, hidden: torch.Tensor) -> tuple[float, int]:
+        """hidden [H] after the final norm -> (the draft's probability of its guess, the guessed token id)."""
+        confidence, index = torch.softmax(self.head(hidden).float(), -1).max(-1)
+        return float(confidence), int(index) if self.vocab is None else int(self.vocab[index])
+
+
+def draft_chain(draft: SkipDraft, cache: KVCache, root: int, gamma: float, limit: int) -> list[int]:
     """1 to `limit` tokens after `root` from the skipping draft, ending with the first guess whose draft
     probability is below `gamma` (kept: one more verified row costs little, and every stage then measures
     an acceptance rate for the threshold's rule). The cache is left at its committed length."""
-    committed, chain, token = cache.length, [], root
+    model, committed, chain, token = draft.model, cache.length, [], root
     while len(chain) < limit:
         hidden = model.forward(model.embed_ids(torch.tensor([token])), torch.tensor([cache.length]), cache, None,
-                               skip)  # [1, H]
+                               draft.skip)  # [1, H]
         cache.commit(None, 1)  # the next draft token attends to this one in the kept layers
-        confidence, guess = torch.softmax(model.logits(hidden[0]).float(), -1).max(-1)
-        token = int(guess)
+        confidence, token = draft.guess(hidden[0])
         chain.append(token)
-        if float(confidence) < gamma:
+        if confidence < gamma:
             break
     cache.rollback(committed)
     return chain
 
 
 def decode_skip(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-                generator: torch.Generator | None, sizer=None, draft_length: int = MAX_DRAFT) -> None:
+                generator: torch.Generator | None, sizer=None, draft_length: int = MAX_DRAFT,
+                fine_tuned: bool = False) -> None:
     """Read the prompt ids [P], then draft-and-verify stages until `emit` says stop (`sizer` unused: the
-    chain's length is the draft's own choice)."""
-    model, skip, exiting = decoder.model, decoder.skip_map, DraftExit()
+    chain's length is the draft's own choice). `fine_tuned`: the component's fine-tuned draft drafts, not the
+    base model with the skip map."""
+    model, exiting = decoder.model, DraftExit()
+    draft = decoder.skip_draft if fine_tuned else SkipDraft.of_base(model, decoder.skip_map)
     hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
     cache.commit(None, len(ids))
     root = pick(model.logits(hidden[-1]), sampling, generator)
     done = emit([root])
     while not done:
-        chain = draft_chain(model, cache, root, skip, exiting.gamma, draft_length)
+        chain = draft_chain(draft, cache, root, exiting.gamma, draft_length)
         tokens = torch.tensor([root] + chain)  # [L + 1]
         _, next_token, path = verify_tree(model, cache, chain_layout(len(chain)), tokens, sampling, generator)
         exiting.update((len(path) - 1) / len(chain))

@@ -12,8 +12,9 @@ values. A token tree (any visibility pattern) costs the same code as a single to
 or MLflow is imported anywhere in runtime/.
 """
 
+import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -76,10 +77,19 @@ class LeanLlama:
         # (runtime/kernels/decoder_layers.cpp), not ~40 Python-dispatched operations per layer.
         linears = [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         self.native = linears[0].native if all(lin.native is not None for lin in linears) else None
-        self.native_weights = [w for layer in self.layers for w in (layer.ln1.contiguous(), layer.qkv.panels,
-                               layer.o.panels, layer.ln2.contiguous(), layer.gate_up.panels, layer.down.panels)
-                               ] if self.native else []
+        self.native_weights = _native_weights(self.layers) if self.native else []
         self.native_shape = [self.heads, self.kv_heads, self.head_dim, cfg.intermediate_size, self.hidden]
+
+    def with_norms(self, ln1: torch.Tensor, ln2: torch.Tensor, norm: torch.Tensor) -> "LeanLlama":
+        """This model with other RMSNorm weights, ln1 and ln2 [L, H] (before each attention and MLP) and the final
+        norm [H], sharing every matmul weight and the rotary tables (nothing large is copied): a fine-tuned
+        layer-skip draft (runtime/layer_skip.py)."""
+        view = copy.copy(self)
+        view.layers = [replace(layer, ln1=a.to(self.dtype).contiguous(), ln2=b.to(self.dtype).contiguous())
+                       for layer, a, b in zip(self.layers, ln1, ln2, strict=True)]
+        view.norm = norm.to(self.dtype).contiguous()
+        view.native_weights = _native_weights(view.layers) if self.native else []
+        return view
 
     def new_cache(self, capacity: int) -> KVCache:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype)
@@ -160,6 +170,12 @@ class LeanLlama:
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed[ids]
+
+
+def _native_weights(layers: list[_Layer]) -> list[torch.Tensor]:
+    """The native decoder_layers' weights: per layer ln1, qkv, o, ln2, gate_up, down (packed panels)."""
+    return [w for layer in layers for w in (layer.ln1.contiguous(), layer.qkv.panels, layer.o.panels,
+                                            layer.ln2.contiguous(), layer.gate_up.panels, layer.down.panels)]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

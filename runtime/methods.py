@@ -16,6 +16,7 @@ PROMPT_TOKENS, TREES, HEAD = "prompt tokens", "calibrated trees", "a custom deco
 FEATURE_HEAD, MEDUSA_HEADS, HEAD_TREE = "a feature draft head", "Medusa heads", "a calibrated head tree"
 EARLY_HEAD = "an early prediction head (Decoder.from_pretrained(early_head=...), --early-head)"
 SKIP_MAP = "a layer-skip map (--base NAME --skip-map ..., Decoder.from_base(skip_map=...))"
+SKIP_DRAFT = "a fine-tuned layer-skip draft (train.method skip-finetune)"
 GROWN_NODES = 8  # the most nodes of a grown tree (the root included); each step takes what pays of them
 SELF_DRAFT = {"branches": 2, "branch_length": 4, "gram": 3, "candidates": 4}  # N, L, G, C of runtime/self_draft.py
 LOOKUP_LENGTHS = (3, 6, 12)  # a lookup chain's nodes: 3 (the prompt tokens' reach), doubled after a chain
@@ -63,6 +64,9 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                        "gram"] + SELF_DRAFT["branches"] * SELF_DRAFT["branch_length"]}),
     DecodingMethod("skip", "Draft & Verify: the base model with sub-layers skipped drafts a chain (adaptive exit), "
                    "the whole model verifies it", (SKIP_MAP,), "layer_skip:decode_skip", {"draft_length": 12}),
+    DecodingMethod("skip-ft", "skip with the component's fine-tuned draft (papers/002 appendix F): more sub-layers "
+                   "skipped, its own norms and a draft-vocabulary head", (SKIP_DRAFT,), "layer_skip:decode_skip",
+                   {"draft_length": 12, "fine_tuned": True}),
     DecodingMethod("ppd", "the prompt tokens' dynamic sparse tree, verified in the same forward",
                    (PROMPT_TOKENS, TREES), "ppd:decode_ppd"),
     DecodingMethod("ppd-lookup", "ppd plus a chain copied from the text's earlier occurrence of its ending",

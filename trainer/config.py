@@ -41,6 +41,11 @@ class TrainConfig(Section):
     search_prompts: int = Field(8, ge=1, description="layer-skip: development prompts, the data stage's held-out "
                                                     "first user turns")
     search_new_tokens: int = Field(32, ge=1, description="layer-skip: tokens decoded per prompt in a trial")
+    # the aggressive-skip fine-tune (method skip-finetune, papers/002 appendix F)
+    skip_from: str | None = Field(None, description="skip-finetune: the layer-skip component whose sub-layer ranking "
+                                                    "it starts from (a directory or models:/NAME@ALIAS)")
+    skip_ratio: float = Field(0.5, gt=0.0, lt=1.0, description="skip-finetune: the share of all sub-layers skipped, "
+                                                                "from the top of the ranking")
     # the objective
     loss: Literal["kd", "ce"] = Field("kd", description="kd: decayed KL to the teacher; ce: hard labels (ablation)")
     alpha: float = Field(0.8, gt=0.0, le=1.0, description="decay per token distance")
@@ -74,15 +79,19 @@ class TrainConfig(Section):
         for keys, applies, owners in ((("head_start_step", "head_lr_scale"), method.trains_head, "ept-head"),
                                       (("head_depth", "head_inner"), method.head_kind in ("feature", "medusa"),
                                        "feature-head and medusa"),
-                                      (("draft_vocab",), method.head_kind is not None,
-                                       "feature-head, medusa and early-head"),
+                                      (("draft_vocab",), method.head_kind is not None or method.builds_on_search,
+                                       "feature-head, medusa, early-head and skip-finetune"),
                                       (("feature_weight",), method.head_kind == "feature", "feature-head"),
                                       (("early_layer",), method.head_kind == "early", "early-head"),
                                       (("search_trials", "search_prompts", "search_new_tokens"), method.searches,
-                                       "layer-skip")):
+                                       "layer-skip"),
+                                      (("skip_from", "skip_ratio"), method.builds_on_search, "skip-finetune")):
             set_here = [k for k in keys if getattr(self, k) != defaults[k].default]
             if set_here and not applies:
                 raise ValueError(f"{', '.join(set_here)} only apply to {owners}, not {self.method}")
+        if method.builds_on_search and not self.skip_from:
+            raise ValueError(f"train.method {self.method} starts from a layer-skip search: set train.skip_from to the "
+                             "component of a `train.method: layer-skip` run (its directory, or models:/NAME@ALIAS)")
         if self.max_steps is not None and self.head_start_step >= self.max_steps:
             raise ValueError(f"head_start_step={self.head_start_step} is not before max_steps={self.max_steps}: "
                              "the head would never train")

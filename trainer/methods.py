@@ -15,6 +15,8 @@ early-head    ProPD's early prediction head after n layers, for pruning tree nod
                                                                                         trainer/early_run.py
 layer-skip    Draft & Verify's skip map (papers/002 3.3): no weights; a Ray Tune search of the sub-layers the
               draft leaves out, by measured time per token on development prompts. trainer/layer_skip_run.py
+skip-finetune the aggressive skip (papers/002 appendix F): the top of a layer-skip search's ranking skipped,
+              the draft's own norms trained by KD, guesses over a draft vocabulary.  trainer/skip_finetune_run.py
 """
 
 import importlib
@@ -40,6 +42,7 @@ class TrainingMethod:
     # out_dir, tracker_ref)` searches on Ray Tune and exports the component itself
     needs_teacher: bool = True  # reads the teacher cache (the teacher stage is skipped for a method that does not)
     calibrates: bool = True  # has trees to calibrate (the calibrate stage passes the component on otherwise)
+    builds_on_search: bool = False  # starts from a layer-skip component's ranking (train.skip_from, skip_ratio)
 
     def start(self, cfg, base, train_sequences):
         """The method's run: module, param_groups, loss, evaluate, export_tensors, hyperparameters."""
@@ -59,4 +62,7 @@ TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (
     TrainingMethod("layer-skip", "Draft & Verify's skip map, searched on Ray Tune by measured time per token "
                    "(papers/002 3.3)", "layer_skip_run", ("skip",), searches=True, needs_teacher=False,
                    calibrates=False),
+    TrainingMethod("skip-finetune", "Draft & Verify's aggressive skip: more sub-layers skipped, the draft's own norms "
+                   "fine-tuned by KD (papers/002 appendix F)", "skip_finetune_run", ("skip", "skip-ft"),
+                   calibrates=False, builds_on_search=True),
 )}

@@ -107,10 +107,12 @@ def train_loop_per_worker(config: dict) -> None:
 
     ckpt_root = out / "checkpoints"
     step, history, evals, best = 0, [], [], {"acc_top1_mean": -1.0, "step": None}
+    trained = 0  # supervised positions of every rank so far: the "tokens trained on" of papers/002 table 9
     resume = latest_checkpoint(ckpt_root)
     if resume is not None:
         meta = load_checkpoint(resume, engine, rank)
         step, history, evals, best = meta["step"], meta["history"], meta["evals"], meta["best"]
+        trained = meta.get("trained_positions", 0)
         if rank == 0:
             restore_best(ckpt_root, out / "best", best["step"])
         log.info("rank %d: resumed from %s at step %d", rank, resume.name, step)
@@ -135,11 +137,13 @@ def train_loop_per_worker(config: dict) -> None:
             os._exit(1)  # a worker dying mid-run (tests): Ray Train restarts the group, which resumes
         step_loss = _mean_across_ranks(step_loss, world)
         window_positions += supervised * world
+        trained += supervised * world
         history.append([step, step_loss])
         if rank == 0 and (step % cfg.log_every == 0 or step == total_steps):
             rate = window_positions / max(time.time() - window_start, 1e-9)
             tracker.log_metrics({"train.loss": step_loss, **run.lr_metrics(engine.get_lr()),
-                                 "train.positions_per_second": rate, "train.epoch": epoch}, step=step)
+                                 "train.positions_per_second": rate, "train.epoch": epoch,
+                                 "train.positions_trained": trained}, step=step)
             log.info("step %d/%d loss %.4f  %.0f supervised positions/s", step, total_steps, step_loss, rate)
             window_positions, window_start = 0, time.time()
         evaluated = None
@@ -156,14 +160,16 @@ def train_loop_per_worker(config: dict) -> None:
             if improved:
                 best = {"acc_top1_mean": evaluated["acc_top1_mean"], "step": step}
             directory = save_checkpoint(ckpt_root, step, engine, rank,
-                                        {"history": history, "evals": evals, "best": best}, barrier)
+                                        {"history": history, "evals": evals, "best": best,
+                                         "trained_positions": trained}, barrier)
             if rank == 0:
                 if improved or best["step"] is None:
                     keep_as_best(directory, out / "best")
                 prune(ckpt_root)
     peak = _peak_rss_mb(world)
     if rank == 0:
-        export_component(out, base, cfg, run, config, history, evals, best, extra={"peak_worker_rss_mb": peak})
+        export_component(out, base, cfg, run, config, history, evals, best, extra={"peak_worker_rss_mb": peak,
+                                                                                  "trained_positions": trained})
     barrier()
 
 
