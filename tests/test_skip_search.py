@@ -14,6 +14,7 @@ from test_pipeline import spec_file  # noqa: F401 (the tiny job's spec, a fixtur
 
 from ppdkit.jobs.cli import main
 from ppdkit.registry.tracking import TrackerRef
+from ppdkit.trainer.skip_finetune_run import aggressive_skip_map
 from ppdkit.trainer.skip_search import (SearchError, SearchSettings, config_of, search_skip_maps, skip_map_of,
                                         starting_maps, sublayer_ranking)
 
@@ -73,8 +74,8 @@ def test_a_failed_trial_is_resumed_and_finished_trials_are_kept(ray_local, tmp_p
     assert first == calls[:len(first)]
 
 
-def test_layer_skip_runs_through_the_pipeline_and_decodes_from_the_registry(ray_local, tracking_uri, spec_file,
-                                                                             tmp_path):
+def test_layer_skip_and_its_fine_tune_run_through_the_pipeline_and_decode_from_the_registry(
+        ray_local, tracking_uri, spec_file, tmp_path):
     out = tmp_path / "out"
     assert main(["run", str(spec_file), "--output", str(out), "train.method=layer-skip", "train.search_trials=6",
                  "train.search_prompts=2", "train.search_new_tokens=8", "evaluate.limit=2"]) == 0
@@ -105,3 +106,36 @@ def test_layer_skip_runs_through_the_pipeline_and_decodes_from_the_registry(ray_
     assert decoder.skip_map == tuple(component["hyperparameters"]["skip_map"]) and "skip" in decoder.methods()
     for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
         assert decoder.generate(prompt, 12, "skip").tokens == decoder.generate(prompt, 12, "ar").tokens
+
+    # the aggressive skip on top of the search, from its registered version: half the sub-layers, norms fine-tuned
+    tuned = tmp_path / "tuned"
+    assert main(["run", str(spec_file), "--output", str(tuned), "train.method=skip-finetune",
+                 "train.skip_from=models:/ppdkit-tiny-llama@challenger", "train.skip_ratio=0.5",
+                 "train.draft_vocab=64", "evaluate.limit=2"]) == 0
+    summary = json.loads((tuned / "train" / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["trained_positions"] > 0 and 0 <= summary["best_acc_top1_d1"] <= 1
+    component = json.loads((tuned / "calibrate" / "component" / "component.json").read_text())
+    assert component["method"] == "skip-finetune" and sorted(component["weights"]) == [
+        "draft_vocab", "skip_ln1", "skip_ln2", "skip_norm"]
+    ranking = search["ranking"]
+    assert component["hyperparameters"]["skip_map"] == list(aggressive_skip_map(ranking, 2, 0.5))
+    bench = json.loads((tuned / "evaluate" / "bench.json").read_text())
+    assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "skip", "skip-ft", "auto"}
+    assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
+    version = client.get_model_version_by_alias("ppdkit-tiny-llama", "challenger")
+    assert version.tags["method"] == "skip-finetune" and "skip_ft_speedup" in version.tags
+    decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@challenger")
+    assert decoder.skip_draft is not None and "skip-ft" in decoder.methods()
+    for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
+        assert decoder.generate(prompt, 12, "skip-ft").tokens == decoder.generate(prompt, 12, "ar").tokens
+
+
+def test_skip_finetune_needs_a_layer_skip_component(tracking_uri, spec_file, tmp_path, capsys):
+    assert main(["run", str(spec_file), "--output", str(tmp_path / "a"), "train.method=skip-finetune"]) != 0
+    assert "set train.skip_from" in capsys.readouterr().err
+    assert main(["run", str(spec_file), "--output", str(tmp_path / "b"), "train.method=skip-finetune",
+                 f"train.skip_from={tmp_path / 'nowhere'}"]) != 0
+    err = capsys.readouterr().err
+    assert "no component there" in err and not (tmp_path / "b" / "data").exists()  # refused before any stage
+    assert main(["run", str(spec_file), "--output", str(tmp_path / "c"), "train.skip_ratio=0.3"]) != 0
+    assert "only apply to skip-finetune" in capsys.readouterr().err
