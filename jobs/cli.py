@@ -116,17 +116,21 @@ def _skip_map(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"a skip map is comma-separated integers 0-3, one per layer, not {text!r}")
 
 
-def cmd_decode(args: argparse.Namespace) -> int:
+def _decoder(args: argparse.Namespace):
+    """The decoder of --base (with --skip-map) or --model (with decode's and serve's loading options)."""
     from ppdkit.runtime.decoder import Decoder
 
+    if args.base:
+        return Decoder.from_base(args.base, skip_map=args.skip_map)
+    return Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
+                                   dynamic_size=args.dynamic_size, early_head=args.early_head,
+                                   prune_top_k=args.prune_top_k)
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
     from .console import text_streamer
 
-    if args.base:
-        decoder = Decoder.from_base(args.base, skip_map=args.skip_map)
-    else:
-        decoder = Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
-                                          dynamic_size=args.dynamic_size, early_head=args.early_head,
-                                          prune_top_k=args.prune_top_k)
+    decoder = _decoder(args)
     result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=text_streamer(decoder.tokenizer),
                               temperature=args.temperature, acceptance=args.acceptance, epsilon=args.epsilon,
                               delta=args.delta, seed=args.seed)
@@ -136,6 +140,18 @@ def cmd_decode(args: argparse.Namespace) -> int:
     print(f"\n\n[{args.method}]{ran} {len(result.tokens)} tokens in {result.seconds:.2f} s "
           f"({len(result.tokens) / result.seconds:.1f} tok/s), {result.steps} steps, "
           f"{result.mean_accepted_per_step:.2f} tokens per step{fed}", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import ServeLimits, serve
+
+    decoder = _decoder(args)
+    if args.method not in decoder.methods():
+        raise ValueError(f"--method {args.method} is not one this decoder serves; use one of "
+                         f"{', '.join(decoder.methods())}")
+    serve(decoder, args.name or args.model or args.base, args.host, args.port, args.method,
+          ServeLimits(args.max_tokens, args.max_request_bytes, args.max_waiting))
     return 0
 
 
@@ -248,10 +264,6 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--prompt", required=True)
     decode.add_argument("--max-new-tokens", type=int, default=128)
     decode.add_argument("--method", default="ppd", choices=list(DECODING_METHODS))
-    decode.add_argument("--tree-size", type=int, help="default: the size profiled as fastest on this machine")
-    decode.add_argument("--dynamic-size", action="store_true",
-                        help="pick the tree size per step from measured step times and acceptance (ProPD 4.2)")
-    decode.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     decode.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
     decode.add_argument("--acceptance", default="speculative", choices=["speculative", "typical"],
                         help="sampled decoding: speculative keeps the model's distribution exactly; typical "
@@ -260,6 +272,24 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--delta", type=float, default=0.3)
     decode.add_argument("--seed", type=int, help="fixes the draws of sampled decoding")
     decode.set_defaults(func=cmd_decode)
+
+    serve_cmd = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, "
+                                             "streaming; /health, /metrics) for a component or a base model")
+    serve_cmd.add_argument("--method", default="auto", choices=list(DECODING_METHODS),
+                           help="the decoding method of requests that name none (a request's `method` field)")
+    serve_cmd.add_argument("--host", default="127.0.0.1", help="the address to bind (default: this machine only)")
+    serve_cmd.add_argument("--port", type=int, default=8000)
+    serve_cmd.add_argument("--name", help="the model id clients see (default: --model or --base as given)")
+    serve_cmd.add_argument("--max-tokens", type=int, default=1024, help="the most new tokens a request may ask for")
+    serve_cmd.add_argument("--max-request-bytes", type=int, default=1_000_000)
+    serve_cmd.add_argument("--max-waiting", type=int, default=16, help="requests queued behind the one decoding "
+                                                                       "(more get 503)")
+    for parser_ in (decode, serve_cmd):
+        parser_.add_argument("--tree-size", type=int, help="default: the size profiled as fastest on this machine")
+        parser_.add_argument("--dynamic-size", action="store_true",
+                             help="pick the tree size per step from measured step times and acceptance (ProPD 4.2)")
+        parser_.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
+    serve_cmd.set_defaults(func=cmd_serve)
 
     prof = sub.add_parser("profile", help="measure forward latency per tree size here; print tau/L and the choice")
     prof.add_argument("--model", required=True)
@@ -275,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dec.add_argument("--tree-size", type=int)
     bench_dec.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     bench_dec.add_argument("--out", help="write the report as JSON here")
-    for parser_ in (decode, bench_dec):
+    for parser_ in (decode, bench_dec, serve_cmd):
         source = parser_.add_mutually_exclusive_group(required=True)
         source.add_argument("--model", help="a component: its directory (e.g. OUTPUT/calibrate/component) or "
                                             "models:/NAME@ALIAS")

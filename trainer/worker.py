@@ -117,6 +117,11 @@ def train_loop_per_worker(config: dict) -> None:
             restore_best(ckpt_root, out / "best", best["step"])
         log.info("rank %d: resumed from %s at step %d", rank, resume.name, step)
 
+    if holdout and step == 0:  # where the drafts start: the untrained figures every later evaluation improves on
+        if rank == 0:
+            evals.append({"step": 0, **run.evaluate(engine, holdout, 0)})
+            tracker.log_metrics({f"eval.{key}": v for key, v in evals[-1].items() if key != "step"}, step=0)
+        barrier()
     window_positions, window_start = 0, time.time()
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)

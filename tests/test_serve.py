@@ -1,0 +1,140 @@
+"""`ppdkit serve` (jobs/serve.py) as a user meets it: the real server in its own process on 127.0.0.1, talked to
+with OpenAI's own client and plain HTTP; answers (streamed or not) are the decoder's `generate` text, and bad
+requests get 4xx errors that say what is wrong."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from ppdkit.runtime.decoder import Decoder
+
+openai = pytest.importorskip("openai")
+
+PROMPT = "Write a short story about a robot."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "ppdkit.jobs.cli", "serve", "--base", "tiny-llama",
+                                    "--port", str(port), "--method", "ar", "--max-tokens", "32", "--max-request-bytes",
+                                    "4000"], stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                    if json.loads(r.read())["status"] == "ok":
+                        break
+            except OSError:
+                if process.poll() is not None:
+                    pytest.fail(f"ppdkit serve exited: {log.read_text()}")
+                time.sleep(0.2)
+        else:
+            pytest.fail(f"ppdkit serve did not answer /health: {log.read_text()}")
+        yield url, log
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    return Decoder.from_base("tiny-llama")
+
+
+def _client(url: str):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_answers_are_generates_text_streamed_or_not(server, decoder):
+    url, log = server
+    expected = decoder.generate(PROMPT, 20, "ar")
+    client = _client(url)
+    answer = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
+                                            max_tokens=20)
+    assert answer.choices[0].message.content == expected.text
+    assert answer.usage.completion_tokens == len(expected.tokens)
+    assert answer.choices[0].finish_reason == ("length" if len(expected.tokens) == 20 else "stop")
+    chunks = list(client.chat.completions.create(model="tiny-llama", max_tokens=20, stream=True,
+                                                 messages=[{"role": "user", "content": PROMPT}]))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+    assert len(chunks) > 3 and chunks[-1].choices[0].finish_reason == answer.choices[0].finish_reason
+    # a drafter named in the request gives the same text (every method is lossless), and says what ran
+    anpd = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
+                                          max_tokens=20, extra_body={"method": "anpd"})
+    assert anpd.choices[0].message.content == expected.text and anpd.model_extra["ppdkit"]["method"] == "anpd"
+    assert "HTTP" not in log.read_text()  # no access log lines on the console
+
+
+def test_completions_read_the_prompt_as_it_is(server, decoder):
+    url, _ = server
+    ids = decoder.tokenizer("def add(a, b):", add_special_tokens=False)["input_ids"]
+    expected = decoder.generate(ids, 16, "ar").text
+    client = _client(url)
+    assert client.completions.create(model="tiny-llama", prompt="def add(a, b):", max_tokens=16).choices[0].text \
+        == expected
+    streamed = client.completions.create(model="tiny-llama", prompt="def add(a, b):", max_tokens=16, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == expected
+
+
+def test_sampled_answers_follow_the_seed(server):
+    client = _client(server[0])
+
+    def ask(seed: int) -> str:
+        return client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
+                                              max_tokens=16, temperature=1.0, seed=seed).choices[0].message.content
+
+    assert ask(3) == ask(3)
+
+
+def _post(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("body, status, says", [
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 33}, 400, "above this server's cap of 32"),
+    ({"messages": [{"role": "user", "content": "hi"}], "method": "ppd"}, 400, "method 'ppd' is not served here"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "one choice per request"),
+    ({"messages": []}, 400, "messages"),
+    ({"prompt": "hi"}, 400, "messages: Field required"),
+    ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "above this server's cap of 4000"),
+])
+def test_bad_requests_get_clear_errors(server, body, status, says):
+    url, _ = server
+    code, answer = _post(f"{url}/v1/chat/completions", json.dumps(body).encode())
+    assert code == status and says in answer["error"]["message"], answer
+
+
+def test_health_and_metrics(server):
+    url, _ = server
+    _client(url).chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=4)
+    with urllib.request.urlopen(f"{url}/health") as r:
+        health = json.loads(r.read())
+    assert health["default_method"] == "ar" and "anpd" in health["methods"]
+    with urllib.request.urlopen(f"{url}/metrics") as r:
+        metrics = r.read().decode()
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+              if line.startswith("ppdkit_") and "by_method" not in line}
+    assert values["ppdkit_requests_total"] >= 1 and values["ppdkit_generated_tokens_total"] >= 4
+    assert values["ppdkit_tokens_per_second"] > 0 and values["ppdkit_tokens_per_step"] >= 1
