@@ -182,12 +182,17 @@ def _run_register(ctx: StageContext) -> dict[str, Any]:
         log.warning("stage register: tracking is off (tracking.enabled=false), so there is no run to register")
         return {"registered": 0, "reason": "tracking disabled"}
     from ppdkit.registry.models import register_component
+    from ppdkit.registry.pyfunc import save_pyfunc
 
+    model = ctx.stage_dir / "model"  # the component as an MLflow pyfunc model: what the version's source holds
+    shutil.rmtree(model, ignore_errors=True)
+    save_pyfunc(ctx.output / "calibrate" / "component", model)
+    ctx.tracker.log_artifact(model, "model")
     train, calibrate, evaluate = (read_summary(ctx.output / s) for s in ("train", "calibrate", "evaluate"))
     tags = registry_tags(ctx.spec.train.method, ctx.spec.base_model.name, calibrate_fingerprint(ctx), train,
                          calibrate, evaluate)
     name = ctx.spec.tracking.registered_model or f"ppdkit-{Path(ctx.spec.base_model.name).name}"
-    version = register_component(ctx.tracker.client, name, ctx.tracker.run_id, tags)
+    version = register_component(ctx.tracker.client, name, ctx.tracker.run_id, tags, artifact="model")
     return {"registered": 1, "name": name, "version": int(version), "uri": f"models:/{name}/{version}"}
 
 

@@ -1,6 +1,8 @@
 """The MLflow model registry: component versions, `challenger`/`champion` aliases, `models:/` URIs.
 
-A version's source is the run's `component` artifact (component.json, weights, trees.json); its tags
+A version's source is the run's `model` artifact: an MLflow pyfunc model (registry/pyfunc.py) holding the
+component (component.json, weights, trees.json) as its data (older versions: the run's
+`component` artifact itself), so `mlflow.pyfunc.load_model` decodes with it too; its tags
 carry what a user compares (method, base model, fingerprint, accuracy by distance, expected tokens
 per step, measured speedup). Promotion moves `champion` only to a version at least as good as the
 current one on the stored calibration figure (tau), unless forced.
@@ -42,8 +44,10 @@ def client(uri: str | None = None) -> MlflowClient:
     return MlflowClient(tracking_uri=uri or default_tracking_uri(), registry_uri=uri or default_tracking_uri())
 
 
-def register_component(mlflow: MlflowClient, name: str, run_id: str, tags: dict[str, str]) -> str:
-    """A new version of `name` from the run's `component` artifact, tagged, aliased `challenger`.
+def register_component(mlflow: MlflowClient, name: str, run_id: str, tags: dict[str, str],
+                       artifact: str = "component") -> str:
+    """A new version of `name` from the run's `artifact` (the pyfunc model around the component, or the bare
+    `component`), tagged, aliased `challenger`.
 
     Registering the same run again with the same tags returns its version instead of adding one, so a
     job that died after registering (before its stage summary) registers exactly once when rerun.
@@ -65,7 +69,7 @@ def register_component(mlflow: MlflowClient, name: str, run_id: str, tags: dict[
             log.info("%s version %s already registers run %s", name, old.version, run_id)
             return str(old.version)
     previous = _alias_target(mlflow, name, "challenger")
-    source = f"{server_call(uri, 'reading the run', mlflow.get_run, run_id).info.artifact_uri}/component"
+    source = f"{server_call(uri, 'reading the run', mlflow.get_run, run_id).info.artifact_uri}/{artifact}"
     version = server_call(uri, "creating the model version", mlflow.create_model_version, name, source=source,
                           run_id=run_id, tags=tags).version
     try:
@@ -156,21 +160,27 @@ def resolve(uri: str, tracking_uri: str | None = None) -> Path:
     target = cache_dir() / "registry" / name / f"{version.version}-{source_key}"
     if target.exists():
         try:
-            read_component(target / "component")
-            return target / "component"
+            read_component(_component_in(target))
+            return _component_in(target)
         except ArtifactError as e:
             log.warning("the cached copy of %s is damaged (%s); downloading it again", uri, e)
             shutil.rmtree(target)
     fresh = _download(mlflow, version.source, target.parent)
     try:
-        read_component(fresh / "component")
+        read_component(_component_in(fresh))
     except ArtifactError as e:
         shutil.rmtree(fresh, ignore_errors=True)
         raise RegistryError(f"{uri} ({name} version {version.version}) is damaged in the registry: a fresh download "
                             f"from {version.source} fails its checks too ({e}). Register the component again "
                             "(rerun the job's register stage with --force) or use another version") from None
     atomic_dir_swap(fresh, target)
-    return target / "component"
+    return _component_in(target)
+
+
+def _component_in(downloaded: Path) -> Path:
+    """The component directory of a downloaded version: inside its pyfunc model, or the bare component."""
+    wrapped = sorted((downloaded / "model" / "data").glob("*/component.json"))  # registry/pyfunc.py's data
+    return wrapped[0].parent if wrapped else downloaded / "component"
 
 
 def _download(mlflow: MlflowClient, source: str, parent: Path) -> Path:

@@ -128,6 +128,15 @@ def test_layer_skip_and_its_fine_tune_run_through_the_pipeline_and_decode_from_t
     assert decoder.skip_draft is not None and "skip-ft" in decoder.methods()
     for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
         assert decoder.generate(prompt, 12, "skip-ft").tokens == decoder.generate(prompt, 12, "ar").tokens
+    # the registered version is an MLflow pyfunc model too, decoding with the same component
+    import mlflow
+    import pandas as pd
+
+    model = mlflow.pyfunc.load_model("models:/ppdkit-tiny-llama@challenger")
+    answers = model.predict(pd.DataFrame({"prompt": ["Hello there", "Write code"]}),
+                            params={"max_tokens": 10, "method": "skip-ft"})
+    assert answers["text"].tolist() == [decoder.generate(p, 10, "ar").text for p in ("Hello there", "Write code")]
+    assert set(answers["method"]) == {"skip-ft"}
 
 
 def test_skip_finetune_needs_a_layer_skip_component(tracking_uri, spec_file, tmp_path, capsys):
