@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .pipeline import run_pipeline
     from .ray_session import lazy_ray_session
     from .console import print_run_summary, show_sample
-    from .spec import flatten, load_spec
+    from .spec import flatten, load_spec, run_tags
 
     spec = load_spec(args.spec, args.overrides)
     output = Path(args.output) if args.output else _default_output(spec.name)
@@ -60,6 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_writable(output)
     tracker = start_tracker(spec.tracking, run_name=spec.name, run_file=output / "run.json")
     tracker.log_params(flatten(spec))
+    tracker.set_tags(run_tags(spec))
     try:
         with lazy_ray_session(spec.ray) as start_ray:
             results = run_pipeline(spec, output, tracker, stages=stages, force=args.force, start_ray=start_ray)

@@ -216,7 +216,8 @@ def registry_tags(method_name: str, base_model: str, fingerprint: str, train: di
         tags[f"{key}_accepted_per_step"] = evaluate[f"{key}_accepted_per_step"]
     if measured:
         tags["identical_to_greedy"] = min(evaluate[f"{key}_identical_to_greedy"] for key in measured)
-    return tags
+    # what the UI shows: 4 significant digits, and nothing for a figure that was not measured
+    return {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in tags.items() if v is not None}
 
 
 def calibrate_fingerprint(ctx: StageContext) -> str:

@@ -210,6 +210,23 @@ def spec_from_dict(raw: dict, origin: str = "(dict)") -> JobSpec:
         raise _explain(e, origin) from None
 
 
+def run_tags(spec: "JobSpec") -> dict[str, str]:
+    """The MLflow run's tags: what it trains, for which base model, from which spec and ppdkit commit, and a
+    description (the run page's text, `mlflow.note.content`)."""
+    from ppdkit.registry.tracking import ppdkit_commit
+
+    commit = ppdkit_commit()
+    limit = "all" if spec.data.limit is None else spec.data.limit
+    note = (f"ppdkit job `{spec.name}`: train.method **{spec.train.method}** for base model "
+            f"**{spec.base_model.name}** ({spec.base_model.quantization}, {spec.base_model.dtype}) on "
+            f"{spec.data.source} ({limit} rows). Stages: data, teacher, train, calibrate, evaluate "
+            f"({spec.evaluate.prompts}, {spec.evaluate.limit} prompts), register. The spec is the artifact "
+            "spec.yaml; stage figures are metrics named by stage (data.*, teacher.*, train.*, eval.*, "
+            "calibrate.*, evaluate.*).")
+    return {"method": spec.train.method, "base_model": spec.base_model.name, "spec": spec.name,
+            "mlflow.note.content": note, **({"ppdkit.commit": commit} if commit else {})}
+
+
 def flatten(spec: BaseModel) -> dict[str, Any]:
     """{'data.limit': 512, ...}: the spec as MLflow params."""
     return _flatten_dict(spec.model_dump())

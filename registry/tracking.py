@@ -93,6 +93,22 @@ class NullTracker:
     def finish(self, status="FINISHED"): pass
 
 
+# The MLflow UI opens an experiment of this kind on its runs and charts (training), not on traces (GenAI)
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
+
+def ppdkit_commit() -> str | None:
+    """The git commit of the ppdkit source running, when it runs from a checkout (None for an installed copy)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{cache_dir() / 'mlflow' / 'mlflow.db'}"
 
@@ -182,9 +198,13 @@ class MlflowTracker:
         if experiment is None:
             local = uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri
             experiment_id = server_call(uri, "creating the experiment", client.create_experiment, cfg.experiment,
-                                        artifact_location=local_artifact_root() if local else None)
+                                        artifact_location=local_artifact_root() if local else None,
+                                        tags={EXPERIMENT_KIND: MODEL_TRAINING})
         else:
             experiment_id = experiment.experiment_id
+            if EXPERIMENT_KIND not in experiment.tags:  # one ppdkit made before it said so; a user's choice stays
+                server_call(uri, "tagging the experiment", client.set_experiment_tag, experiment_id, EXPERIMENT_KIND,
+                            MODEL_TRAINING)
         run = server_call(uri, "starting a run", client.create_run, experiment_id, run_name=run_name)
         run_file.parent.mkdir(parents=True, exist_ok=True)
         # atomic: a job killed while writing it must not leave a file the rerun cannot read

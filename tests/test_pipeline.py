@@ -53,6 +53,11 @@ def test_data_stage_end_to_end_with_tracking(ray_local, tracking_uri, spec_file,
     assert run.info.status == "FINISHED"
     assert run.data.params["data.max_length"] == "64" and run.data.params["base_model.name"] == "tiny-llama"
     assert run.data.metrics["data.train_sequences"] == summary["train_sequences"]
+    # the UI opens the experiment on runs and charts, and the run says what it is
+    experiment = MlflowClient(tracking_uri).get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert run.data.tags["method"] == "ept" and run.data.tags["spec"] == "tiny-job"
+    assert "tiny-llama" in run.data.tags["mlflow.note.content"] and len(run.data.tags["ppdkit.commit"]) == 40
     artifacts = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run_id)}
     assert {"spec.yaml", "data"} <= artifacts
 
@@ -125,6 +130,9 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     client = MlflowClient(tracking_uri)
     version = client.get_model_version_by_alias("ppdkit-tiny-llama", "challenger")
     assert str(version.version) == "1" and version.tags["method"] == "ept" and float(version.tags["tau"]) >= 1.0
+    figures = [v for k, v in version.tags.items() if k.endswith(("_speedup", "_per_step")) or k == "tau"]
+    assert figures and all(len(v.replace(".", "").replace("-", "").lstrip("0")) <= 4 for v in figures), figures
+    assert "None" not in version.tags.values()
     assert main(["promote", "ppdkit-tiny-llama", "1"]) == 0
     assert str(client.get_model_version_by_alias("ppdkit-tiny-llama", "champion").version) == "1"
     from ppdkit.runtime.decoder import Decoder
@@ -200,9 +208,11 @@ def test_registry_tags_come_from_the_method_and_leave_out_what_was_not_measured(
     from ppdkit.jobs.pipeline import registry_tags
 
     evaluate = {"tree_size": 8, "ar_speedup": 3.1, "ar_accepted_per_step": 1.0, "ar_identical_to_greedy": 1.0,
-                "ppd_head_speedup": 3.5, "ppd_head_accepted_per_step": 1.6, "ppd_head_identical_to_greedy": 0.9}
+                "ppd_head_speedup": 3.5088235294117647, "ppd_head_accepted_per_step": 1.6,
+                "ppd_head_identical_to_greedy": 0.9}
     tags = registry_tags("ept-head", "tiny-llama", "sha256:x", {"best_acc_top1_d1": 0.3, "steps": 2},
                          {"tau_size8": 1.5, "tau_size16": 1.7}, evaluate)
+    # figures as the UI shows them: 4 significant digits
     assert tags == {"method": "ept-head", "base_model": "tiny-llama", "fingerprint": "sha256:x", "tree_size": 8,
-                    "tau": 1.5, "acc_top1_d1": 0.3, "ar_speedup": 3.1, "ar_accepted_per_step": 1.0,
-                    "ppd_head_speedup": 3.5, "ppd_head_accepted_per_step": 1.6, "identical_to_greedy": 0.9}
+                    "tau": "1.5", "acc_top1_d1": "0.3", "ar_speedup": "3.1", "ar_accepted_per_step": "1",
+                    "ppd_head_speedup": "3.509", "ppd_head_accepted_per_step": "1.6", "identical_to_greedy": "0.9"}
