@@ -26,6 +26,18 @@ def _setup_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _quiet_other_libraries(verbose: bool) -> None:
+    """Other libraries' progress bars ("Loading weights" at every model load) off unless --verbose, in this
+    process and in the Ray workers it starts (they inherit the environment); our own bars stay."""
+    if verbose:
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' and datasets' bars
+    if "transformers" in sys.modules:  # already imported (a caller's process): its switch was read at import
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def _default_output(name: str) -> Path:
     from ppdkit.models.paths import cache_dir
 
@@ -409,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides += extra
     _setup_logging(args.verbose)
+    _quiet_other_libraries(args.verbose)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from .pipeline import PipelineError
     from .spec import SpecError

@@ -92,3 +92,13 @@ def test_ui_runs_mlflow_from_its_own_environment_without_an_activated_venv(tmp_p
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_other_libraries_bars_stay_off_unless_verbose(tmp_path):
+    run = [sys.executable, "-m", "ppdkit.jobs.cli", "decode", "--base", "tiny-llama", "--method", "ar", "--prompt",
+           "hi", "--max-new-tokens", "4"]
+    quiet = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert quiet.returncode == 0 and "[ar] 4 tokens" in quiet.stderr and "Loading weights" not in quiet.stderr
+    loud = subprocess.run(run[:3] + ["--verbose"] + run[3:], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300)
+    assert loud.returncode == 0 and "Loading weights" in loud.stderr
