@@ -7,12 +7,14 @@ from ppdkit.jobs.spec import SpecError, apply_overrides, flatten, load_spec, spe
 CONFIGS = REPO / "jobs" / "configs"
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "smollm2-ppd.yaml", "smollm2-layer-skip.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "smollm2-ppd.yaml", "smollm2-layer-skip.yaml",
+                                  "smollm2-skip-finetune.yaml"])
 def test_committed_specs_load(name):
     spec = load_spec(CONFIGS / name)
     assert spec.base_model.name == "smollm2-135m"
-    # a search reads no teacher cache: its spec keeps the decoder's float32 model for the data stage's check
-    assert spec.base_model.quantization == ("none" if spec.train.method == "layer-skip" else "nf4")
+    # a search reads no teacher cache, and the skip draft trains on the very weights it drafts with: their specs
+    # keep the decoder's float32 model
+    assert spec.base_model.quantization == ("none" if spec.train.method in ("layer-skip", "skip-finetune") else "nf4")
 
 
 def test_misspelled_key_is_named_with_the_allowed_ones(tmp_path):
