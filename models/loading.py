@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .catalog import materialize
 from .fingerprint import cached_fingerprint
@@ -14,6 +14,20 @@ from .fingerprint import cached_fingerprint
 log = logging.getLogger(__name__)
 
 Quantization = Literal["none", "nf4"]
+# model types whose decoder layers are Llama's (RMSNorm, rotary attention with grouped keys/values, SwiGLU MLP):
+# Llama 2/3 (any rope scaling: the model's own rotary tables are used), Mistral (its sliding window caps the
+# context, Decoder's max_length), Qwen2/2.5 (query/key/value biases, run on the PyTorch layers), SmolLM
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+def check_model_type(config) -> None:
+    """A clear error for a base model whose architecture ppdkit cannot run, naming the ones it can."""
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"base models of type {kind!r} are not supported: ppdkit runs the Llama family "
+                         f"({', '.join(SUPPORTED_MODEL_TYPES)}: Llama 2/3, Mistral, Qwen2/2.5, SmolLM)")
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -45,6 +59,7 @@ def load_base_model(
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)}")
     path = materialize(name_or_dir)
+    check_model_type(AutoConfig.from_pretrained(path))  # before loading weights the runtime could not run
     kwargs: dict = {"dtype": DTYPES[dtype]}
     if quantization == "nf4":
         from transformers import BitsAndBytesConfig

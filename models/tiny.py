@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, PreTrainedTokenizerFast, Qwen2Config
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
@@ -75,4 +75,34 @@ def build_tiny_llama(seed: int = 0) -> tuple[LlamaForCausalLM, PreTrainedTokeniz
 def write_tiny_llama(out_dir: Path, seed: int = 0) -> None:
     model, tokenizer = build_tiny_llama(seed)
     model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def tiny_family_config(family: str, vocab_size: int):
+    """A tiny config of a Llama-family base model users bring: `llama3` (rope scaling of type llama3),
+    `qwen2` (query/key/value biases, an untied LM head), `mistral` (a sliding window)."""
+    shape = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5,
+                 bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    if family == "llama3":
+        return LlamaConfig(**shape, tie_word_embeddings=True, rope_theta=500000.0,
+                           rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    if family == "qwen2":
+        return Qwen2Config(**shape, tie_word_embeddings=False)
+    if family == "mistral":
+        return MistralConfig(**shape, tie_word_embeddings=False, sliding_window=256)
+    raise ValueError(f"unknown tiny family {family!r}: llama3, qwen2 or mistral")
+
+
+def write_tiny_family(out_dir: Path, family: str, seed: int = 0) -> None:
+    """A tiny random model of `family` (tiny_family_config) with the tiny tokenizer, as a local HF directory."""
+    tokenizer = build_tiny_tokenizer()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_family_config(family, len(tokenizer)))
+    if family == "qwen2":  # random biases, so that a runtime that dropped them would be caught
+        for name, param in model.named_parameters():
+            if name.endswith("_proj.bias"):
+                torch.nn.init.normal_(param, std=0.5)
+    model.eval().save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -61,6 +61,11 @@ class Decoder:
         self._lock = threading.Lock()  # one generate at a time: concurrent steps would only share 2 cores
         self.tokenizer = tokenizer
         self.hf_model = hf_model  # kept for the baselines and for divergence checks
+        window = getattr(hf_model.config, "sliding_window", None)
+        if window and getattr(hf_model.config, "use_sliding_window", True) and max_length > window:
+            # the lean runtime attends to the whole context: within the window that is what the model does
+            log.info("max_length %d capped at the model's sliding window of %d tokens", max_length, window)
+            max_length = window
         self.model = LeanLlama(hf_model, max_positions=max_length)
         self.max_length = max_length
         self.prompts = prompts

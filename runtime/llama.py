@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ppdkit.models.loading import check_model_type
+
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
 
@@ -30,6 +32,8 @@ class _Layer:
     ln2: torch.Tensor  # [H]
     gate_up: Linear  # H -> 2 I
     down: Linear  # I -> H
+    qkv_bias: torch.Tensor | None = None  # [(Hq + 2 Hkv) D]: Qwen2's query/key/value biases
+
 
 
 # a layer's sub-layers a layer-skip draft leaves out (forward's `skip`, one bit mask per layer)
@@ -39,11 +43,11 @@ SKIP_ATTENTION, SKIP_MLP = 1, 2
 class LeanLlama:
     def __init__(self, hf_model, max_positions: int = 4096, pack: bool = True):
         cfg = hf_model.config
-        if getattr(cfg, "model_type", "llama") not in ("llama", "mistral", "qwen2"):
-            raise ValueError(f"the lean runtime supports Llama-family models, not {cfg.model_type!r}")
+        check_model_type(cfg)
         sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
-        if any(k.endswith("_proj.bias") for k in sd):
-            raise ValueError("the lean runtime does not support attention or MLP biases")
+        unsupported = sorted({k.split(".")[-2] for k in sd if k.endswith("_proj.bias")} - {"q_proj", "k_proj", "v_proj"})
+        if unsupported:
+            raise ValueError(f"the lean runtime supports query/key/value biases (Qwen2), not biases of {unsupported}")
         self.dtype = next(hf_model.parameters()).dtype
         self.hidden = cfg.hidden_size
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -62,6 +66,8 @@ class LeanLlama:
                 gate_up=Linear(torch.cat([sd[p.format(i) + "mlp.gate_proj.weight"],
                                           sd[p.format(i) + "mlp.up_proj.weight"]]), pack),
                 down=Linear(sd[p.format(i) + "mlp.down_proj.weight"], pack),
+                qkv_bias=torch.cat([sd[p.format(i) + f"self_attn.{x}_proj.bias"] for x in "qkv"])
+                if p.format(i) + "self_attn.q_proj.bias" in sd else None,
             )
             for i in range(cfg.num_hidden_layers)
         ]
@@ -76,7 +82,9 @@ class LeanLlama:
         # Every matmul on the native kernel: a decoding step runs all layers in one native call
         # (runtime/kernels/decoder_layers.cpp), not ~40 Python-dispatched operations per layer.
         linears = [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        self.native = linears[0].native if all(lin.native is not None for lin in linears) else None
+        # (the native layers have no biases: a model with them runs its steps on the PyTorch layers below)
+        biased = any(layer.qkv_bias is not None for layer in self.layers)
+        self.native = linears[0].native if all(lin.native is not None for lin in linears) and not biased else None
         self.native_weights = _native_weights(self.layers) if self.native else []
         self.native_shape = [self.heads, self.kv_heads, self.head_dim, cfg.intermediate_size, self.hidden]
 
@@ -151,6 +159,8 @@ class LeanLlama:
         scale = 1.0 / math.sqrt(d)
         layer = self.layers[i]
         qkv = layer.qkv(self._rms(x, layer.ln1))  # [T, (Hq + 2 Hkv) D]
+        if layer.qkv_bias is not None:
+            qkv = qkv + layer.qkv_bias
         qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
         q = qk[:, :hq].reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # [Hkv, g T, D]
         k = qk[:, hq:].transpose(0, 1)  # [Hkv, T, D]

@@ -59,6 +59,7 @@ def profile_trees(model: LeanLlama, taus: dict[int, float], fingerprint: str, re
         if saved.get("sizes") == key and saved.get("taus") == {str(s): taus[s] for s in key}:
             return saved
     rows = []
+    context = max(1, min(context, model.max_positions - 1 - max(key)))  # a short window (Mistral's cap) fits too
     baseline = measure_latency(model, 1, context)
     for size in key:
         drafting = draft_seconds(size) if draft_seconds is not None else 0.0
