@@ -157,3 +157,27 @@ def test_a_skip_finetune_component_loads_and_a_damaged_one_is_refused(tmp_path, 
         directory, _ = _component(tmp_path / name, tiny_dir, bad)
         with pytest.raises(ArtifactError, match=match):
             Decoder.from_pretrained(directory)
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf"), 1e30, None])
+@pytest.mark.parametrize("path", ["native", "pytorch"])
+def test_poisoned_draft_norms_cannot_change_greedy_output(path, poison, monkeypatch):
+    """A fine-tuned draft whose norms hold NaN, inf or huge values (None: all kinds at once, beside ordinary ones)
+    drafts garbage; verification keeps every output token plain decoding's."""
+    decoder = plain_tiny_decoder(path, monkeypatch)
+    model = decoder.hf_model
+    g = torch.Generator().manual_seed(7)
+    norms = []
+    for t in DraftNorms(model)():
+        t = t.detach().clone()
+        if poison is None:
+            kinds = torch.randint(0, 4, t.shape, generator=g)
+            t[kinds == 0], t[kinds == 1], t[kinds == 2] = float("nan"), float("inf"), -3e38
+        else:
+            t[torch.rand(t.shape, generator=g) < 0.5] = poison
+        norms.append(t)
+    skip = (1, 0)
+    decoder.skip_map = skip
+    decoder.skip_draft = SkipDraft.fine_tuned(decoder.model, model.get_output_embeddings().weight.detach(), skip,
+                                              *norms, torch.arange(50, 250))
+    lossless_on_random_prompts(decoder, "skip-ft", 20, cases=5)
