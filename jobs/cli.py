@@ -31,11 +31,20 @@ def _quiet_other_libraries(verbose: bool) -> None:
     process and in the Ray workers it starts (they inherit the environment); our own bars stay."""
     if verbose:
         return
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' and datasets' bars
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # datasets' (saving, mapping)
+    import torch
+
+    if not torch.cuda.is_available():  # what DeepSpeed would find out itself, with a banner at every import
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if "transformers" in sys.modules:  # already imported (a caller's process): its switch was read at import
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        import datasets
+
+        datasets.disable_progress_bars()
 
 
 def _default_output(name: str) -> Path:
@@ -74,7 +83,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     tracker.log_params(flatten(spec))
     tracker.set_tags(run_tags(spec))
     try:
-        with lazy_ray_session(spec.ray) as start_ray:
+        # the workers' output stays in Ray's logs and the stages' log files unless --verbose: this terminal
+        # shows our own lines and one bar per long loop
+        with lazy_ray_session(spec.ray, log_to_driver=args.verbose) as start_ray:
             results = run_pipeline(spec, output, tracker, stages=stages, force=args.force, start_ray=start_ray)
     except BaseException:
         tracker.finish("FAILED")

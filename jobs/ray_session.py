@@ -22,8 +22,9 @@ def keep_local_ray_on_loopback() -> None:
 
 
 @contextmanager
-def lazy_ray_session(cfg: RayConfig) -> Iterator[Callable[[], None]]:
+def lazy_ray_session(cfg: RayConfig, log_to_driver: bool = True) -> Iterator[Callable[[], None]]:
     """Yields `start()`, which opens `ray_session(cfg)` on its first call; closed on exit if opened.
+    `log_to_driver` False keeps the workers' output off this terminal (Ray's log files and dashboard keep it).
 
     A rerun that only has stages left that do not use Ray (calibrate, evaluate, register) then starts
     none: seconds saved, and nothing started beside what a killed run may have left running.
@@ -33,14 +34,14 @@ def lazy_ray_session(cfg: RayConfig) -> Iterator[Callable[[], None]]:
 
         def start() -> None:
             if not opened:
-                stack.enter_context(ray_session(cfg))
+                stack.enter_context(ray_session(cfg, log_to_driver))
                 opened.append(True)
 
         yield start
 
 
 @contextmanager
-def ray_session(cfg: RayConfig) -> Iterator[None]:
+def ray_session(cfg: RayConfig, log_to_driver: bool = True) -> Iterator[None]:
     keep_local_ray_on_loopback()
     import ray
 
@@ -49,14 +50,14 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
         return
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     if not address:
-        with local_ray(cfg.num_cpus, cfg.object_store_mb):
+        with local_ray(cfg.num_cpus, cfg.object_store_mb, log_to_driver):
             log.info("Ray: embedded local instance with %s CPUs, dashboard %s", ray.cluster_resources().get("CPU"),
                      os.environ[API_SERVER_VARIABLE])
             yield
         return
     log.info("Ray: connecting to %s", address)
     try:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=log_to_driver)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ConnectionError(
             f"cannot reach a Ray cluster at {address!r} ({e}); start one (`ray start --head`) or drop "

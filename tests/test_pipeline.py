@@ -216,3 +216,21 @@ def test_registry_tags_come_from_the_method_and_leave_out_what_was_not_measured(
     assert tags == {"method": "ept-head", "base_model": "tiny-llama", "fingerprint": "sha256:x", "tree_size": 8,
                     "tau": "1.5", "acc_top1_d1": "0.3", "ar_speedup": "3.1", "ar_accepted_per_step": "1",
                     "ppd_head_speedup": "3.509", "ppd_head_accepted_per_step": "1.6", "identical_to_greedy": "0.9"}
+
+
+def test_the_console_shows_our_own_lines_and_bars(spec_file, tmp_path):
+    """`ppdkit run` as a user runs it: the workers' output (Ray's, DeepSpeed's, transformers' bars) stays off the
+    terminal and in the stage's log files; training shows one bar in the driver."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    run = subprocess.run([sys.executable, "-m", "ppdkit.jobs.cli", "run", str(spec_file), "--output",
+                          str(tmp_path / "out"), "--stages", "data,teacher,train"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=900)
+    console = run.stdout + run.stderr
+    assert run.returncode == 0, console[-3000:]
+    for noise in ("RayTrainWorker", "Loading weights", "Setting accelerator", "core_worker", "Saving the dataset"):
+        assert noise not in console, noise
+    assert "training: 100%" in console and "stage train: done" in console
+    assert "step 2/2 loss" in (tmp_path / "out" / "train" / "worker-0.log").read_text()

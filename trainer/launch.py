@@ -2,6 +2,8 @@
 
 import json
 import logging
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -9,7 +11,7 @@ import torch
 from ppdkit.models.config import BaseModelConfig
 
 from .config import TrainConfig
-from .worker import train_loop_per_worker
+from .worker import PROGRESS_FILE, train_loop_per_worker
 
 log = logging.getLogger(__name__)
 
@@ -35,5 +37,40 @@ def run_training(base: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, out
         run_config=RunConfig(name="train", storage_path=str((out_dir / "ray").resolve()),
                              failure_config=FailureConfig(max_failures=cfg.max_failures)),
     )
-    trainer.fit()
+    (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    with _progress_bar(out_dir / PROGRESS_FILE):
+        trainer.fit()
     return json.loads((out_dir / "result.json").read_text())
+
+
+@contextmanager
+def _progress_bar(progress: Path, every: float = 0.5):
+    """A bar of the training steps in this (driver) process, from the step rank 0 writes to `progress`."""
+    from tqdm import tqdm
+
+    done = threading.Event()
+
+    def follow() -> None:
+        bar, finished = None, False
+        while not finished:
+            finished = done.wait(every)  # one last read once training ended
+            try:
+                state = json.loads(progress.read_text())
+            except (OSError, ValueError):  # not written yet
+                continue
+            if bar is None:
+                # from the first step seen (a resumed run's, or the first logged): its rate counts from there
+                bar = tqdm(total=state["total"], initial=state["step"], desc="training", unit="step",
+                           dynamic_ncols=True)
+            bar.update(state["step"] - bar.n)
+            bar.set_postfix(loss=f"{state['loss']:.4f}")
+        if bar is not None:
+            bar.close()
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import torch
 
+from ppdkit.models.paths import write_json_atomic
+
 log = logging.getLogger(__name__)
+PROGRESS_FILE = "progress.json"  # rank 0's latest step, for the driver's bar (trainer/launch.py)
 
 
 def _setup_deepspeed_cpu() -> None:
@@ -87,6 +90,7 @@ def train_loop_per_worker(config: dict) -> None:
     torch.set_num_threads(cfg.cpus_per_worker)
     torch.manual_seed(cfg.seed)
     rank, world, barrier = _distributed()
+    _log_to_file(out / f"worker-{rank}.log")
     # best effort: a tracking server that stops answering costs the metrics from then on, not the training
     tracker = config["tracker"].open(best_effort=True) if rank == 0 else None
 
@@ -150,6 +154,7 @@ def train_loop_per_worker(config: dict) -> None:
                                  "train.positions_per_second": rate, "train.epoch": epoch,
                                  "train.positions_trained": trained}, step=step)
             log.info("step %d/%d loss %.4f  %.0f supervised positions/s", step, total_steps, step_loss, rate)
+            write_json_atomic(out / PROGRESS_FILE, {"step": step, "total": total_steps, "loss": step_loss})
             window_positions, window_start = 0, time.time()
         evaluated = None
         checkpointing = step % cfg.checkpoint_every == 0 or step == total_steps
@@ -176,6 +181,18 @@ def train_loop_per_worker(config: dict) -> None:
         export_component(out, base, cfg, run, config, history, evals, best, extra={"peak_worker_rss_mb": peak,
                                                                                   "trained_positions": trained})
     barrier()
+
+
+def _log_to_file(path: Path) -> None:
+    """ppdkit's lines of this worker into the stage's folder (the terminal shows them only with --verbose)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger("ppdkit")
+    if any(getattr(h, "baseFilename", None) == str(path.resolve()) for h in root.handlers):
+        return  # a second run in this process (tests)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
 
 def _peak_rss_mb(world: int) -> float:
