@@ -244,6 +244,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+TRAINING_VIEW = "workflowType=machine_learning"  # the MLflow UI's "Model training" pages, by URL
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from ppdkit.registry.tracking import default_tracking_uri
 
@@ -252,6 +255,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port",
            str(args.port)]
     print("running:", " ".join(cmd))
+    # MLflow 3's UI opens on its GenAI pages unless the browser chose otherwise: this address opens the runs
+    print(f"open http://{args.host}:{args.port}/#/experiments?{TRAINING_VIEW} for the runs, their charts and "
+          "the model registry", flush=True)
     os.execv(cmd[0], cmd)
 
 

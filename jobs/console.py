@@ -78,8 +78,10 @@ def print_run_summary(spec, output: Path, results: dict, tracker) -> None:
             + ")" for m in measured))
     if tracker.run_id:
         print(f"  MLflow run {tracker.run_id} at {tracker.uri}")
-        print(f"  list runs: MLFLOW_TRACKING_URI={tracker.uri} mlflow runs list --experiment-id "
-              f"{tracker.client.get_run(tracker.run_id).info.experiment_id}")
+        experiment = tracker.client.get_run(tracker.run_id).info.experiment_id
+        print(f"  list runs: MLFLOW_TRACKING_URI={tracker.uri} mlflow runs list --experiment-id {experiment}")
         from ppdkit.registry.tracking import default_tracking_uri
 
-        print("  browse:    ppdkit ui" + ("" if tracker.uri == default_tracking_uri() else f" --tracking-uri {tracker.uri}"))
+        print("  browse:    ppdkit ui" + ("" if tracker.uri == default_tracking_uri() else f" --tracking-uri {tracker.uri}")
+              + f", then http://127.0.0.1:5000/#/experiments/{experiment}/runs/{tracker.run_id}?"
+              "workflowType=machine_learning")

@@ -221,8 +221,8 @@ def run_tags(spec: "JobSpec") -> dict[str, str]:
             f"**{spec.base_model.name}** ({spec.base_model.quantization}, {spec.base_model.dtype}) on "
             f"{spec.data.source} ({limit} rows). Stages: data, teacher, train, calibrate, evaluate "
             f"({spec.evaluate.prompts}, {spec.evaluate.limit} prompts), register. The spec is the artifact "
-            "spec.yaml; stage figures are metrics named by stage (data.*, teacher.*, train.*, eval.*, "
-            "calibrate.*, evaluate.*).")
+            "`spec.yaml`; stage figures are metrics named by stage (`data.*`, `teacher.*`, `train.*`, `eval.*`, "
+            "`calibrate.*`, `evaluate.*`).")
     return {"method": spec.train.method, "base_model": spec.base_model.name, "spec": spec.name,
             "mlflow.note.content": note, **({"ppdkit.commit": commit} if commit else {})}
 
