@@ -59,7 +59,8 @@ def register_component(mlflow: MlflowClient, name: str, run_id: str, tags: dict[
         server_call(uri, "reading the registered model", mlflow.get_registered_model, name)
     except MlflowException:
         server_call(uri, "creating the registered model", mlflow.create_registered_model, name,
-                    description="draft components (prompt tokens, heads, layer-skip drafts) trained by ppdkit, for its lossless decoder")
+                    description="draft components (prompt tokens, heads, layer-skip drafts) trained by ppdkit, "
+                                "for its lossless decoder")
     for old in server_call(uri, "listing the run's versions", mlflow.search_model_versions,
                            f"name='{name}' and run_id='{run_id}'"):
         if old.tags.get(COMPLETE_TAG) != "true":
