@@ -53,7 +53,8 @@ OUT_OF_RANGE = [
     ("train.method=eagle", ["'train.method'", "'ept'", "'medusa'", "eagle"]),
     ("train.init_token_ids=[1,2]", ["'train.init_token_ids'", "3 * 1 = 3 token ids, not 2"]),
     ("evaluate.methods=[ppd,eagle]", ["'evaluate.methods[1]'",
-                                      "'hf-greedy', 'hf-pld', 'ar', 'auto', 'anpd', 'self-draft', 'skip', 'ppd', 'ppd-lookup', 'ppd-head', "
+                                      "'hf-greedy', 'hf-pld', 'ar', 'auto', 'anpd', 'self-draft', 'skip', 'skip-ft', 'ppd', "
+                                      "'ppd-lookup', 'ppd-head', "
                                       "'feature-head', 'feature-grown', 'feature-grown-anpd', 'medusa', 'ppd-prune', "
                                       "'feature-head-prune' or 'medusa-prune'",
                                       "'eagle'"]),
@@ -333,7 +334,7 @@ def test_a_head_method_evaluated_without_a_head_is_refused(job):
         load_spec(job, ["evaluate.methods=[ar,ppd,medusa]", "train.method=medusa"])
     with pytest.raises(SpecError, match="head_start_step only apply to ept-head, not ept"):
         load_spec(job, ["train.head_start_step=5"])
-    with pytest.raises(SpecError, match="draft_vocab only apply to feature-head, medusa and early-head, not ept-head"):
+    with pytest.raises(SpecError, match="draft_vocab only apply to feature-head, medusa, early-head and skip-finetune, not ept-head"):
         load_spec(job, ["train.method=ept-head", "train.draft_vocab=100"])
     with pytest.raises(SpecError, match="feature_weight only apply to feature-head, not medusa"):
         load_spec(job, ["train.method=medusa", "train.feature_weight=0.5"])

@@ -112,7 +112,7 @@ def test_unknown_method_and_missing_trees_are_clear(tiny_f64):
                                          "component does not carry; its methods: ar"):
         decoder.generate([5, 6, 7], 4, "ppd")
     with pytest.raises(ValueError, match="unknown decoding method 'eagle'; use one of ar, auto, anpd, self-draft, skip, "
-                                         "ppd, ppd-lookup"):
+                                         "skip-ft, ppd, ppd-lookup"):
         decoder.generate([5, 6, 7], 4, "eagle")
     with pytest.raises(ValueError, match="method medusa needs Medusa heads and a calibrated head tree"):
         decoder.generate([5, 6, 7], 4, "medusa")
