@@ -19,9 +19,9 @@ from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.draft_heads import draft_logits, frequent_tokens, inverse_index
 from ppdkit.models.heads import ResidualHead, apply_residual_head
 
-from .evaluate import by_distance
+from .evaluate import DraftVocabTally
 from .features import FeatureCache
-from .losses import soft_cross_entropy, topk_hits
+from .losses import on_draft_vocab, soft_cross_entropy
 from .methods import cosine
 
 RECALL_AT = (1, 2, 4, 8, 16)
@@ -48,18 +48,15 @@ class Run:
     def _batch(self, sequences: list[ShardSequence], rng: random.Random, split: str):
         """(hidden after layer n [N, H], teacher top-K as draft-vocabulary indices [N, 1, K], their
         renormalised probabilities [N, 1, K], valid [N, 1]) at up to groups_per_sequence positions each."""
-        hidden, index, probs = [], [], []
+        hidden, ids, logprobs = [], [], []
         for seq in sequences:
             chosen = sorted(rng.sample(range(len(seq.positions)), min(self.cfg.groups_per_sequence,
                                                                         len(seq.positions))))
             at = seq.positions[chosen]  # [n] positions t: the entry is the distribution of token t+1
             hidden.append(self.features(seq, split)[at])
-            index.append(self.vocab_index[seq.topk_ids[chosen]])
-            probs.append(seq.topk_logprobs[chosen].exp())
-        index, probs = torch.cat(index)[:, None], torch.cat(probs)[:, None]  # [N, 1, K]
-        probs = torch.where(index >= 0, probs, torch.zeros(()))
-        kept = probs.sum(-1)  # [N, 1]
-        return torch.cat(hidden), index, probs / kept.clamp_min(1e-12)[..., None], kept > 0
+            ids.append(seq.topk_ids[chosen])
+            logprobs.append(seq.topk_logprobs[chosen])
+        return torch.cat(hidden), *on_draft_vocab(self.vocab_index, torch.cat(ids), torch.cat(logprobs))
 
     def _logp(self, engine, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> log-probabilities over the draft vocabulary [N, 1, V']."""
@@ -76,16 +73,12 @@ class Run:
 
     def evaluate(self, engine, holdout, step: int) -> dict[str, float]:
         rng = random.Random(1234)
-        hits, loss_sum, count = {k: torch.zeros(1) for k in RECALL_AT}, torch.zeros(1), torch.zeros(1)
+        tally = DraftVocabTally(RECALL_AT)
         with torch.no_grad():
             for i in range(0, len(holdout), self.cfg.micro_batch):
                 hidden, index, probs, valid = self._batch(holdout[i:i + self.cfg.micro_batch], rng, "holdout")
-                logp = self._logp(engine, hidden)
-                for k, hit in topk_hits(logp, index[..., 0], RECALL_AT).items():
-                    hits[k] += (hit & valid).sum(0)
-                loss_sum += (soft_cross_entropy(logp, index, probs) * valid).sum(0)
-                count += valid.sum(0)
-        return by_distance(hits, {"loss": loss_sum}, count)
+                tally.add(self._logp(engine, hidden), index, probs, valid)
+        return tally.figures()
 
     def lr_metrics(self, lrs: list[float]) -> dict[str, float]:
         return {"train.lr": lrs[0]}

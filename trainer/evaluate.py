@@ -11,7 +11,7 @@ import torch
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
 
 from .batch import collate
-from .losses import kl_to_compressed_teacher, topk_hits
+from .losses import kl_to_compressed_teacher, soft_cross_entropy, topk_hits
 from .student import student_logprobs
 
 TOPS = (1, 5, 10)
@@ -53,3 +53,22 @@ def by_distance(hits: dict[int, torch.Tensor], sums: dict[str, torch.Tensor], co
         out[f"acc_top{top}_mean"] = sum(out[f"acc_top{top}_d{d + 1}"] for d in range(k)) / k
     out["eval_positions"] = count.sum().item()
     return out
+
+
+class DraftVocabTally:
+    """Held-out figures of a one-distance draft over a draft vocabulary, summed over micro-batches: top-K hits
+    of the teacher's most likely token (outside the draft vocabulary: a miss) and the soft cross-entropy."""
+
+    def __init__(self, tops: tuple[int, ...]):
+        self.hits = {top: torch.zeros(1) for top in tops}
+        self.loss, self.count = torch.zeros(1), torch.zeros(1)
+
+    def add(self, logp: torch.Tensor, index: torch.Tensor, probs: torch.Tensor, valid: torch.Tensor) -> None:
+        """logp [N, 1, V'], index and probs [N, 1, K] (losses.on_draft_vocab's), valid [N, 1]."""
+        for top, hit in topk_hits(logp, index[..., 0], tuple(self.hits)).items():
+            self.hits[top] += (hit & valid).sum(0)
+        self.loss += (soft_cross_entropy(logp, index, probs) * valid).sum(0)
+        self.count += valid.sum(0)
+
+    def figures(self) -> dict[str, float]:
+        return by_distance(self.hits, {"loss": self.loss}, self.count)

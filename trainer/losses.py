@@ -58,3 +58,14 @@ def soft_cross_entropy(logp: torch.Tensor, index: torch.Tensor, probs: torch.Ten
     (-1: outside it, probability 0), probs [N, D, K] -> [N, D]. The KL to the teacher renormalised on the
     draft vocabulary, up to the teacher's entropy (a constant)."""
     return -(probs * logp.gather(-1, index.clamp_min(0))).sum(-1)
+
+
+def on_draft_vocab(vocab_index: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The teacher's top-K at N positions (ids, log-probs [N, K]) on a draft vocabulary (vocab_index [V]: a
+    token's index there, -1 outside): (index [N, 1, K], probabilities renormalised on the draft vocabulary
+    [N, 1, K], valid [N, 1]: some of the teacher's mass falls inside)."""
+    index = vocab_index[topk_ids][:, None]
+    probs = torch.where(index >= 0, topk_logprobs.exp()[:, None], torch.zeros(()))
+    kept = probs.sum(-1)  # [N, 1]
+    return index, probs / kept.clamp_min(1e-12)[..., None], kept > 0

@@ -24,8 +24,8 @@ from ppdkit.models.draft_heads import draft_logits, frequent_tokens, inverse_ind
 from ppdkit.runtime.layer_skip import check_skip_map
 from ppdkit.runtime.llama import SKIP_ATTENTION, SKIP_MLP
 
-from .evaluate import TOPS, by_distance
-from .losses import soft_cross_entropy, topk_hits
+from .evaluate import TOPS, DraftVocabTally
+from .losses import on_draft_vocab, soft_cross_entropy
 from .methods import cosine
 from .skip_draft import DraftNorms, draft_states
 
@@ -71,25 +71,22 @@ class Run:
     def _logp_and_targets(self, engine, sequences: list[ShardSequence]):
         """(draft log-probabilities [N, 1, V'] at every position with a teacher entry, the teacher's top-K as
         draft-vocabulary indices [N, 1, K], their probabilities renormalised on the draft vocabulary [N, 1, K],
-        the teacher's top-1 index [N, 1] (-1: outside the draft vocabulary), valid [N, 1])."""
+        valid [N, 1])."""
         longest = max(len(s.input_ids) for s in sequences)
         ids = torch.zeros(len(sequences), longest, dtype=torch.long)  # right-padded
         for row, seq in enumerate(sequences):
             ids[row, :len(seq.input_ids)] = seq.input_ids
         states = draft_states(self.base.model, ids, self.skip, engine())  # [B, T, H]
         picked = torch.cat([states[row, seq.positions] for row, seq in enumerate(sequences)])  # [N, H]
-        index = self.vocab_index[torch.cat([s.topk_ids for s in sequences])][:, None]  # [N, 1, K]
-        probs = torch.cat([s.topk_logprobs for s in sequences]).exp()[:, None]
-        probs = torch.where(index >= 0, probs, torch.zeros(()))
-        kept = probs.sum(-1)  # [N, 1]: the teacher's mass on the draft vocabulary
         logp = torch.log_softmax(draft_logits(picked, self.vocab_rows), dim=-1)[:, None]  # [N, 1, V']
-        return logp, index, probs / kept.clamp_min(1e-12)[..., None], index[..., 0], kept > 0
+        return logp, *on_draft_vocab(self.vocab_index, torch.cat([s.topk_ids for s in sequences]),
+                                     torch.cat([s.topk_logprobs for s in sequences]))
 
     def param_groups(self, total_steps: int) -> tuple[list[dict], list[Callable[[int], float]]]:
         return [{"params": list(self.module.parameters())}], [lambda s: cosine(s, total_steps)]
 
     def loss(self, engine, sequences, rng: random.Random, step: int) -> tuple[torch.Tensor, int]:
-        logp, index, probs, _, valid = self._logp_and_targets(engine, sequences)
+        logp, index, probs, valid = self._logp_and_targets(engine, sequences)
         if self.cfg.loss == "kd":
             per = soft_cross_entropy(logp, index, probs)  # [N, 1]
         else:  # the text's next token, where the teacher cache holds the sequence's own continuation
@@ -100,15 +97,11 @@ class Run:
     def evaluate(self, engine, holdout, step: int) -> dict[str, float]:
         """Top-1/5/10 agreement with the teacher's most likely token (outside the draft vocabulary: a miss; top-1
         is the draft's acceptance rate for a first guess under greedy decoding), and the loss."""
-        hits, loss_sum, count = {top: torch.zeros(1) for top in TOPS}, torch.zeros(1), torch.zeros(1)
+        tally = DraftVocabTally(TOPS)
         with torch.no_grad():
             for i in range(0, len(holdout), self.cfg.micro_batch):
-                logp, index, probs, top1, valid = self._logp_and_targets(engine, holdout[i:i + self.cfg.micro_batch])
-                for top, hit in topk_hits(logp, top1, TOPS).items():
-                    hits[top] += (hit & (top1 >= 0) & valid).sum(0)
-                loss_sum += (soft_cross_entropy(logp, index, probs) * valid).sum(0)
-                count += valid.sum(0)
-        return by_distance(hits, {"loss": loss_sum}, count)
+                tally.add(*self._logp_and_targets(engine, holdout[i:i + self.cfg.micro_batch]))
+        return tally.figures()
 
     def lr_metrics(self, lrs: list[float]) -> dict[str, float]:
         return {"train.lr": lrs[0]}
