@@ -224,6 +224,10 @@ def create_app(decoder: Decoder, name: str, default_method: str = "auto", limits
 
     async def respond(ids: list[int], request: _Request, chat: bool):
         max_tokens, method = _check_supported(request, decoder, limits, default_method)
+        try:  # a prompt too long for the model gets its 400 before a stream starts
+            decoder._fit_prompt(ids, max_tokens, method, None)
+        except ValueError as e:
+            raise RequestError(400, str(e), "messages" if chat else "prompt") from None
         admit()
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
         kind = "chat.completion" if chat else "text_completion"

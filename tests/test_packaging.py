@@ -1,5 +1,6 @@
 """The installed layout: everything under `ppdkit.`, nothing that shadows PyPI's top-level packages."""
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -97,8 +98,10 @@ def test_ui_runs_mlflow_from_its_own_environment_without_an_activated_venv(tmp_p
 def test_other_libraries_bars_stay_off_unless_verbose(tmp_path):
     run = [sys.executable, "-m", "ppdkit.jobs.cli", "decode", "--base", "tiny-llama", "--method", "ar", "--prompt",
            "hi", "--max-new-tokens", "4"]
-    quiet = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    # as a user's shell has it: not the switches an in-process `ppdkit` call of another test left in os.environ
+    env = {k: v for k, v in os.environ.items() if not k.endswith("DISABLE_PROGRESS_BARS")}
+    quiet = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
     assert quiet.returncode == 0 and "[ar] 4 tokens" in quiet.stderr and "Loading weights" not in quiet.stderr
     loud = subprocess.run(run[:3] + ["--verbose"] + run[3:], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=300)
+                          timeout=300, env=env)
     assert loud.returncode == 0 and "Loading weights" in loud.stderr

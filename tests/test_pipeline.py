@@ -101,7 +101,9 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     assert main(["run", str(spec_file), "--output", str(out), *overrides]) == 0
     printed = capsys.readouterr().out  # the run summary: a line per stage with its key figure
     assert "train: 2 steps, loss " in printed and "held-out top-1" in printed
-    assert printed.rstrip().endswith("browse:    ppdkit ui")  # $MLFLOW_TRACKING_URI names the run's store already
+    browse = printed.rstrip().splitlines()[-1]  # $MLFLOW_TRACKING_URI names the run's store already: no --tracking-uri
+    assert browse.startswith("  browse:    ppdkit ui, then http://127.0.0.1:5000/#/experiments/"), browse
+    assert browse.endswith("?workflowType=machine_learning")  # the UI's training pages, not its GenAI ones
     teacher = json.loads((out / "teacher" / "summary.json").read_text())
     manifest = json.loads((out / "teacher" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["quantization"] == "nf4"

@@ -118,6 +118,8 @@ def _post(url: str, body: bytes) -> tuple[int, dict]:
     ({"messages": []}, 400, "messages"),
     ({"prompt": "hi"}, 400, "messages: Field required"),
     ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "above this server's cap of 4000"),
+    ({"messages": [{"role": "user", "content": "x" * 3000}], "stream": True}, 400, "more than this decoder's "
+                                                                                   "max_length=2048"),
 ])
 def test_bad_requests_get_clear_errors(server, body, status, says):
     url, _ = server
