@@ -148,13 +148,14 @@ def train_loop_per_worker(config: dict) -> None:
         window_positions += supervised * world
         trained += supervised * world
         history.append([step, step_loss])
+        if rank == 0:  # every step: the driver's bar moves with the training, not with log_every
+            write_json_atomic(out / PROGRESS_FILE, {"step": step, "total": total_steps, "loss": step_loss})
         if rank == 0 and (step % cfg.log_every == 0 or step == total_steps):
             rate = window_positions / max(time.time() - window_start, 1e-9)
             tracker.log_metrics({"train.loss": step_loss, **run.lr_metrics(engine.get_lr()),
                                  "train.positions_per_second": rate, "train.epoch": epoch,
                                  "train.positions_trained": trained}, step=step)
             log.info("step %d/%d loss %.4f  %.0f supervised positions/s", step, total_steps, step_loss, rate)
-            write_json_atomic(out / PROGRESS_FILE, {"step": step, "total": total_steps, "loss": step_loss})
             window_positions, window_start = 0, time.time()
         evaluated = None
         checkpointing = step % cfg.checkpoint_every == 0 or step == total_steps
