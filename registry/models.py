@@ -161,8 +161,9 @@ def resolve(uri: str, tracking_uri: str | None = None) -> Path:
     target = cache_dir() / "registry" / name / f"{version.version}-{source_key}"
     if target.exists():
         try:
-            read_component(_component_in(target))
-            return _component_in(target)
+            component = _component_in(target)
+            read_component(component)
+            return component
         except ArtifactError as e:
             log.warning("the cached copy of %s is damaged (%s); downloading it again", uri, e)
             shutil.rmtree(target)

@@ -46,7 +46,6 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
     return heads, trees
 
 
-
 def checked_draft_vocab(component: Component, vocab_size: int):
     """The component's draft_vocab [V'] as int64, after checking it holds distinct ids of the base vocabulary."""
     vocab = component.tensors.get("draft_vocab")

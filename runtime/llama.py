@@ -35,7 +35,6 @@ class _Layer:
     qkv_bias: torch.Tensor | None = None  # [(Hq + 2 Hkv) D]: Qwen2's query/key/value biases
 
 
-
 # a layer's sub-layers a layer-skip draft leaves out (forward's `skip`, one bit mask per layer)
 SKIP_ATTENTION, SKIP_MLP = 1, 2
 
