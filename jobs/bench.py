@@ -35,7 +35,8 @@ def load_prompts(source: str, limit: int | None) -> list[str]:
 
 def _hf_generate(decoder: Decoder, ids: list[int], max_new_tokens: int, pld: bool) -> list[int]:
     extra = {"prompt_lookup_num_tokens": 10} if pld else {}
-    out = decoder.hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+    out = decoder.hf_model.generate(torch.tensor([ids], device=decoder.device),
+                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=decoder.device),
                                     max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
                                     top_k=None, pad_token_id=decoder.tokenizer.pad_token_id, **extra)
     return out[0, len(ids):].tolist()
@@ -59,7 +60,7 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
     """Where two outputs part, and the base model's top-2 logit gap there (fp32, transformers)."""
     at = next((i for i, (a, b) in enumerate(zip(ours, greedy)) if a != b), min(len(ours), len(greedy)))
     with torch.no_grad():
-        logits = decoder.hf_model(torch.tensor([ids + greedy[:at]])).logits[0, -1].float()
+        logits = decoder.hf_model(torch.tensor([ids + greedy[:at]], device=decoder.device)).logits[0, -1].float()
     top2 = logits.topk(2).values
     gap = (top2[0] - top2[1]).item()
     return {"index": at, "top2_gap": gap, "near_tie": gap < NEAR_TIE}
@@ -67,19 +68,20 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
 
 def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
               tree_size: int | None = None, lookup_chains: int = 1, early_head: str | None = None,
-              prune_top_k: int = 8, base_only: bool = False, skip_map: tuple[int, ...] | None = None) -> dict:
+              prune_top_k: int = 8, base_only: bool = False, skip_map: tuple[int, ...] | None = None,
+              device: str = "cpu") -> dict:
     """`model` a component (directory or models:/ URI), or with `base_only` a base model for the methods that
-    need no component (`skip_map` for skip)."""
+    need no component (`skip_map` for skip); every method, the transformers baselines too, runs on `device`."""
     unknown = [m for m in methods if m.removesuffix(DYNAMIC) not in ALL_METHODS
                or m.endswith(DYNAMIC) and m.removesuffix(DYNAMIC) in ("ar", *HF_METHODS)]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}, a tree method with "
                          f"{DYNAMIC} for its size picked per step")
     if base_only:
-        decoder = Decoder.from_base(model, skip_map=skip_map)
+        decoder = Decoder.from_base(model, skip_map=skip_map, device=device)
     else:
         decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
-                                          early_head=early_head, prune_top_k=prune_top_k)
+                                          early_head=early_head, prune_top_k=prune_top_k, device=device)
     unserved = [m for m in methods if m not in HF_METHODS and m.removesuffix(DYNAMIC) not in decoder.methods()]
     if unserved:
         raise ValueError(f"{model} cannot serve {', '.join(unserved)}: it serves {', '.join(decoder.methods())} "
@@ -128,7 +130,7 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
             row["speedup_vs_ar"] = row["tokens_per_s"] / ar
     tree_size = decoder.tree.size if decoder.tree else decoder.head_tree.layout.size if decoder.head_tree else None
     return {"model": str(model), "prompts_source": prompts_source, "max_new_tokens": max_new_tokens,
-            "tree_size": tree_size, "profile": decoder.profile,
+            "tree_size": tree_size, "profile": decoder.profile, "device": str(decoder.device),
             "threads": torch.get_num_threads(), "results": results}
 
 

@@ -145,10 +145,10 @@ def _decoder(args: argparse.Namespace):
     from ppdkit.runtime.decoder import Decoder
 
     if args.base:
-        return Decoder.from_base(args.base, skip_map=args.skip_map)
+        return Decoder.from_base(args.base, skip_map=args.skip_map, device=args.device)
     return Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
                                    dynamic_size=args.dynamic_size, early_head=args.early_head,
-                                   prune_top_k=args.prune_top_k)
+                                   prune_top_k=args.prune_top_k, device=args.device)
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -182,7 +182,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
 
-    decoder = Decoder.from_pretrained(args.model, tree_size=None)
+    decoder = Decoder.from_pretrained(args.model, tree_size=None, device=args.device)
     if args.refresh:
         from ppdkit.runtime.profile import profile_trees
 
@@ -206,7 +206,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     report = run_bench(args.model or args.base, args.prompts, args.limit, args.max_new_tokens, methods,
                        args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k, base_only=bool(args.base),
-                       skip_map=args.skip_map)
+                       skip_map=args.skip_map, device=args.device)
     print_table(report)
     if args.out:
         write_report(report, Path(args.out))
@@ -324,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="measure forward latency per tree size here; print tau/L and the choice")
     prof.add_argument("--model", required=True)
     prof.add_argument("--refresh", action="store_true", help="measure again instead of using the cached profile")
+    prof.add_argument("--device", default="cpu", help="the torch device to profile (cpu, cuda, cuda:N, mps)")
     prof.set_defaults(func=cmd_profile)
 
     bench_dec = sub.add_parser("bench", help="decoding benchmark: methods on the same prompts, one process")
@@ -349,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "methods")
         parser_.add_argument("--prune-top-k", type=int, default=8,
                              help="early pruning keeps a node whose token is among its parent's K early guesses")
+        parser_.add_argument("--device", default="cpu",
+                             help="where the model runs: cpu (default; the native kernels), cuda, cuda:N or mps "
+                                  "(the PyTorch layers; not run on a GPU by our tests, see the README)")
     bench_dec.set_defaults(func=cmd_bench)
 
     prom = sub.add_parser("promote", help="move the champion alias to a registered version if it is at least as good")

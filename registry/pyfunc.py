@@ -8,7 +8,8 @@ every file's checksum as for any other load.
 
 predict takes a DataFrame with a `prompt` column and parameters max_tokens, method, temperature and seed (-1:
 none); it returns a DataFrame of `text`, `tokens`, `method` and `tokens_per_step`, one row per prompt. Prompts
-are chat turns (the base model's chat template wraps them).
+are chat turns (the base model's chat template wraps them). `load_model(uri, model_config={"device": "cuda"})`
+runs it on another torch device (default: the CPU).
 """
 
 import logging
@@ -18,10 +19,10 @@ PARAMS = {"max_tokens": 128, "method": "auto", "temperature": 0.0, "seed": -1}
 
 
 class DecoderModel:
-    def __init__(self, component: str | Path):
+    def __init__(self, component: str | Path, device: str = "cpu"):
         from ppdkit.runtime.decoder import Decoder
 
-        self.decoder = Decoder.from_pretrained(component)
+        self.decoder = Decoder.from_pretrained(component, device=device)
 
     def predict(self, model_input, params: dict | None = None):
         import pandas as pd
@@ -37,9 +38,13 @@ class DecoderModel:
         return pd.DataFrame(rows, columns=["text", "tokens", "method", "tokens_per_step"])
 
 
-def _load_pyfunc(data_path: str) -> DecoderModel:
-    """MLflow's entry (loader_module): the model of the component at `data_path`."""
-    return DecoderModel(data_path)
+def _load_pyfunc(data_path: str, model_config: dict | None = None) -> DecoderModel:
+    """MLflow's entry (loader_module): the model of the component at `data_path`; model_config may name the
+    device (the only key)."""
+    unknown = sorted(set(model_config or {}) - {"device"})
+    if unknown:
+        raise ValueError(f"unknown model_config key(s) {unknown}: ppdkit's pyfunc model takes only 'device'")
+    return DecoderModel(data_path, **(model_config or {}))
 
 
 def save_pyfunc(component: Path, path: Path) -> Path:

@@ -1,5 +1,6 @@
 """The bundled decoder: `Decoder.from_pretrained(component)` then `generate(...)`, greedy or sampled, lossless."""
 
+import contextlib
 import hashlib
 import logging
 import threading
@@ -52,9 +53,36 @@ class GenerateResult:
         return sum(self.accepted_per_step) / max(len(self.accepted_per_step), 1)
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """A torch device this machine has, or a clear error naming what it does have."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{device!r} is not a torch device ({e}); use cpu, cuda, cuda:N or mps") from None
+    present = {"cpu": True, "meta": True, "cuda": torch.cuda.is_available(),
+               "mps": hasattr(torch.backends, "mps") and torch.backends.mps.is_available()}
+    if not present.get(device.type, False):
+        raise ValueError(f"torch sees no {device.type} device on this machine (this torch build: {torch.__version__}); "
+                         "use --device cpu, or install a torch build for that device")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"{device} does not exist: torch sees {torch.cuda.device_count()} cuda device(s)")
+    return device
+
+
+def on_device(device: torch.device):
+    """A context in which tensors made without a device land on `device` (the layouts and per-step inputs the
+    decoding loops build), or nothing where that is the default already: the context intercepts every torch
+    call, about 1 us each, which a CPU decoding step need not pay."""
+    return contextlib.nullcontext() if torch.get_default_device() == device else torch.device(device)
+
+
 class Decoder:
     """One base model and its drafts. `generate` may be called from several threads: the calls take turns
-    (a lock), each with its own KV cache, so their outputs are exactly those of calls made one by one."""
+    (a lock), each with its own KV cache, so their outputs are exactly those of calls made one by one.
+
+    Everything runs on the device `hf_model` is on (from_pretrained/from_base move it there): the native
+    kernels on a CPU, the PyTorch layers elsewhere. Python reads only small results (tokens, accepted
+    counts) from the device."""
 
     def __init__(self, hf_model, tokenizer, prompts: PromptTokenSet | None, tree: DynamicTree | None,
                  max_length: int = 2048, ngrams: NgramTable | None = None, lookup_chains: int = 1):
@@ -67,6 +95,7 @@ class Decoder:
             log.info("max_length %d capped at the model's sliding window of %d tokens", max_length, window)
             max_length = window
         self.model = LeanLlama(hf_model, max_positions=max_length)
+        self.device = self.model.device
         self.max_length = max_length
         self.prompts = prompts
         self.ngrams = ngrams  # the component's corpus n-gram table, for ppd-lookup
@@ -95,6 +124,10 @@ class Decoder:
         self.set_tree(tree)
 
     def set_tree(self, tree: DynamicTree | None) -> None:
+        with on_device(self.device):
+            self._set_tree(tree)
+
+    def _set_tree(self, tree: DynamicTree | None) -> None:
         self.tree = tree
         self.layouts: dict[int, TreeLayout] = {}
         self._lookup_layouts: dict[tuple, TreeLayout] = {}  # built on first use by ppd-lookup
@@ -108,6 +141,10 @@ class Decoder:
 
     def use_every_size(self, trees: dict[int, DynamicTree]) -> None:
         """Keep every calibrated tree of a PPD component for dynamic sizing (the one in use stays set_tree's)."""
+        with on_device(self.device):
+            self._use_every_size(trees)
+
+    def _use_every_size(self, trees: dict[int, DynamicTree]) -> None:
         for size, tree in trees.items():
             states = {0: root_only(self.prompts.k), **tree.states}
             self.size_layouts[size] = {k: layout_tree(s, self.prompts.n, self.prompts.mask_kind)
@@ -136,13 +173,16 @@ class Decoder:
     @classmethod
     def from_pretrained(cls, source: str | Path, dtype: str = "float32", tree_size: int | None = None,
                         max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False,
-                        early_head: str | Path | None = None, prune_top_k: int = 8) -> "Decoder":
+                        early_head: str | Path | None = None, prune_top_k: int = 8,
+                        device: str | torch.device = "cpu") -> "Decoder":
         """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens,
         trees and n-gram table (or draft heads and their trees, or a layer-skip map and its fine-tuned draft).
         `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
         `dynamic_size` picks the tree size while decoding (runtime/tree_sizer.py), starting from the
         profiled (or given) size. `early_head`: an early-head component (a directory or models:/ URI) for the
-        pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses."""
+        pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses.
+        `device`: where the model and drafts run (cuda: the PyTorch layers; the native kernels are CPU only)."""
+        device = check_device(device)
         if str(source).startswith("models:/"):
             from ppdkit.registry.models import resolve  # the registry (MLflow) only for registry URIs
 
@@ -152,50 +192,54 @@ class Decoder:
         digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
         base = load_base_model(component.base_model["name"], quantization="none", dtype=dtype)
         read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
-        taus: dict[int, float] = {}
-        if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
-            decoder = cls(base.model, base.tokenizer, None, None, max_length)
-            decoder.skip_map, decoder.skip_draft = load_skip_draft(component, decoder.model, base.model)
-        elif "draft_vocab" in component.tensors:  # draft heads over the base model's features
-            heads, head_trees = load_draft_heads(component, base.model)
-            decoder = cls(base.model, base.tokenizer, None, None, max_length)
-            decoder.heads, taus = heads, {s: tau for s, (_, tau) in head_trees.items()}
-            decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
-        else:
-            prompts, by_size, ngrams = _drafts(component, base.model)
-            decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
-            taus = {s: t.tau for s, t in by_size.items()}
-        decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
-        if taus:
-            if tree_size is None:  # hardware-aware: measured once per machine, then cached
-                decoder.profile = profile_trees(decoder.model, taus, base.fingerprint, **decoder.profile_drafter())
-                tree_size = decoder.profile["chosen"]
-            decoder.size = min(taus, key=lambda s: abs(s - tree_size))
-            if decoder.heads is not None:
-                decoder.head_tree = decoder.head_trees[decoder.size]
-                decoder.size_taus = taus
-                decoder.size_rows = {s: tree.layout.size for s, tree in decoder.head_trees.items()}
+        base.model.to(device)  # the loaders below take the LM head's rows from it, on the device
+        with on_device(device):  # the layouts, head trees and profile built below: on the device
+            taus: dict[int, float] = {}
+            if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
+                decoder = cls(base.model, base.tokenizer, None, None, max_length)
+                decoder.skip_map, decoder.skip_draft = load_skip_draft(component, decoder.model, base.model)
+            elif "draft_vocab" in component.tensors:  # draft heads over the base model's features
+                heads, head_trees = load_draft_heads(component, base.model)
+                decoder = cls(base.model, base.tokenizer, None, None, max_length)
+                decoder.heads, taus = heads, {s: tau for s, (_, tau) in head_trees.items()}
+                decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
             else:
-                decoder.set_tree(by_size[decoder.size])
-                if dynamic_size:
-                    decoder.use_every_size(by_size)
-            decoder.dynamic_size = dynamic_size
-        if early_head is not None:
-            if str(early_head).startswith("models:/"):
-                from ppdkit.registry.models import resolve
+                prompts, by_size, ngrams = _drafts(component, base.model)
+                decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
+                taus = {s: t.tau for s, t in by_size.items()}
+            decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
+            if taus:
+                if tree_size is None:  # hardware-aware: measured once per machine, then cached
+                    decoder.profile = profile_trees(decoder.model, taus, base.fingerprint, **decoder.profile_drafter())
+                    tree_size = decoder.profile["chosen"]
+                decoder.size = min(taus, key=lambda s: abs(s - tree_size))
+                if decoder.heads is not None:
+                    decoder.head_tree = decoder.head_trees[decoder.size]
+                    decoder.size_taus = taus
+                    decoder.size_rows = {s: tree.layout.size for s, tree in decoder.head_trees.items()}
+                else:
+                    decoder.set_tree(by_size[decoder.size])
+                    if dynamic_size:
+                        decoder.use_every_size(by_size)
+                decoder.dynamic_size = dynamic_size
+            if early_head is not None:
+                if str(early_head).startswith("models:/"):
+                    from ppdkit.registry.models import resolve
 
-                early_head = resolve(str(early_head))
-            early = read_component(Path(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
-            decoder.early_head = load_early_head(early, base.model, prune_top_k)
-        return decoder
+                    early_head = resolve(str(early_head))
+                early = read_component(Path(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
+                decoder.early_head = load_early_head(early, base.model, prune_top_k)
+            return decoder
 
     @classmethod
     def from_base(cls, name: str, dtype: str = "float32", max_length: int = 2048,
-                  skip_map: tuple[int, ...] | None = None) -> "Decoder":
+                  skip_map: tuple[int, ...] | None = None, device: str | torch.device = "cpu") -> "Decoder":
         """A base model alone (a name of models/config.py or a local directory), for the methods that need no
         component: ar and the training-free drafters (anpd); with `skip_map` (per decoder layer 0 keep, 1 skip
-        the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`."""
+        the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `device` as from_pretrained's."""
+        device = check_device(device)
         base = load_base_model(name, quantization="none", dtype=dtype)
+        base.model.to(device)
         decoder = cls(base.model, base.tokenizer, None, None, max_length)
         decoder.fingerprint = base.fingerprint
         if skip_map is not None:
@@ -241,9 +285,9 @@ class Decoder:
             raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
         ids = self._fit_prompt(self.encode_chat(prompt) if isinstance(prompt, str) else list(prompt),
                                max_new_tokens, method, truncate)
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), on_device(self.device):
             return self._generate(torch.tensor(ids, dtype=torch.long), max_new_tokens, method, stream, sampling,
-                                  torch.Generator().manual_seed(seed) if seed is not None else None)
+                                  torch.Generator(self.device).manual_seed(seed) if seed is not None else None)
 
     def _fit_prompt(self, ids: list[int], max_new_tokens: int, method: str, truncate: str | None) -> list[int]:
         """The prompt's ids if they leave room for the answer within max_length, else its last ids that do
@@ -378,8 +422,9 @@ def _drafts(component: Component, model) -> tuple[PromptTokenSet, dict[int, Dyna
         if found != expected:
             raise ArtifactError(f"{where}: a custom decoding head needs head_weight [H, H] and head_bias [H] for the "
                                 f"base model's hidden size H={config.hidden_size}, found {found}")
-    prompts = PromptTokenSet(emb.reshape(k * n, -1).to(model.dtype), weights, k, n, mask,
-                             None if head[0] is None else tuple(t.to(model.dtype) for t in head))
+    on = {"device": model.device, "dtype": model.dtype}  # safetensors read them on the CPU
+    prompts = PromptTokenSet(emb.reshape(k * n, -1).to(**on), None if weights is None else weights.to(model.device),
+                             k, n, mask, None if head[0] is None else tuple(t.to(**on) for t in head))
     by_size = {}
     for size, data in (component.extras.get("trees") or {}).get("trees", {}).items():
         try:

@@ -104,11 +104,11 @@ def draft(model, heads: DraftHeadSet, tree: HeadTree, feature: torch.Tensor, roo
 def draft_seconds(model, heads: DraftHeadSet, tree: HeadTree, repeats: int = 7) -> float:
     """Median seconds to draft `tree` from a random feature: a larger tree's cost besides its rows (the
     profile adds it when it chooses the size)."""
-    feature, times = torch.randn(model.hidden, dtype=model.dtype), []
+    feature, times = torch.randn(model.hidden, dtype=model.dtype, device=model.device), []
     with torch.inference_mode():
         for _ in range(repeats + 1):
             started = time.perf_counter()
-            draft(model, heads, tree, feature, 0)
+            int(draft(model, heads, tree, feature, 0)[-1])  # read back: on a GPU drafting has then finished
             times.append(time.perf_counter() - started)
     times = sorted(times[1:])  # the first call warms caches
     return times[len(times) // 2]

@@ -2,6 +2,8 @@
 calibrated trees, or its skip map and fine-tuned draft, each checked against the base model's shapes, so a
 component built wrong gets a clear error at load, not an index error mid-decoding."""
 
+import torch
+
 from ppdkit.models.artifact import ArtifactError, Component
 from ppdkit.models.draft_heads import HEAD_KINDS, TENSORS
 
@@ -31,7 +33,8 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
                             f"found {found}")
     dtype = next(model.parameters()).dtype
     rows = model.get_output_embeddings().weight.detach()[vocab].to(dtype)  # [V', H] the LM head's rows
-    heads = DraftHeadSet(kind, tuple(tensors[name].to(dtype) for name in TENSORS[kind]), vocab, rows, depth)
+    heads = DraftHeadSet(kind, tuple(tensors[name].to(model.device, dtype) for name in TENSORS[kind]),
+                         vocab.to(model.device), rows, depth)
     trees = {}
     for size, data in (component.extras.get("trees") or {}).get("trees", {}).items():
         try:
@@ -73,7 +76,7 @@ def load_skip_draft(component: Component, lean, model) -> tuple[tuple[int, ...],
              for name in expected}
     if found != expected:
         raise ArtifactError(f"{where}: a skip-finetune draft of this base model needs {expected}, found {found}")
-    norms = [component.tensors[name].float() for name in expected]  # finite: read_component checked
-    vocab = checked_draft_vocab(component, lean.vocab_size)
+    norms = [component.tensors[name].to(lean.device, torch.float32) for name in expected]  # finite: checked at read
+    vocab = checked_draft_vocab(component, lean.vocab_size).to(lean.device)
     lm_head = model.get_output_embeddings().weight.detach()
     return skip, SkipDraft.fine_tuned(lean, lm_head, skip, *norms, vocab)

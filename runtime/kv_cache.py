@@ -10,9 +10,10 @@ import torch
 
 
 class KVCache:
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype):
-        self.k = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype)  # [Lyr, Hkv, S, D]
-        self.v = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype)
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        self.k = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # [Lyr, Hkv, S, D]
+        self.v = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.length = 0  # committed tokens
         self.capacity = capacity
 
@@ -42,7 +43,7 @@ class KVCache:
             return
         src = self.length + keep  # [K]
         n = len(keep)
-        if n and not torch.equal(src, torch.arange(self.length, self.length + n)):
+        if n and not torch.equal(src, torch.arange(self.length, self.length + n, device=src.device)):
             self.k[:, :, self.length:self.length + n] = self.k[:, :, src]
             self.v[:, :, self.length:self.length + n] = self.v[:, :, src]
         self.length += n

@@ -7,7 +7,8 @@ layers of weights, float32):
   against 25-28; from about 13 rows two cores are compute bound (7.5 us per row of a 1536 x 576 weight
   on one core). 16 to 64 rows go through it in balanced passes of at most 15 (weights read per pass).
 - oneDNN on weights reordered once into its blocked layout, where the native kernel cannot be built;
-- PyTorch's default matmul (MKL) for long inputs (a prompt's prefill), as efficient as any there.
+- PyTorch's default matmul (MKL) for long inputs (a prompt's prefill), as efficient as any there, and
+  every matmul on another device (a GPU: the weights are read at its own bandwidth there).
 The results differ only in summation order (about 1e-6 relative in float32).
 """
 
@@ -32,6 +33,7 @@ class Linear:
     def __init__(self, weight: torch.Tensor, pack: bool = True):
         self.out_features, self.in_features = weight.shape
         self.weight = weight  # as given: the default matmul's operand (it shares the model's storage)
+        pack = pack and weight.device.type == "cpu"  # both packed paths are CPU code; elsewhere F.linear
         self.native = native_kernels() if pack and weight.dtype == torch.float32 else None
         self.panels = self.native.pack(weight.contiguous()) if self.native else None  # [out/P, in, P]
         self.onednn = None

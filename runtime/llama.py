@@ -41,9 +41,13 @@ SKIP_ATTENTION, SKIP_MLP = 1, 2
 
 class LeanLlama:
     def __init__(self, hf_model, max_positions: int = 4096, pack: bool = True):
+        """The weights stay on the device `hf_model` is on (Decoder moves it there): on a CPU they are packed
+        for the native kernels, on any other device the PyTorch layers run on them as they are."""
         cfg = hf_model.config
         check_model_type(cfg)
         sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
+        self.device = next(hf_model.parameters()).device
+        pack = pack and self.device.type == "cpu"  # the native kernels and oneDNN's packing are CPU code
         unsupported = sorted({k.split(".")[-2] for k in sd if k.endswith("_proj.bias")} - {"q_proj", "k_proj", "v_proj"})
         if unsupported:
             raise ValueError(f"the lean runtime supports query/key/value biases (Qwen2), not biases of {unsupported}")
@@ -73,8 +77,8 @@ class LeanLlama:
         self.embed = sd["model.embed_tokens.weight"]
         self.norm = sd["model.norm.weight"]
         self.head = Linear(sd.get("lm_head.weight", self.embed), pack)  # tied embeddings share one matrix
-        positions = torch.arange(max_positions)[None]
-        probe = torch.zeros(1, dtype=self.dtype)
+        positions = torch.arange(max_positions, device=self.device)[None]
+        probe = torch.zeros(1, dtype=self.dtype, device=self.device)
         cos, sin = hf_model.model.rotary_emb(probe, positions)  # the model's own rope (any scaling type)
         self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [P, D]
         self.max_positions = max_positions
@@ -99,7 +103,7 @@ class LeanLlama:
         return view
 
     def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype)
+        return KVCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()  # in float32 whatever the dtype, as transformers does, so the outputs agree
@@ -125,11 +129,14 @@ class LeanLlama:
         keys/values are written like forward's (ProPD's early pruning runs a tree in two parts); `skip` as
         forward's, one mask per layer of the model. A skipped attention writes no keys/values."""
         t = x.shape[0]
+        # (no-ops when the caller made them on the model's device, as the decoder does: torch.device context)
+        positions = positions.to(self.device)
+        mask = None if mask is None else mask.to(self.device)
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
         cache.reserve(t)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
-        bias = _attention_bias(mask, cache.length, t, self.group, self.dtype)  # [g T, S] or None
+        bias = _attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
         if self.native is not None and t <= SKINNY_MAX_ROWS:
             return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps,
                                               cos[:, 0], sin[:, 0], bias, cache.k[start:stop], cache.v[start:stop],
@@ -178,7 +185,7 @@ class LeanLlama:
         return self.head(hidden)
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed[ids]
+        return self.embed[ids.to(self.device)]
 
 
 def _native_weights(layers: list[_Layer]) -> list[torch.Tensor]:
@@ -193,13 +200,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def _attention_bias(mask: torch.Tensor | None, length: int, t: int, group: int,
-                    dtype: torch.dtype) -> torch.Tensor | None:
+def _attention_bias(mask: torch.Tensor | None, length: int, t: int, group: int, dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor | None:
     """The additive bias [group * t, length + t] of a visibility mask (None: causal), one row per query
     head of a group, in the order the grouped queries are laid out; None when nothing is masked."""
     if mask is None:
         if t == 1:
             return None  # one new token sees everything
-        mask = torch.ones(t, length + t, dtype=torch.bool).tril(diagonal=length)
-    bias = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+        mask = torch.ones(t, length + t, dtype=torch.bool, device=device).tril(diagonal=length)
+    bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
     return bias.repeat(group, 1)

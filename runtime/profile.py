@@ -25,6 +25,8 @@ def runtime_key(model: LeanLlama) -> str:
     """This machine, the kernel path the model runs on (the kernels change every timing) and the runtime's
     revision: what a cached measurement (tree profile, auto's trial) holds for."""
     path_kind = "native" if model.native is not None else "torch"
+    if model.device.type != "cpu":
+        path_kind += f"-{model.device}"  # another device's timings hold there only
     return f"{machine_key()}-{path_kind}-r{RUNTIME_REVISION}"
 
 
@@ -32,15 +34,16 @@ def measure_latency(model: LeanLlama, size: int, context: int = 256, repeats: in
     """Median seconds of one forward of `size` tree tokens over `context` cached tokens."""
     cache = model.new_cache(context + size + 1)
     cache.length = context  # the cache's contents do not change the cost
-    x = model.embed_ids(torch.randint(0, model.vocab_size, (size,)))
-    positions = torch.arange(context, context + size)
-    mask = torch.ones(size, context + size, dtype=torch.bool).tril(diagonal=context)
+    device = model.device
+    x = model.embed_ids(torch.randint(0, model.vocab_size, (size,), device=device))
+    positions = torch.arange(context, context + size, device=device)
+    mask = torch.ones(size, context + size, dtype=torch.bool, device=device).tril(diagonal=context)
     times = []
     with torch.inference_mode():
         for _ in range(repeats + 1):
             started = time.perf_counter()
             hidden = model.forward(x, positions, cache, mask)
-            model.logits(hidden)
+            float(model.logits(hidden)[0, 0])  # read back: on a GPU the forward has then finished
             times.append(time.perf_counter() - started)
     times = sorted(times[1:])  # the first call warms caches and allocators
     return times[len(times) // 2]

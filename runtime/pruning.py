@@ -49,10 +49,11 @@ def load_early_head(component: Component, model, top_k: int) -> EarlyHead:
                             "train one with train.method=early-head")
     if not 1 <= top_k <= shapes["draft_vocab"][0]:
         raise ValueError(f"prune_top_k must be 1..{shapes['draft_vocab'][0]} (the draft vocabulary), not {top_k}")
-    dtype = next(model.parameters()).dtype
-    vocab = tensors["draft_vocab"].long()
+    dtype, device = next(model.parameters()).dtype, model.device
+    vocab = tensors["draft_vocab"].long().to(device)
     rows = model.get_output_embeddings().weight.detach()[vocab].to(dtype)
-    return EarlyHead(tensors["early_weight"].to(dtype), tensors["early_bias"].to(dtype), vocab, rows, layer, top_k)
+    return EarlyHead(tensors["early_weight"].to(device, dtype), tensors["early_bias"].to(device, dtype), vocab, rows,
+                     layer, top_k)
 
 
 def survivors(model: LeanLlama, early: EarlyHead, residual: torch.Tensor, tokens: torch.Tensor,

@@ -70,10 +70,14 @@ def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
                       sum(r == LOOKUP_RANK for r in state.ranks))
 
 
-@lru_cache(maxsize=1024)
 def shape_layout(parents: tuple[int, ...], ranks: tuple[int, ...]) -> TreeLayout:
     """The layout of a tree of node tokens only, no prompt tokens (grown trees, n-gram chains, Self-Draft's
-    tries): shapes recur from step to step, so each is built once."""
+    tries): shapes recur from step to step, so each is built once per device (the default one: the decoder's)."""
+    return _shape_layout(parents, ranks, torch.get_default_device())
+
+
+@lru_cache(maxsize=1024)
+def _shape_layout(parents: tuple[int, ...], ranks: tuple[int, ...], device: torch.device) -> TreeLayout:
     depths = [0] * len(parents)
     for i in range(1, len(parents)):
         depths[i] = depths[parents[i]] + 1

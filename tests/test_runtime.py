@@ -176,7 +176,7 @@ def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatc
             mask[:, 20:] |= torch.eye(t, dtype=torch.bool)
         positions = 20 + torch.arange(t)
         cos, sin = lean.cos[positions][:, None], lean.sin[positions][:, None]
-        bias = _attention_bias(mask, 20, t, lean.group, lean.dtype)
+        bias = _attention_bias(mask, 20, t, lean.group, lean.dtype, lean.device)
         native = lean.native.decoder_layers(x, lean.native_weights, lean.native_shape, lean.eps, cos[:, 0], sin[:, 0],
                                             bias, caches[0].k, caches[0].v, 20, skip)
         ours = lean._layers(x, cos, sin, bias, caches[1], 0, layers, tuple(skip))
