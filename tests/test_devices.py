@@ -14,6 +14,7 @@ import torch
 from conftest import kernels_or_skip
 
 from ppdkit.data_pipeline.ngram_cache import build_ngram_table
+from ppdkit.jobs.cli import main
 from ppdkit.models.artifact import write_component, write_ngrams
 from ppdkit.models.draft_heads import DraftHeads
 from ppdkit.models.loading import load_base_model
@@ -147,10 +148,12 @@ def test_decoding_makes_its_tensors_on_the_decoders_device(components, kind, pat
     assert all(tokens == plain[("ar", i, 0.0)] for (_, i, _), tokens in plain.items())  # greedy: lossless
 
 
-def test_a_device_this_machine_lacks_is_refused_clearly():
+def test_a_device_this_machine_lacks_is_refused_clearly(capsys):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="torch sees no cuda device"):
             check_device("cuda")
+        assert main(["decode", "--base", "tiny-llama", "--device", "cuda", "--prompt", "Hello"]) == 2
+        assert "torch sees no cuda device on this machine" in capsys.readouterr().err
     with pytest.raises(ValueError, match="not a torch device"):
         check_device("gpu0")
     assert check_device("cpu") == torch.device("cpu")
