@@ -33,6 +33,8 @@ def _quiet_other_libraries(verbose: bool) -> None:
         return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # datasets' (saving, mapping)
+    # Ray's warning at every local start that token authentication is on (its default, which stays on)
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     import torch
 
     if not torch.cuda.is_available():  # what DeepSpeed would find out itself, with a banner at every import

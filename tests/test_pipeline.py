@@ -232,7 +232,10 @@ def test_the_console_shows_our_own_lines_and_bars(spec_file, tmp_path):
                          cwd=tmp_path, env=env, timeout=900)
     console = run.stdout + run.stderr
     assert run.returncode == 0, console[-3000:]
-    for noise in ("RayTrainWorker", "Loading weights", "Setting accelerator", "core_worker", "Saving the dataset"):
+    for noise in ("RayTrainWorker", "Loading weights", "Setting accelerator", "core_worker", "Saving the dataset",
+                  "Token authentication", "Started a local Ray instance"):
         assert noise not in console, noise
     assert "training: 100%" in console and "stage train: done" in console
+    # the bar redraws on a new step only: in a log (no terminal) one line per step, not one per poll
+    assert console.count("training: ") <= 2 * 3, console.count("training: ")
     assert "step 2/2 loss" in (tmp_path / "out" / "train" / "worker-0.log").read_text()

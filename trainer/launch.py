@@ -61,9 +61,10 @@ def _progress_bar(progress: Path, every: float = 0.5):
             if bar is None:
                 # from the first step seen (a resumed run's, or the first logged): its rate counts from there
                 bar = tqdm(total=state["total"], initial=state["step"], desc="training", unit="step",
-                           dynamic_ncols=True)
-            bar.update(state["step"] - bar.n)
-            bar.set_postfix(loss=f"{state['loss']:.4f}")
+                           dynamic_ncols=True, postfix={"loss": f"{state['loss']:.4f}"})
+            if state["step"] != bar.n:  # redrawn on a new step only: a log file gets one line per step, not per poll
+                bar.set_postfix(loss=f"{state['loss']:.4f}", refresh=False)
+                bar.update(state["step"] - bar.n)
         if bar is not None:
             bar.close()
 
