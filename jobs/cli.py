@@ -33,6 +33,7 @@ def _quiet_other_libraries(verbose: bool) -> None:
         return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # datasets' (saving, mapping)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # "Downloading artifacts" (models:/)
     # Ray's warning at every local start that token authentication is on (its default, which stays on)
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     import torch

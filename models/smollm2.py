@@ -4,6 +4,8 @@ transformers reads the GGUF (de-quantizing Q4_1 to fp32) but refuses to `save_pr
 so we rebuild a clean LlamaForCausalLM from its config, load the weights strictly and save that.
 """
 
+import contextlib
+import functools
 import importlib.util
 import logging
 import shutil
@@ -40,7 +42,8 @@ def convert_smollm2(out_dir: Path) -> Path:
     steps = tqdm(total=4, desc="converting SmolLM2 GGUF -> safetensors (once)", unit="step")
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
     steps.update()
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE)
+    with _gguf_bar_follows_transformers():
+        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE)
     steps.update()
     config = AutoConfig.from_pretrained(src, gguf_file=GGUF_FILE)
     clean = LlamaForCausalLM._from_config(config)
@@ -59,3 +62,21 @@ def convert_smollm2(out_dir: Path) -> Path:
     steps.close()
     log.info("SmolLM2-135M-Instruct converted to %s", out_dir)
     return out_dir
+
+
+@contextlib.contextmanager
+def _gguf_bar_follows_transformers():
+    """transformers' GGUF reader draws its own tqdm bar whatever its progress-bar switch says: off here when that
+    switch is off (ppdkit's console without --verbose), beside our conversion bar."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils.logging import is_progress_bar_enabled
+
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None or is_progress_bar_enabled():
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original

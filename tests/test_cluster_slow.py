@@ -71,6 +71,7 @@ def test_submit_follow_register_promote_decode(tmp_path):
                           "--max-new-tokens", "8", env=env)
         assert decoded.returncode == 0, decoded.stderr[-3000:]
         assert "[ppd] 8 tokens" in decoded.stderr
+        assert "Downloading artifacts" not in decoded.stderr  # MLflow's bar: not ours, off without --verbose
 
         # what users meet: clear errors
         missing = _ppdkit("decode", "--model", "models:/ppdkit-ci@nosuchalias", "--prompt", "x", env=env)
