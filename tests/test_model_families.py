@@ -82,3 +82,34 @@ def test_other_architectures_are_refused_naming_the_supported_ones(tmp_path, spe
         Decoder.from_base(str(tmp_path))
     assert main(["run", str(spec_file), "--output", str(tmp_path / "out"), f"base_model.name={tmp_path}"]) != 0
     assert "Llama 2/3, Mistral, Qwen2/2.5" in capsys.readouterr().err
+
+
+def _hub_cache_with(root, repo_id: str, model_dir) -> None:
+    """A Hugging Face Hub cache holding `repo_id` as the Hub's own downloads lay it out (refs/main -> a snapshot),
+    as `hf download` would have left it on a machine that reached the Hub."""
+    import shutil
+
+    revision = "0" * 40
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    shutil.copytree(model_dir, repo / "snapshots" / revision)
+
+
+def test_a_hub_id_loads_from_the_hub_and_says_what_to_do_when_it_cannot(family_dirs, tmp_path):
+    """No hub is reachable here: HF_HUB_OFFLINE makes huggingface_hub answer from its cache, which is what a
+    download leaves; an id it does not hold is refused with what to do."""
+    import os
+    import subprocess
+    import sys
+
+    _hub_cache_with(tmp_path / "hub", "ppdkit-tests/tiny-llama3", family_dirs["llama3"])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    run = [sys.executable, "-m", "ppdkit.jobs.cli", "decode", "--method", "ar", "--prompt", "hi", "--max-new-tokens", "4"]
+    found = subprocess.run(run + ["--base", "ppdkit-tests/tiny-llama3"], capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert found.returncode == 0 and "[ar] 4 tokens" in found.stderr, found.stderr[-2000:]
+    missing = subprocess.run(run + ["--base", "ppdkit-tests/not-there"], capture_output=True, text=True, env=env,
+                             timeout=300)
+    assert missing.returncode == 2, missing.stderr[-2000:]
+    assert "the Hugging Face Hub could not provide it" in missing.stderr and "hf download" in missing.stderr
