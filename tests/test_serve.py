@@ -3,14 +3,25 @@ with OpenAI's own client and plain HTTP; answers (streamed or not) are the decod
 requests get 4xx errors that say what is wrong."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 
 import pytest
+import torch
+from mlflow import MlflowClient
+
+from ppdkit.data_pipeline.ngram_cache import build_ngram_table
+from ppdkit.models.artifact import write_component, write_ngrams
+from ppdkit.models.loading import load_base_model
+from ppdkit.registry.models import register_component
+from ppdkit.registry.pyfunc import save_pyfunc
+from ppdkit.runtime.tree import best_tree_for_size
 
 from ppdkit.runtime.decoder import Decoder
 
@@ -25,14 +36,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@contextmanager
+def _serving(log, *args: str, env: dict | None = None):
+    """`ppdkit serve ARGS` in its own process on a free port, answering /health: (its URL, its console log)."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "ppdkit.jobs.cli", "serve", "--base", "tiny-llama",
-                                    "--port", str(port), "--method", "ar", "--max-tokens", "32", "--max-request-bytes",
-                                    "4000"], stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([sys.executable, "-m", "ppdkit.jobs.cli", "serve", *args, "--port", str(port)],
+                                   stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -50,6 +60,13 @@ def server(tmp_path_factory):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with _serving(tmp_path_factory.mktemp("serve") / "server.log", "--base", "tiny-llama", "--method", "ar",
+                  "--max-tokens", "32", "--max-request-bytes", "4000") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +157,27 @@ def test_health_and_metrics(server):
               if line.startswith("ppdkit_") and "by_method" not in line}
     assert values["ppdkit_requests_total"] >= 1 and values["ppdkit_generated_tokens_total"] >= 4
     assert values["ppdkit_tokens_per_second"] > 0 and values["ppdkit_tokens_per_step"] >= 1
+
+
+def test_a_registered_component_streams_its_answer_to_an_openai_client(tmp_path, monkeypatch):
+    """A component registered as the register stage does (a pyfunc model around it, a version aliased challenger),
+    served from its models:/ URI: the streamed answer is the decoder's own for that URI."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    component = tmp_path / "component"
+    write_component(component, "ept", {"num_prompt_tokens": 3, "num_epts": 1, "mask": "ensemble"}, "tiny-llama",
+                    load_base_model("tiny-llama").fingerprint, {},
+                    {"prompt_embeddings": torch.randn(3, 1, 64, generator=torch.Generator().manual_seed(0))},
+                    extras={"trees": {"trees": {"8": best_tree_for_size([[0.5, 0.2], [0.3, 0.1], [0.2]], 8).to_json()}}})
+    write_ngrams(component, build_ngram_table([[5, 6, 7, 8] * 3], max_n=2, branches=2, length=3).to_tensors())
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("serve", (tmp_path / "artifacts").as_uri())).info.run_id
+    client.log_artifacts(run_id, str(save_pyfunc(component, tmp_path / "model")), "model")
+    assert register_component(client, "ppdkit-served", run_id, {"method": "ept"}, artifact="model") == "1"
+    model = "models:/ppdkit-served@challenger"
+    expected = Decoder.from_pretrained(model, tree_size=8).generate(PROMPT, 24, "ppd")
+    with _serving(tmp_path / "server.log", "--model", model, "--tree-size", "8", "--method", "ppd",
+                  env={**os.environ, "MLFLOW_TRACKING_URI": uri}) as (url, _):
+        chunks = list(_client(url).chat.completions.create(model=model, max_tokens=24, stream=True,
+                                                           messages=[{"role": "user", "content": PROMPT}]))
+    assert len(chunks) > 3 and "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
