@@ -36,6 +36,7 @@ from .conversations import Conversation, MalformedRow, ReadReport
 from .regenerate import regenerate_conversations
 from .teacher_cache import (FORMAT, ShardSequence, compress_logits, mass_figures, read_rest_mass, write_shard)
 from .templating import encode_conversation
+from .worker_log import log_to_file
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,13 @@ def teacher_sequences(model, rows: list[dict], k: int, batch_size: int) -> list[
 class TeacherWorker:
     """Holds one frozen base model; turns shards of rows into shard files."""
 
-    def __init__(self, base: BaseModelConfig, threads: int):
+    def __init__(self, base: BaseModelConfig, threads: int, log_file: str):
         torch.set_num_threads(threads)
+        log_to_file(Path(log_file))
+        started = time.time()
         self.base = load_base_model(base.name, base.quantization, base.dtype)
+        log.info("teacher worker (pid %d): %s (%s) loaded in %.1f s on %d threads", os.getpid(), base.name,
+                 base.quantization, time.time() - started, threads)
 
     def ready(self) -> dict:
         vocab = sorted(self.base.tokenizer.get_vocab().items())
@@ -115,6 +120,8 @@ class TeacherWorker:
                 report.skip(f"row {r['row']}", str(e))
         sequences = teacher_sequences(self.base.model, good, cfg.top_k, cfg.batch_size)
         record = write_shard(Path(job["path"]), sequences, self.base.model.config.vocab_size, cfg.dtype)
+        log.info("shard %s: %d sequences, %d positions, %d rows skipped", job["shard_id"], len(sequences),
+                 record["positions"], sum(report.skipped.values()))
         record.update(split=job["split"], index=job["index"], rows=job["row_range"], skipped=dict(report.skipped),
                       skipped_examples=report.examples)
         return record
@@ -231,8 +238,9 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
                 "path": str(out_dir / p["split"] / f"{p['shard_id']}.safetensors"),
                 "rows": [{**r, "row": p["row_range"][0] + i} for i, r in enumerate(rows)]}
 
-    workers = [TeacherWorker.options(num_cpus=cfg.cpus_per_worker).remote(base, cfg.cpus_per_worker)
-               for _ in range(cfg.workers)]
+    workers = [TeacherWorker.options(num_cpus=cfg.cpus_per_worker).remote(base, cfg.cpus_per_worker,
+                                                                          str(out_dir / f"worker-{i}.log"))
+               for i in range(cfg.workers)]
     try:
         started = time.time()
         infos = ray.get([w.ready.remote() for w in workers])

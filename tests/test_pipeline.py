@@ -239,3 +239,6 @@ def test_the_console_shows_our_own_lines_and_bars(spec_file, tmp_path):
     # the bar redraws on a new step only: in a log (no terminal) one line per step, not one per poll
     assert console.count("training: ") <= 2 * 3, console.count("training: ")
     assert "step 2/2 loss" in (tmp_path / "out" / "train" / "worker-0.log").read_text()
+    teacher_logs = [p.read_text() for p in sorted((tmp_path / "out" / "teacher").glob("worker-*.log"))]
+    assert teacher_logs and all("loaded in" in text for text in teacher_logs)
+    assert any("shard " in text for text in teacher_logs)

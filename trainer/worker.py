@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ppdkit.data_pipeline.worker_log import log_to_file
 from ppdkit.models.paths import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def train_loop_per_worker(config: dict) -> None:
     torch.set_num_threads(cfg.cpus_per_worker)
     torch.manual_seed(cfg.seed)
     rank, world, barrier = _distributed()
-    _log_to_file(out / f"worker-{rank}.log")
+    log_to_file(out / f"worker-{rank}.log")
     # best effort: a tracking server that stops answering costs the metrics from then on, not the training
     tracker = config["tracker"].open(best_effort=True) if rank == 0 else None
 
@@ -182,18 +183,6 @@ def train_loop_per_worker(config: dict) -> None:
         export_component(out, base, cfg, run, config, history, evals, best, extra={"peak_worker_rss_mb": peak,
                                                                                   "trained_positions": trained})
     barrier()
-
-
-def _log_to_file(path: Path) -> None:
-    """ppdkit's lines of this worker into the stage's folder (the terminal shows them only with --verbose)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    root = logging.getLogger("ppdkit")
-    if any(getattr(h, "baseFilename", None) == str(path.resolve()) for h in root.handlers):
-        return  # a second run in this process (tests)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
 
 
 def _peak_rss_mb(world: int) -> float:
