@@ -113,6 +113,22 @@ def test_the_committed_feature_head_decodes_mt_bench_losslessly_in_fewer_steps()
         assert lossless_tokens_per_step(decoder, method) > 1.25, (size, method)
 
 
+def test_the_committed_early_head_prunes_the_feature_heads_trees_losslessly():
+    """The early-head component (models/components/smollm2-135m-early-head) on the committed feature head: the base
+    model's own tokens, rows dropped after its layer, and most of the unpruned tree's tokens per step kept."""
+    from conftest import REPO
+
+    from ppdkit.runtime.decoder import Decoder
+
+    components = REPO / "models" / "components"
+    decoder = Decoder.from_pretrained(components / "smollm2-135m-feature-head", tree_size=6,
+                                      early_head=components / "smollm2-135m-early-head", prune_top_k=128)
+    unpruned = lossless_tokens_per_step(decoder, "feature-head")
+    pruned = lossless_tokens_per_step(decoder, "feature-head-prune")
+    assert decoder.pruned_rows and sum(decoder.pruned_rows) > 0
+    assert pruned > 0.9 * unpruned and pruned > 1.25, (pruned, unpruned)
+
+
 def test_smollm2_alone_decodes_losslessly_with_the_drafters_that_need_no_component():
     from ppdkit.runtime.decoder import Decoder
 
