@@ -26,6 +26,7 @@ from ppdkit.models.paths import write_json_atomic
 from ppdkit.registry.tracking import Tracker, numeric_leaves
 from ppdkit.runtime.methods import COMPONENT_FREE
 
+from .console import key_figure
 from .spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -365,7 +366,8 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
         summary.update(stage=stage.name, seconds=round(time.time() - started, 2),
                        inputs=inputs, inputs_digest=_digest(inputs))
         _publish_summary(stage_dir, summary, tracker)
-        log.info("stage %s: done in %.1f s", stage.name, summary["seconds"])
+        figure = key_figure(stage.name, summary)
+        log.info("stage %s: done in %.1f s%s", stage.name, summary["seconds"], f": {figure}" if figure else "")
         results[stage.name] = summary
     absent = [n for n in STAGE_ORDER if n not in STAGES]
     if stages is None and absent:

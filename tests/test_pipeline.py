@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -236,6 +237,9 @@ def test_the_console_shows_our_own_lines_and_bars(spec_file, tmp_path):
                   "Token authentication", "Started a local Ray instance"):
         assert noise not in console, noise
     assert "training: 100%" in console and "stage train: done" in console
+    # one line per stage's end with its key figure
+    assert re.search(r"stage teacher: done in [\d.]+ s: \d+ positions", console), console[-2000:]
+    assert re.search(r"stage train: done in [\d.]+ s: 2 steps, loss", console), console[-2000:]
     # the bar redraws on a new step only: in a log (no terminal) one line per step, not one per poll
     assert console.count("training: ") <= 2 * 3, console.count("training: ")
     assert "step 2/2 loss" in (tmp_path / "out" / "train" / "worker-0.log").read_text()
