@@ -4,6 +4,9 @@ POST /v1/chat/completions and /v1/completions (streamed as server-sent events wi
 /v1/models, /health and /metrics (Prometheus text: requests, tokens, tokens/s, tokens per step). Beside
 OpenAI's fields a request may name the decoding `method` (default: the server's, `auto` unless told).
 temperature defaults to 0: greedy decoding, the base model's own tokens, which every method reproduces.
+`stop` (up to 4 strings) ends the answer before the first of them, and the decoding with it; a streamed
+answer holds back text that may begin a stop sequence until it is sure. A streaming client that leaves
+stops its decode at the next step.
 
 Requests are decoded one at a time, in a worker thread (Decoder.generate takes turns: on a CPU two decodes
 at once only share its cores), so the server keeps answering /health while it decodes; at most
@@ -113,23 +116,38 @@ class ServerStats:
 
 
 class TextPieces:
-    """New tokens -> the text they add, holding back an incomplete UTF-8 character (a token may end mid-character)."""
+    """New tokens -> the text they add. Held back: an incomplete UTF-8 character (a token may end mid-character)
+    and an end of the text that may begin a stop sequence; the answer ends before the first stop sequence
+    (`stopped` then turns True, and the decoder is asked to stop)."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer, self.tokens, self.sent = tokenizer, [], ""
+    def __init__(self, tokenizer, stops: tuple[str, ...] = ()):
+        self.tokenizer, self.tokens, self.stops = tokenizer, [], stops
+        self.sent = 0  # characters of the text given out so far
+        self.stopped = False
 
     def add(self, tokens: list[int]) -> str:
+        if self.stopped:
+            return ""
         self.tokens += tokens
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
+        found = [at for stop in self.stops if (at := text.find(stop)) >= 0]
+        if found:
+            self.stopped, end = True, min(found)
+        elif text.endswith("\ufffd"):
             return ""
-        piece, self.sent = text[len(self.sent):], text
+        else:  # the longest end of the text that is the start of a stop sequence waits for what follows
+            end = len(text) - max((k for stop in self.stops for k in range(1, len(stop)) if text.endswith(stop[:k])),
+                                  default=0)
+        piece, self.sent = text[self.sent:end], max(self.sent, end)
         return piece
 
     def rest(self) -> str:
-        """What was held back, once the answer is complete (a byte sequence that never became a character)."""
+        """What was held back, once the answer is complete (a byte sequence that never became a character, the
+        start of a stop sequence that never came)."""
+        if self.stopped:
+            return ""
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        piece, self.sent = text[len(self.sent):], text
+        piece, self.sent = text[self.sent:], len(text)
         return piece
 
 
@@ -137,9 +155,8 @@ def _check_supported(request: _Request, decoder: Decoder, limits: ServeLimits, d
     """(max new tokens, method) of a request, or RequestError(400) naming what cannot be served."""
     if request.n != 1:
         raise RequestError(400, f"n={request.n}: this server returns one choice per request; send n=1", "n")
-    if request.stop:
-        raise RequestError(400, "stop sequences are not supported yet: leave `stop` out (decoding ends at the "
-                                "model's end-of-turn token or max_tokens)", "stop")
+    if len(_stops(request)) > MAX_STOPS or "" in _stops(request):
+        raise RequestError(400, f"stop: up to {MAX_STOPS} non-empty strings", "stop")
     if request.top_p != 1.0:
         raise RequestError(400, "top_p is not supported: sampling follows the base model's distribution at "
                                 "`temperature`; leave top_p at 1", "top_p")
@@ -152,6 +169,13 @@ def _check_supported(request: _Request, decoder: Decoder, limits: ServeLimits, d
         raise RequestError(400, f"method {method!r} is not served here; use one of {', '.join(decoder.methods())}",
                            "method")
     return asked, method
+
+
+MAX_STOPS = 4  # as OpenAI's API
+
+
+def _stops(request: _Request) -> tuple[str, ...]:
+    return (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
 
 
 def _chat_ids(decoder: Decoder, messages: list[ChatMessage]) -> list[int]:
@@ -196,12 +220,18 @@ def create_app(decoder: Decoder, name: str, default_method: str = "auto", limits
                               "(ppdkit serve --max-request-bytes)")
         return await call_next(request)
 
-    def decode(ids: list[int], max_tokens: int, method: str, request: _Request,
-               stream: Callable[[list[int]], None] | None = None) -> GenerateResult:
-        """Runs in a worker thread; waits its turn behind the request decoding."""
+    def decode(ids: list[int], max_tokens: int, method: str, request: _Request, pieces: TextPieces,
+               on_piece: Callable[[str], None], cancelled: threading.Event) -> GenerateResult:
+        """Runs in a worker thread; waits its turn behind the request decoding. The answer's text goes to
+        `on_piece` as `pieces` gives it out; decoding ends early at a stop sequence or once `cancelled` is set."""
+
+        def stream(tokens: list[int]) -> None:
+            if piece := pieces.add(tokens):
+                on_piece(piece)
+
         try:
             result = decoder.generate(ids, max_tokens, method, stream=stream, temperature=request.temperature,
-                                      seed=request.seed)
+                                      seed=request.seed, should_stop=lambda: pieces.stopped or cancelled.is_set())
         except ValueError as e:  # a prompt that does not fit, a method this decoder cannot run
             raise RequestError(400, str(e)) from None
         finally:
@@ -215,8 +245,9 @@ def create_app(decoder: Decoder, name: str, default_method: str = "auto", limits
             raise RequestError(503, f"{limits.max_waiting} requests are already waiting; try again shortly")
         stats.waiting += 1
 
-    def finish_reason(result: GenerateResult, max_tokens: int) -> str:
-        return "length" if len(result.tokens) >= max_tokens and result.tokens[-1] not in decoder._eos_ids() else "stop"
+    def finish_reason(result: GenerateResult, max_tokens: int, pieces: TextPieces) -> str:
+        ended = pieces.stopped or result.tokens[-1] in decoder._eos_ids()
+        return "length" if len(result.tokens) >= max_tokens and not ended else "stop"
 
     def extras(result: GenerateResult) -> dict:
         return {"method": result.method, "steps": result.steps, "tokens_per_step": round(
@@ -231,29 +262,39 @@ def create_app(decoder: Decoder, name: str, default_method: str = "auto", limits
         admit()
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
         kind = "chat.completion" if chat else "text_completion"
+        pieces, cancelled = TextPieces(decoder.tokenizer, _stops(request)), threading.Event()
         if not request.stream:
-            result = await run_in_threadpool(decode, ids, max_tokens, method, request)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": result.text}} if chat
-                      else {"index": 0, "text": result.text, "logprobs": None})
+            parts: list[str] = []
+            result = await run_in_threadpool(decode, ids, max_tokens, method, request, pieces, parts.append, cancelled)
+            text = "".join(parts) + pieces.rest()
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
+                      else {"index": 0, "text": text, "logprobs": None})
             return {"id": rid, "object": kind, "created": created, "model": name,
-                    "choices": [{**choice, "finish_reason": finish_reason(result, max_tokens)}],
+                    "choices": [{**choice, "finish_reason": finish_reason(result, max_tokens, pieces)}],
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": len(result.tokens),
                               "total_tokens": len(ids) + len(result.tokens)}, "ppdkit": extras(result)}
         # decoding starts now, not when the client first reads: an admitted request always ends and frees its turn
-        loop, queue, pieces = asyncio.get_running_loop(), asyncio.Queue(), TextPieces(decoder.tokenizer)
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
-        def on_tokens(tokens: list[int]) -> None:  # in the decoding thread
-            piece = pieces.add(tokens)
-            if piece:
-                loop.call_soon_threadsafe(queue.put_nowait, piece)
+        def on_piece(piece: str) -> None:  # in the decoding thread
+            loop.call_soon_threadsafe(queue.put_nowait, piece)
 
-        job = asyncio.ensure_future(run_in_threadpool(decode, ids, max_tokens, method, request, on_tokens))
+        job = asyncio.ensure_future(run_in_threadpool(decode, ids, max_tokens, method, request, pieces, on_piece,
+                                                      cancelled))
         job.add_done_callback(lambda _: queue.put_nowait(None))
-        return StreamingResponse(_events(queue, job, pieces, len(ids), chat, max_tokens, rid, created),
+        return StreamingResponse(_events(queue, job, pieces, cancelled, len(ids), chat, max_tokens, rid, created),
                                  media_type="text/event-stream")
 
-    async def _events(queue: asyncio.Queue, job: asyncio.Future, pieces: TextPieces, prompt_tokens: int, chat: bool,
-                      max_tokens: int, rid: str, created: int) -> AsyncIterator[str]:
+    async def _events(queue: asyncio.Queue, job: asyncio.Future, pieces: TextPieces, cancelled: threading.Event,
+                      prompt_tokens: int, chat: bool, max_tokens: int, rid: str, created: int) -> AsyncIterator[str]:
+        try:
+            async for event in _answer_events(queue, job, pieces, prompt_tokens, chat, max_tokens, rid, created):
+                yield event
+        finally:  # the stream ended, or its client left: a decode still running stops at its next step
+            cancelled.set()
+
+    async def _answer_events(queue: asyncio.Queue, job: asyncio.Future, pieces: TextPieces, prompt_tokens: int,
+                             chat: bool, max_tokens: int, rid: str, created: int) -> AsyncIterator[str]:
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(delta_text: str | None, reason: str | None = None, first: bool = False, **more) -> str:
@@ -279,7 +320,7 @@ def create_app(decoder: Decoder, name: str, default_method: str = "auto", limits
             yield chunk(rest)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(result.tokens),
                  "total_tokens": prompt_tokens + len(result.tokens)}
-        yield chunk(None, finish_reason(result, max_tokens), usage=usage, ppdkit=extras(result))
+        yield chunk(None, finish_reason(result, max_tokens, pieces), usage=usage, ppdkit=extras(result))
         yield "data: [DONE]\n\n"
 
     @app.post("/v1/chat/completions")

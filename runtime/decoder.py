@@ -265,7 +265,8 @@ class Decoder:
     def generate(self, prompt: str | list[int], max_new_tokens: int = 128, method: str = "ppd",
                  stream: Callable[[list[int]], None] | None = None, temperature: float = 0.0,
                  acceptance: str = "speculative", epsilon: float = 0.09, delta: float = 0.3,
-                 seed: int | None = None, truncate: str | None = None) -> GenerateResult:
+                 seed: int | None = None, truncate: str | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> GenerateResult:
         """Decode `prompt` (text is wrapped in the chat template; ids are used as they are).
 
         temperature 0 is greedy decoding, token for token the base model's own. Above 0 tokens are
@@ -273,6 +274,8 @@ class Decoder:
         (epsilon, delta) accepts more guesses at the cost of that guarantee. `seed` fixes the draws.
         A prompt that leaves no room for `max_new_tokens` within `max_length` is refused, or with
         truncate="left" cut to its last tokens that fit. Calls from several threads take turns.
+        `should_stop`, asked after every step (after `stream`), ends the answer early when it returns True (a
+        server's stop sequence found in the text, a client gone).
         """
         sampling = Sampling(temperature, acceptance, epsilon, delta)
         method = self.fastest_method() if method == AUTO else method
@@ -287,7 +290,8 @@ class Decoder:
                                max_new_tokens, method, truncate)
         with self._lock, torch.inference_mode(), on_device(self.device):
             return self._generate(torch.tensor(ids, dtype=torch.long), max_new_tokens, method, stream, sampling,
-                                  torch.Generator(self.device).manual_seed(seed) if seed is not None else None)
+                                  torch.Generator(self.device).manual_seed(seed) if seed is not None else None,
+                                  should_stop)
 
     def _fit_prompt(self, ids: list[int], max_new_tokens: int, method: str, truncate: str | None) -> list[int]:
         """The prompt's ids if they leave room for the answer within max_length, else its last ids that do
@@ -315,7 +319,7 @@ class Decoder:
 
     def _generate(self, ids: torch.Tensor, max_new_tokens: int, method: str,
                   stream: Callable[[list[int]], None] | None, sampling: Sampling,
-                  generator: torch.Generator | None) -> GenerateResult:
+                  generator: torch.Generator | None, should_stop: Callable[[], bool] | None = None) -> GenerateResult:
         cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + self._tree_size(method))
         started = time.perf_counter()
         out: list[int] = []
@@ -329,15 +333,15 @@ class Decoder:
             per_step.append(len(tokens))
             if rows is not None:
                 rows_fed.append(rows)
-            for t in tokens:
+            for i, t in enumerate(tokens):
                 out.append(t)
                 if t in eos or len(out) >= max_new_tokens:
                     if stream:
-                        stream([t])
+                        stream(tokens[:i + 1])  # the step's tokens up to the last one kept
                     return True
             if stream:
                 stream(tokens)
-            return False
+            return should_stop is not None and should_stop()
 
         sizer = self.new_sizer() if {TREES, HEAD_TREE} & set(get_method(method).needs) else None
         self.pruned_rows = []

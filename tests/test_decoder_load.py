@@ -171,3 +171,20 @@ def test_a_component_built_wrong_is_refused_at_load(tiny_component, damage):
     _rewrite(tiny_component, **changes)
     with pytest.raises(ArtifactError, match=expected):
         Decoder.from_pretrained(tiny_component, tree_size=12)
+
+
+def test_streamed_tokens_are_the_answers_tokens_and_should_stop_ends_it(tiny_component):
+    """A step that emits several tokens and reaches the budget (or an end token) streams all of them up to the last
+    one kept, for every method; `should_stop` ends the answer after the step it first says so."""
+    decoder = Decoder.from_pretrained(tiny_component, tree_size=12)
+    rng = random.Random(1)
+    for method in ("ar", "ppd", "ppd-lookup", "anpd", "self-draft"):
+        for budget in (1, 5, 9, 23):
+            ids = [5, 6, 7, 8] * rng.randint(1, 4)
+            streamed: list[int] = []
+            result = decoder.generate(ids, budget, method, stream=streamed.extend)
+            assert streamed == result.tokens, (method, budget)
+        steps = []
+        stopped = decoder.generate([5, 6, 7, 8] * 3, 40, method, stream=steps.append,
+                                   should_stop=lambda: len(steps) == 2)
+        assert len(steps) == 2 and stopped.tokens == [t for step in steps for t in step], method

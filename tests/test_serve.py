@@ -132,6 +132,7 @@ def _post(url: str, body: bytes) -> tuple[int, dict]:
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 33}, 400, "above this server's cap of 32"),
     ({"messages": [{"role": "user", "content": "hi"}], "method": "ppd"}, 400, "method 'ppd' is not served here"),
     ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "one choice per request"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "up to 4"),
     ({"messages": []}, 400, "messages"),
     ({"prompt": "hi"}, 400, "messages: Field required"),
     ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "above this server's cap of 4000"),
@@ -142,6 +143,30 @@ def test_bad_requests_get_clear_errors(server, body, status, says):
     url, _ = server
     code, answer = _post(f"{url}/v1/chat/completions", json.dumps(body).encode())
     assert code == status and says in answer["error"]["message"], answer
+
+
+def test_stop_sequences_end_the_answer_before_them_streamed_or_not(server, decoder):
+    url, _ = server
+    full = decoder.generate(PROMPT, 32, "ar").text
+    stop = full[12:15]  # a few characters from inside the answer; the answer ends before their first occurrence
+    expected = full[:full.find(stop)]
+    client = _client(url)
+    for method in ("ar", "anpd"):
+        answer = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
+                                                max_tokens=32, stop=["never in this text", stop],
+                                                extra_body={"method": method})
+        assert answer.choices[0].message.content == expected and answer.choices[0].finish_reason == "stop"
+        assert answer.usage.completion_tokens < len(decoder.generate(PROMPT, 32, "ar").tokens)  # decoding ended too
+        chunks = list(client.chat.completions.create(model="tiny-llama", max_tokens=32, stream=True, stop=stop,
+                                                     messages=[{"role": "user", "content": PROMPT}],
+                                                     extra_body={"method": method}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    # a stop sequence that never comes holds nothing back for good
+    kept = client.completions.create(model="tiny-llama", prompt="def add(a, b):", max_tokens=16, stream=True,
+                                     stop="\u2603never")
+    ids = decoder.tokenizer("def add(a, b):", add_special_tokens=False)["input_ids"]
+    assert "".join(c.choices[0].text for c in kept) == decoder.generate(ids, 16, "ar").text
 
 
 def test_health_and_metrics(server):
