@@ -10,6 +10,9 @@ the token after it:
   (Algorithm 1's sliding window);
 - every G consecutive branch tokens with the guess after the last form a (G+1)-gram; its first token keys an
   LRU pool of continuations (the other G tokens): the context cache.
+- every G + 1 consecutive tokens of the committed text (prompt and answer) are put in the same pool, after the
+  branches' (the authors' code does this, `ContextCache.update_cache`; the paper's text does not say so): the
+  text's own n-grams are what a copying answer (code, lists, quotes) repeats.
 The next step's candidates are the pool's continuations of the new root (most recent first), then the corpus
 table's for the text's ending, at most C, merged into a trie. Only the verified path's cache entries are
 kept (a branch row's are discarded as a prompt token's are) and acceptance is the runtime's
@@ -42,6 +45,7 @@ class Drafts:
     gram: int  # G
     length: int  # L
     pool: dict[int, OrderedDict] = field(default_factory=dict)  # key token -> {continuation: None}, newest last
+    read: int = 0  # the text's n-grams starting before this position are in the pool
 
     @classmethod
     def start(cls, prompt: list[int], branches: int, length: int, gram: int) -> "Drafts":
@@ -59,19 +63,28 @@ class Drafts:
                 out.append(list(chain))
         return out[:count]
 
+    def _remember(self, gram: list[int]) -> None:
+        """Put a (G+1)-gram in the pool as its first token's newest continuation."""
+        pool = self.pool.setdefault(gram[0], OrderedDict())
+        pool[tuple(gram[1:])] = None
+        pool.move_to_end(tuple(gram[1:]))
+        if len(pool) > POOL:
+            pool.popitem(last=False)
+
     def update(self, guesses: list[list[int]]) -> None:
         """guesses[b][j]: the model's greedy token after branch b's token j, this step."""
         for branch, after in zip(self.branches, guesses):
             for j in range(self.gram - 1, len(branch)):
-                gram = branch[j - self.gram + 1:j + 1] + [after[j]]
-                pool = self.pool.setdefault(gram[0], OrderedDict())
-                pool[tuple(gram[1:])] = None
-                pool.move_to_end(tuple(gram[1:]))
-                if len(pool) > POOL:
-                    pool.popitem(last=False)
+                self._remember(branch[j - self.gram + 1:j + 1] + [after[j]])
             branch.append(after[-1])
             if len(branch) > self.length:
                 del branch[0]
+
+    def read_text(self, text: list[int]) -> None:
+        """Pool the committed text's (G+1)-grams not pooled yet (the prompt at first, then each step's tokens)."""
+        for i in range(self.read, len(text) - self.gram):
+            self._remember(text[i:i + self.gram + 1])
+        self.read = max(self.read, len(text) - self.gram)
 
 
 def trie(root: int, chains: list[list[int]]) -> tuple[list[int], tuple[int, ...]]:
@@ -124,6 +137,7 @@ def decode_self_draft(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable
     root = pick(model.logits(hidden[-1]), sampling, generator)
     text = ids.tolist() + [root]
     drafts = Drafts.start(ids.tolist(), branches, branch_length, gram)
+    drafts.read_text(text)
     done = emit([root])
     while not done:
         tokens, parents = trie(root, drafts.candidates(root, text, decoder.ngrams, candidates))
@@ -143,5 +157,6 @@ def decode_self_draft(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable
         drafts.update(split)
         accepted = inputs[layout.paths[final][1:]].tolist() + [next_token]
         text += accepted
+        drafts.read_text(text)
         root = next_token
         done = emit(accepted, rows=len(inputs))

@@ -26,6 +26,17 @@ def test_branches_slide_and_fill_the_context_cache():
     assert drafts.candidates(2, [5, 2], table, 1) == [[3, 9]]
 
 
+def test_the_committed_texts_ngrams_join_the_context_cache_once_each():
+    drafts = Drafts([[1]], gram=2, length=3)
+    drafts.read_text([5, 6, 7, 5, 6])  # a prompt: (5, 6, 7), (6, 7, 5), (7, 5, 6)
+    assert list(drafts.pool[5]) == [(6, 7)] and list(drafts.pool[7]) == [(5, 6)] and 6 in drafts.pool
+    drafts.read_text([5, 6, 7, 5, 6, 8])  # a step committed 8: only the new n-gram (5, 6, 8) is read
+    assert list(drafts.pool[5]) == [(6, 7), (6, 8)] and list(drafts.pool[6]) == [(7, 5)]
+    assert drafts.candidates(5, [5], None, 4) == [[6, 8], [6, 7]]  # the newest first
+    drafts.read_text([5, 6, 7, 5, 6, 8])  # nothing new: nothing moves
+    assert list(drafts.pool[5]) == [(6, 7), (6, 8)]
+
+
 def test_candidates_merge_into_a_trie_and_branches_see_only_their_own_past():
     tokens, parents = trie(9, [[1, 2], [1, 3], [4]])
     assert tokens == [9, 1, 2, 3, 4] and parents == (-1, 0, 1, 1, 0)
