@@ -2,6 +2,7 @@
 with OpenAI's own client and plain HTTP; answers (streamed or not) are the decoder's `generate` text, and bad
 requests get 4xx errors that say what is wrong."""
 
+import http.client
 import json
 import os
 import socket
@@ -206,3 +207,31 @@ def test_a_registered_component_streams_its_answer_to_an_openai_client(tmp_path,
         chunks = list(_client(url).chat.completions.create(model=model, max_tokens=24, stream=True,
                                                            messages=[{"role": "user", "content": PROMPT}]))
     assert len(chunks) > 3 and "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+
+
+def _metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics") as r:
+        return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                if line.startswith("ppdkit_") and "by_method" not in line}
+
+
+def test_a_client_that_leaves_a_stream_stops_its_decode(tmp_path):
+    """SmolLM2 decodes slowly enough (tens of tokens/s) to see it: a client that reads the first chunk and hangs
+    up leaves a decode that ends at its next steps, not at max_tokens."""
+    with _serving(tmp_path / "server.log", "--base", "smollm2-135m", "--method", "ar") as (url, _):
+        body = {"model": "smollm2-135m", "max_tokens": 128, "messages": [{"role": "user", "content": PROMPT}]}
+        whole = _client(url).chat.completions.create(**body)
+        assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 128
+        connection = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
+        connection.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True}),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200 and response.readline().startswith(b"data: ")  # the stream has begun
+        connection.sock.shutdown(socket.SHUT_RDWR)
+        connection.close()
+        for _ in range(300):  # the left decode is counted once it has ended
+            if (metrics := _metrics(url))["ppdkit_requests_total"] == 2:
+                break
+            time.sleep(0.1)
+        left = metrics["ppdkit_generated_tokens_total"] - 128
+        assert metrics["ppdkit_requests_total"] == 2 and 1 <= left < 64, metrics
