@@ -183,53 +183,58 @@ class Decoder:
         pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses.
         `device`: where the model and drafts run (cuda: the PyTorch layers; the native kernels are CPU only)."""
         device = check_device(device)
-        if str(source).startswith("models:/"):
-            from ppdkit.registry.models import resolve  # the registry (MLflow) only for registry URIs
-
-            source = resolve(str(source))
-        directory = Path(source)
+        directory = _local(source)
         component = read_component(directory)
         digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
         base = load_base_model(component.base_model["name"], quantization="none", dtype=dtype)
         read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
         base.model.to(device)  # the loaders below take the LM head's rows from it, on the device
         with on_device(device):  # the layouts, head trees and profile built below: on the device
-            taus: dict[int, float] = {}
-            if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
-                decoder = cls(base.model, base.tokenizer, None, None, max_length)
-                decoder.skip_map, decoder.skip_draft = load_skip_draft(component, decoder.model, base.model)
-            elif "draft_vocab" in component.tensors:  # draft heads over the base model's features
-                heads, head_trees = load_draft_heads(component, base.model)
-                decoder = cls(base.model, base.tokenizer, None, None, max_length)
-                decoder.heads, taus = heads, {s: tau for s, (_, tau) in head_trees.items()}
-                decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
-            else:
-                prompts, by_size, ngrams = _drafts(component, base.model)
-                decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
-                taus = {s: t.tau for s, t in by_size.items()}
+            decoder, taus, ppd_trees = cls._assemble(component, base, max_length, lookup_chains)
             decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
             if taus:
-                if tree_size is None:  # hardware-aware: measured once per machine, then cached
-                    decoder.profile = profile_trees(decoder.model, taus, base.fingerprint, **decoder.profile_drafter())
-                    tree_size = decoder.profile["chosen"]
-                decoder.size = min(taus, key=lambda s: abs(s - tree_size))
-                if decoder.heads is not None:
-                    decoder.head_tree = decoder.head_trees[decoder.size]
-                    decoder.size_taus = taus
-                    decoder.size_rows = {s: tree.layout.size for s, tree in decoder.head_trees.items()}
-                else:
-                    decoder.set_tree(by_size[decoder.size])
-                    if dynamic_size:
-                        decoder.use_every_size(by_size)
-                decoder.dynamic_size = dynamic_size
+                decoder._size_trees(taus, ppd_trees, tree_size, dynamic_size)
             if early_head is not None:
-                if str(early_head).startswith("models:/"):
-                    from ppdkit.registry.models import resolve
-
-                    early_head = resolve(str(early_head))
-                early = read_component(Path(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
+                early = read_component(_local(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
                 decoder.early_head = load_early_head(early, base.model, prune_top_k)
             return decoder
+
+    @classmethod
+    def _assemble(cls, component: Component, base, max_length: int, lookup_chains: int
+                  ) -> tuple["Decoder", dict[int, float], dict[int, DynamicTree]]:
+        """The decoder with the component's drafts loaded: (decoder, each calibrated tree size's tau, a PPD
+        component's trees by size)."""
+        if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
+            decoder = cls(base.model, base.tokenizer, None, None, max_length)
+            decoder.skip_map, decoder.skip_draft = load_skip_draft(component, decoder.model, base.model)
+            return decoder, {}, {}
+        if "draft_vocab" in component.tensors:  # draft heads over the base model's features
+            heads, head_trees = load_draft_heads(component, base.model)
+            decoder = cls(base.model, base.tokenizer, None, None, max_length)
+            decoder.heads = heads
+            decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
+            return decoder, {s: tau for s, (_, tau) in head_trees.items()}, {}
+        prompts, by_size, ngrams = _drafts(component, base.model)
+        decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
+        return decoder, {s: t.tau for s, t in by_size.items()}, by_size
+
+    def _size_trees(self, taus: dict[int, float], ppd_trees: dict[int, DynamicTree], tree_size: int | None,
+                    dynamic_size: bool) -> None:
+        """Take the calibrated tree nearest `tree_size`, or, when none is given, the size this machine's
+        profile chose (measured once per machine, then cached)."""
+        if tree_size is None:
+            self.profile = profile_trees(self.model, taus, self.fingerprint, **self.profile_drafter())
+            tree_size = self.profile["chosen"]
+        self.size = min(taus, key=lambda s: abs(s - tree_size))
+        if self.heads is not None:
+            self.head_tree = self.head_trees[self.size]
+            self.size_taus = taus
+            self.size_rows = {s: tree.layout.size for s, tree in self.head_trees.items()}
+        else:
+            self.set_tree(ppd_trees[self.size])
+            if dynamic_size:
+                self.use_every_size(ppd_trees)
+        self.dynamic_size = dynamic_size
 
     @classmethod
     def from_base(cls, name: str, dtype: str = "float32", max_length: int = 2048,
@@ -399,6 +404,15 @@ class Decoder:
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return ids
+
+
+def _local(source: str | Path) -> Path:
+    """A component's directory: `source` itself, or the registry version a models:/ URI names, downloaded."""
+    if str(source).startswith("models:/"):
+        from ppdkit.registry.models import resolve  # the registry (MLflow) only for registry URIs
+
+        return Path(resolve(str(source)))
+    return Path(source)
 
 
 def _drafts(component: Component, model) -> tuple[PromptTokenSet, dict[int, DynamicTree], NgramTable | None]:
