@@ -79,7 +79,7 @@ def register_component(mlflow: MlflowClient, name: str, run_id: str, tags: dict[
     except Exception as e:
         _undo_registration(mlflow, name, version, previous, e)
         raise
-    log.info("registered %s version %s (alias challenger)", name, version)
+    log.debug("registered %s version %s (alias challenger)", name, version)  # the register stage's done line says it
     return str(version)
 
 

@@ -170,6 +170,12 @@ def test_stop_sequences_end_the_answer_before_them_streamed_or_not(server, decod
     assert "".join(c.choices[0].text for c in kept) == decoder.generate(ids, 16, "ar").text
 
 
+def _metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics") as r:
+        return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                if line.startswith("ppdkit_") and "by_method" not in line}
+
+
 def test_health_and_metrics(server):
     url, _ = server
     _client(url).chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
@@ -177,10 +183,7 @@ def test_health_and_metrics(server):
     with urllib.request.urlopen(f"{url}/health") as r:
         health = json.loads(r.read())
     assert health["default_method"] == "ar" and "anpd" in health["methods"]
-    with urllib.request.urlopen(f"{url}/metrics") as r:
-        metrics = r.read().decode()
-    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-              if line.startswith("ppdkit_") and "by_method" not in line}
+    values = _metrics(url)
     assert values["ppdkit_requests_total"] >= 1 and values["ppdkit_generated_tokens_total"] >= 4
     assert values["ppdkit_tokens_per_second"] > 0 and values["ppdkit_tokens_per_step"] >= 1
 
@@ -207,12 +210,6 @@ def test_a_registered_component_streams_its_answer_to_an_openai_client(tmp_path,
         chunks = list(_client(url).chat.completions.create(model=model, max_tokens=24, stream=True,
                                                            messages=[{"role": "user", "content": PROMPT}]))
     assert len(chunks) > 3 and "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
-
-
-def _metrics(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{url}/metrics") as r:
-        return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
-                if line.startswith("ppdkit_") and "by_method" not in line}
 
 
 def test_a_client_that_leaves_a_stream_stops_its_decode(tmp_path):
