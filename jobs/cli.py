@@ -209,7 +209,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     report = run_bench(args.model or args.base, args.prompts, args.limit, args.max_new_tokens, methods,
                        args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k, base_only=bool(args.base),
-                       skip_map=args.skip_map, device=args.device)
+                       skip_map=args.skip_map, device=args.device, repeats=args.repeats)
     print_table(report)
     if args.out:
         write_report(report, Path(args.out))
@@ -338,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="comma-separated; a tree method with +dyn picks its tree size per step, e.g. ppd+dyn")
     bench_dec.add_argument("--tree-size", type=int)
     bench_dec.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
+    bench_dec.add_argument("--repeats", type=int, default=1,
+                           help="decode every prompt this many times per method, in turns, and count the fastest "
+                                "run (steadier ratios on a busy or drifting machine)")
     bench_dec.add_argument("--out", help="write the report as JSON here")
     for parser_ in (decode, bench_dec, serve_cmd):
         source = parser_.add_mutually_exclusive_group(required=True)
