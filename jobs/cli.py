@@ -36,10 +36,6 @@ def _quiet_other_libraries(verbose: bool) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # "Downloading artifacts" (models:/)
     # Ray's warning at every local start that token authentication is on (its default, which stays on)
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    import torch
-
-    if not torch.cuda.is_available():  # what DeepSpeed would find out itself, with a banner at every import
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if "transformers" in sys.modules:  # already imported (a caller's process): its switch was read at import
         from transformers.utils import logging as hf_logging
 
@@ -48,6 +44,15 @@ def _quiet_other_libraries(verbose: bool) -> None:
         import datasets
 
         datasets.disable_progress_bars()
+
+
+def _deepspeed_on_cpu_without_banner() -> None:
+    """DS_ACCELERATOR=cpu where torch finds no GPU: what DeepSpeed would find out itself, with a banner at every
+    import (loading a model imports it too), in this process and the Ray workers it starts."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def _default_output(name: str) -> Path:
@@ -449,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += extra
     _setup_logging(args.verbose)
     _quiet_other_libraries(args.verbose)
+    if not args.verbose and args.func not in (cmd_submit, cmd_jobs, cmd_ui):  # these never load torch: a second sooner
+        _deepspeed_on_cpu_without_banner()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from .pipeline import PipelineError
     from .spec import SpecError

@@ -122,6 +122,22 @@ def test_cli_prints_the_range_and_exits_2(job, tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_a_missing_job_api_is_said_in_one_line_without_loading_torch(tmp_path):
+    """`ppdkit jobs` (like submit and ui) only talks to a server: it must not pay torch's import to say so."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{s.getsockname()[1]}"
+    code = ("import sys; from ppdkit.jobs.cli import main; "
+            f"rc = main(['jobs', 'list', '--address', '{nowhere}']); print(rc, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.stdout.split()[-2:] == ["2", "False"], out.stderr[-2000:]
+    assert "no Ray job API" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_the_spec_knows_every_method_the_bench_runs():
     from ppdkit.jobs.bench import ALL_METHODS
 
