@@ -134,6 +134,8 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
         row["divergences"] = [{"prompt": i, **divergence(decoder, prompts[i], outputs[method][i],
                                                          outputs["hf-greedy"][i])}
                               for i, ok in enumerate(same) if not ok]
+        if method == "auto":  # which method that was: the trial's choice for this decoder and machine
+            row["ran"] = decoder.fastest_method()
         results.append(row)
     base = next(r for r in results if r["method"] == "hf-greedy")["tokens_per_s"]
     ar = next((r["tokens_per_s"] for r in results if r["method"] == "ar"), None)
@@ -165,6 +167,8 @@ def print_table(report: dict) -> None:
         print(f"{r['method']:<{width}} {r['prompts']:>7} {r['new_tokens']:>7} {r['seconds']:>8.1f} {r['tokens_per_s']:>7.1f} "
               f"{r['speedup_vs_hf_greedy']:>8.2f} {vs_ar} {r['mean_accepted_per_step']:>8.2f} {rows} {tree} {pruned} "
               f"{r['identical_to_greedy']:>9.2f}")
+        if "ran" in r:
+            print(f"    ran {r['ran']} (the fastest in its trial on this machine)")
         for d in r["divergences"]:
             kind = "near-tie" if d["near_tie"] else "NOT a near-tie"
             print(f"    prompt {d['prompt']}: parts at token {d['index']}, top-2 gap {d['top2_gap']:.2e} ({kind})")

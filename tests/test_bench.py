@@ -14,7 +14,7 @@ def prompts(tmp_path):
     return str(path)
 
 
-def test_repeats_count_each_methods_fastest_run(prompts, monkeypatch, tmp_path):
+def test_repeats_count_each_methods_fastest_run(prompts, monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
     timed = []
     real = bench.run_method
@@ -25,11 +25,15 @@ def test_repeats_count_each_methods_fastest_run(prompts, monkeypatch, tmp_path):
         return out
 
     monkeypatch.setattr(bench, "run_method", recorded)
-    report = bench.run_bench("tiny-llama", prompts, None, 12, ["ar", "anpd"], base_only=True, repeats=3)
+    report = bench.run_bench("tiny-llama", prompts, None, 12, ["ar", "anpd", "auto"], base_only=True, repeats=3)
     assert report["repeats"] == 3
-    warmup = 3  # one short run per method before timing
-    assert timed[warmup:] == ["hf-greedy", "ar", "anpd"] * 3 * 2  # in turns, every prompt 3 times
-    assert [r["identical_to_greedy"] for r in report["results"]] == [1.0] * 3
+    warmup = 4  # one short run per method before timing
+    assert timed[warmup:] == ["hf-greedy", "ar", "anpd", "auto"] * 3 * 2  # in turns, every prompt 3 times
+    assert [r["identical_to_greedy"] for r in report["results"]] == [1.0] * 4
+    ran = report["results"][-1]["ran"]  # what auto's trial chose, said in the report and the table
+    assert ran in ("ar", "anpd", "self-draft")
+    bench.print_table(report)
+    assert f"ran {ran} (the fastest in its trial" in capsys.readouterr().out
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         bench.run_bench("tiny-llama", prompts, None, 12, ["ar"], base_only=True, repeats=0)
 
