@@ -1,5 +1,6 @@
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -10,6 +11,13 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 _made_cache: list[str] = []
+
+
+def free_port() -> int:
+    """A port nothing listens on at 127.0.0.1 (for a server a test starts, or an address that must not answer)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def pytest_configure(config):

@@ -13,7 +13,7 @@ from typing import get_args
 import pytest
 import yaml
 
-from conftest import FIXTURES
+from conftest import FIXTURES, free_port
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.data_pipeline.conversations import Conversation
 from ppdkit.data_pipeline.data_stage import run_data_stage, tokenize_shard
@@ -124,13 +124,10 @@ def test_cli_prints_the_range_and_exits_2(job, tmp_path, capsys):
 
 def test_a_missing_job_api_is_said_in_one_line_without_loading_torch(tmp_path):
     """`ppdkit jobs` (like submit and ui) only talks to a server: it must not pay torch's import to say so."""
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        nowhere = f"http://127.0.0.1:{s.getsockname()[1]}"
+    nowhere = f"http://127.0.0.1:{free_port()}"
     code = ("import sys; from ppdkit.jobs.cli import main; "
             f"rc = main(['jobs', 'list', '--address', '{nowhere}']); print(rc, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)

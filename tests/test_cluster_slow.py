@@ -2,22 +2,15 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES, REPO, free_port
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ppdkit(*args, env, timeout=900) -> subprocess.CompletedProcess:
@@ -32,9 +25,9 @@ def _head_log(env: dict) -> str:
 
 def test_submit_follow_register_promote_decode(tmp_path):
     bin_dir = str(Path(sys.executable).parent)
-    mlflow_port, gcs_port, dash_port = _free_port(), _free_port(), _free_port()
+    mlflow_port, gcs_port, dash_port = free_port(), free_port(), free_port()
     # the session's own local Ray holds the agent's default ports: give this head free ones
-    agent_ports = {name: str(_free_port()) for name in ("RAY_AGENT_PORT", "RAY_AGENT_GRPC_PORT",
+    agent_ports = {name: str(free_port()) for name in ("RAY_AGENT_PORT", "RAY_AGENT_GRPC_PORT",
                                                          "RAY_RUNTIME_ENV_AGENT_PORT", "RAY_METRICS_PORT")}
     env = {**os.environ, **agent_ports, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PPDKIT_CACHE": str(tmp_path / "cache"),
            "RAY_GCS_PORT": str(gcs_port), "RAY_DASHBOARD_PORT": str(dash_port),
@@ -76,7 +69,7 @@ def test_submit_follow_register_promote_decode(tmp_path):
         # what users meet: clear errors
         missing = _ppdkit("decode", "--model", "models:/ppdkit-ci@nosuchalias", "--prompt", "x", env=env)
         assert missing.returncode == 2 and "registered models: ppdkit-ci" in missing.stderr
-        nowhere = _ppdkit("jobs", "list", "--address", f"http://127.0.0.1:{_free_port()}", env=env)
+        nowhere = _ppdkit("jobs", "list", "--address", f"http://127.0.0.1:{free_port()}", env=env)
         assert nowhere.returncode == 2 and "no Ray job API" in nowhere.stderr
     finally:
         subprocess.run(["bash", str(REPO / "infra/ray/stop-local-head.sh")], env=env, capture_output=True, timeout=120)

@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import FIXTURES
+from conftest import FIXTURES, free_port
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
 from ppdkit.jobs.cli import main
 from ppdkit.models.artifact import write_component
@@ -32,12 +31,6 @@ PPDKIT = Path(sys.executable).with_name("ppdkit")
 MLFLOW = Path(sys.executable).with_name("mlflow")
 # what a killed driver's Ray leaves running for good (they wait on its dead GCS); everything else of it exits
 LINGERING = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _in_session(sid: int) -> list[psutil.Process]:
@@ -129,7 +122,7 @@ class MlflowServer:
     """`mlflow server` on 127.0.0.1 with a sqlite store, stopped and started again by the test."""
 
     def __init__(self, root: Path, sessions: list[int]):
-        self.root, self.sessions, self.port, self.proc = root, sessions, _free_port(), None
+        self.root, self.sessions, self.port, self.proc = root, sessions, free_port(), None
         self.uri = f"http://127.0.0.1:{self.port}"
 
     def start(self, wait: bool = True) -> None:

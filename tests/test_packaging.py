@@ -6,7 +6,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from conftest import REPO
+from conftest import REPO, free_port
 
 FOLDERS = ("models", "data_pipeline", "trainer", "runtime", "registry", "jobs")
 
@@ -66,13 +66,10 @@ def test_console_command_lists_its_subcommands():
 def test_ui_runs_mlflow_from_its_own_environment_without_an_activated_venv(tmp_path):
     """`.venv/bin/ppdkit ui` with no venv on PATH: mlflow comes from the interpreter ppdkit runs in."""
     import os
-    import socket
     import time
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "MLFLOW_TRACKING_URI")}
     env["PATH"] = "/usr/bin:/bin"  # no mlflow here
     ppdkit = Path(sys.executable).with_name("ppdkit")

@@ -17,6 +17,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
+from conftest import free_port
 from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.artifact import write_component, write_ngrams
 from ppdkit.models.loading import load_base_model
@@ -31,16 +32,10 @@ openai = pytest.importorskip("openai")
 PROMPT = "Write a short story about a robot."
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def _serving(log, *args: str, env: dict | None = None):
     """`ppdkit serve ARGS` in its own process on a free port, answering /health: (its URL, its console log)."""
-    port = _free_port()
+    port = free_port()
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "-m", "ppdkit.jobs.cli", "serve", *args, "--port", str(port)],
                                    stdout=out, stderr=subprocess.STDOUT, env=env)
