@@ -13,7 +13,7 @@ class DataConfig(Section):
     limit: int | None = Field(512, ge=1, description="usable conversations to read (null: all)")
     max_length: int = Field(512, ge=8, description="tokens kept per conversation; at most the base model's context")
     holdout: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of conversations held out for evaluation")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the shuffle that picks the held-out conversations")
     shards: int = Field(2, ge=1, description="Ray tasks that template and tokenize in parallel")
     check_sequences: int = Field(8, ge=0, description="held-out sequences the base model scores as a data check")
 
@@ -40,7 +40,7 @@ class TeacherConfig(Section):
                                 "faster per token than batches of 4 on CPU)")
     max_new_tokens: int = Field(256, ge=1, description="tokens per regenerated assistant turn")
     temperature: float = Field(0.0, ge=0.0, description="0: greedy regeneration; > 0: sampled")
-    seed: int = 0
+    seed: int = Field(0, description="seed of sampled regeneration, mixed with each shard's id")
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Raise before any teacher work when top_k exceeds the base model's vocabulary (known only once the

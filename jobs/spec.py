@@ -31,10 +31,11 @@ class RayConfig(Section):
 class EvaluateConfig(Section):
     prompts: str = Field("mt-bench", min_length=1, description="mt-bench | humaneval | FILE.jsonl")
     limit: int = Field(5, ge=1, description="prompts decoded by every method")
-    max_new_tokens: int = Field(128, ge=1)
+    max_new_tokens: int = Field(128, ge=1, description="tokens every method decodes per prompt")
     methods: list[EvalMethod] | None = Field(
-        None, min_length=1, description=f"of {', '.join(get_args(EvalMethod))}; default: hf-greedy, ar and the "
-                                        "decoding methods of train.method's component")
+        None, min_length=1, description="the methods benchmarked, each named once (hf-*: transformers' generate); "
+                                        "those needing a component must be ones train.method's component serves. "
+                                        "Default: hf-greedy, ar, that component's decoding methods, auto")
 
     @field_validator("methods")
     @classmethod
@@ -49,14 +50,19 @@ class EvaluateConfig(Section):
 
 class JobSpec(Section):
     name: str = Field(description="the job's name: MLflow run name and default output folder")
-    base_model: BaseModelConfig = BaseModelConfig()
-    data: DataConfig = DataConfig()
-    teacher: TeacherConfig = TeacherConfig()
-    train: TrainConfig = TrainConfig()
-    calibrate: CalibrateConfig = CalibrateConfig()
-    evaluate: EvaluateConfig = EvaluateConfig()
-    tracking: TrackingConfig = TrackingConfig()
-    ray: RayConfig = RayConfig()
+    base_model: BaseModelConfig = Field(BaseModelConfig(), description="the frozen base model the component drafts "
+                                                                       "for: trained against, decoded with")
+    data: DataConfig = Field(DataConfig(), description="the conversations: source, held-out split, tokenization")
+    teacher: TeacherConfig = Field(TeacherConfig(), description="the teacher pass: the base model's next-token "
+                                                                "distributions over the data, on Ray actors")
+    train: TrainConfig = Field(TrainConfig(), description="the training method and its hyperparameters (DeepSpeed on "
+                                                          "Ray Train workers)")
+    calibrate: CalibrateConfig = Field(CalibrateConfig(), description="per-distance acceptance on held-out data, the "
+                                                                      "trees built from it, the n-gram table")
+    evaluate: EvaluateConfig = Field(EvaluateConfig(), description="the decoding benchmark of the trained component")
+    tracking: TrackingConfig = Field(TrackingConfig(), description="MLflow: the run, and the registered model the "
+                                                                   "component becomes a version of")
+    ray: RayConfig = Field(RayConfig(), description="the Ray cluster the stages run on")
 
     @model_validator(mode="after")
     def _name_is_a_folder_name(self) -> "JobSpec":

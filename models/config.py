@@ -15,4 +15,5 @@ class Section(BaseModel):
 class BaseModelConfig(Section):
     name: str = Field("smollm2-135m", min_length=1, description="catalog name (smollm2-135m, tiny-llama) or a local HF model directory")
     quantization: Literal["nf4", "none"] = Field("nf4", description="how the FROZEN base is held: 4-bit NF4 or as saved")
-    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float64"] = Field(
+        "float32", description="dtype the base model is loaded in (with nf4: the compute dtype of its 4-bit layers)")

@@ -4,9 +4,9 @@ from ppdkit.models.config import Section
 
 
 class TrackingConfig(Section):
-    enabled: bool = True
+    enabled: bool = Field(True, description="log the run to MLflow; false: no run, and nothing is registered")
     uri: str | None = Field(None, min_length=1,
                             description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, else sqlite in the cache")
-    experiment: str = Field("ppdkit", min_length=1)
+    experiment: str = Field("ppdkit", min_length=1, description="MLflow experiment the run goes in (created when missing)")
     registered_model: str | None = Field(None, min_length=1, description="registered model the component becomes a version of "
                                                             "(default: ppdkit-<base model name>)")

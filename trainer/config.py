@@ -20,8 +20,13 @@ class TrainConfig(Section):
     # the prompt tokens (papers/000 ch. 4)
     num_prompt_tokens: int = Field(3, ge=1, le=16, description="k: token distances guessed per forward")
     num_epts: int = Field(1, ge=1, le=256, description="n: ensemble prompt tokens per prompt token")
-    mask: Literal["ensemble", "decoder", "encoder"] = "ensemble"
-    aggregation: Literal["mean", "learned"] = "mean"
+    mask: Literal["ensemble", "decoder", "encoder"] = Field(
+        "ensemble", description="attention among the EPTs (papers/000 4.4.3). ensemble: an EPT sees the EPTs of its "
+                                "own index at its distance and before; decoder: every EPT before it; encoder: every "
+                                "EPT of its prompt token and the earlier ones")
+    aggregation: Literal["mean", "learned"] = Field(
+        "mean", description="how a prompt token's n EPTs make one guess: the mean of their logits, or learned "
+                            "weights (papers/000 4.4.4)")
     init_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, description="k*n token ids to copy embeddings from (default: seeded draw)")
     # the custom decoding head (method ept-head)
@@ -56,22 +61,27 @@ class TrainConfig(Section):
     # element past its whole range in one step, so it is a typo (the paper's is 0.01), not a setting.
     lr: float = Field(0.01, gt=0.0, le=1.0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay; negative would grow the weights")
-    epochs: int = Field(1, ge=1)
+    epochs: int = Field(1, ge=1, description="passes over the training sequences, insertion points redrawn each; "
+                                             "max_steps stops sooner")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
     micro_batch: int = Field(4, ge=1, description="sequences per worker per micro-step")
-    grad_accum: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1, description="micro-steps per optimizer step (DeepSpeed gradient accumulation)")
     zero_stage: int = Field(0, ge=0, le=2, description="DeepSpeed ZeRO stage")
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="DeepSpeed training precision (bf16: its bf16 "
+                                                                  "mode)")
     # the cluster
     num_workers: int = Field(2, ge=1, description="Ray Train workers (one DeepSpeed rank each)")
-    cpus_per_worker: int = Field(1, ge=1)
+    cpus_per_worker: int = Field(1, ge=1, description="CPUs (and torch threads) per Ray Train worker")
     max_failures: int = Field(1, ge=0, description="worker-group restarts Ray Train attempts, resuming from a checkpoint")
     # bookkeeping
-    log_every: int = Field(5, ge=1)
-    eval_every: int = Field(25, ge=1)
+    log_every: int = Field(5, ge=1, description="optimizer steps between logged train.* metrics and log lines")
+    eval_every: int = Field(25, ge=1, description="optimizer steps between held-out evaluations (every checkpoint "
+                                                  "is evaluated too)")
     eval_sequences: int = Field(64, ge=1, description="held-out sequences scored at each evaluation")
-    checkpoint_every: int = Field(25, ge=1)
-    seed: int = 0
+    checkpoint_every: int = Field(25, ge=1, description="optimizer steps between checkpoints; the one with the best "
+                                                        "held-out top-1 accuracy is exported")
+    seed: int = Field(0, description="seed of the initial weights, the data order, the insertion points and the "
+                                     "layer-skip search")
 
     @model_validator(mode="after")
     def _head_settings_need_a_head(self) -> "TrainConfig":
@@ -116,8 +126,8 @@ class CalibrateConfig(Section):
         description="tree sizes to build, in input tokens per step; each holds the root and one prompt token's EPTs")
     max_rank: int = Field(10, ge=1, le=64, description="guesses per distance considered")
     sequences: int = Field(64, ge=1, description="held-out sequences measured")
-    groups_per_sequence: int = Field(16, ge=1)
-    micro_batch: int = Field(4, ge=1)
+    groups_per_sequence: int = Field(16, ge=1, description="insertion points measured per held-out sequence")
+    micro_batch: int = Field(4, ge=1, description="sequences per measuring forward")
     # the corpus n-gram table (data_pipeline/ngram_cache.py) the component carries for ppd-lookup
     ngram_branches: int = Field(3, ge=0, le=16, description="continuations kept per n-gram; 0: no table")
     ngram_max_n: int = Field(3, ge=1, le=8, description="longest n-gram counted")

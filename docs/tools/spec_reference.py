@@ -1,0 +1,201 @@
+"""Writes docs/job-spec.md, the job-spec reference, from the pydantic models under ppdkit.jobs.spec.JobSpec.
+
+    .venv/bin/python docs/tools/spec_reference.py           # write the page
+    .venv/bin/python docs/tools/spec_reference.py --check   # exit 1 when the committed page is out of date
+
+Each key's type, bounds, choices, default and description are read from the models (`model_fields`, their
+annotations, `field.metadata`, `Field(description=...)`), so nothing here is written per key: a new key or a
+changed bound reaches the page by rerunning this, and tests/test_docs_spec.py fails until someone does.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import NoneType, UnionType
+from typing import Annotated, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from ppdkit.jobs.pipeline import STAGE_ORDER, STAGES
+from ppdkit.jobs.spec import JobSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "docs" / "job-spec.md"
+RECIPES = ROOT / "jobs" / "configs"
+COMMAND = "python docs/tools/spec_reference.py"
+_SCALARS = {int: "int", float: "float", bool: "true or false"}
+
+
+def _number(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _bound(metadata: list, attr: str):
+    return next((getattr(m, attr) for m in metadata if getattr(m, attr, None) is not None), None)
+
+
+def _range(metadata: list) -> str:
+    """' in (0, 1]', ' >= 1' or '' from pydantic's Gt/Ge/Lt/Le bounds."""
+    gt, ge, lt, le = (_bound(metadata, attr) for attr in ("gt", "ge", "lt", "le"))
+    low, high = (gt, "(") if gt is not None else (ge, "["), (lt, ")") if lt is not None else (le, "]")
+    if low[0] is not None and high[0] is not None:
+        return f" in {low[1]}{_number(low[0])}, {_number(high[0])}{high[1]}"
+    if low[0] is not None:
+        return f" {'>' if gt is not None else '>='} {_number(low[0])}"
+    if high[0] is not None:
+        return f" {'<' if lt is not None else '<='} {_number(high[0])}"
+    return ""
+
+
+def type_text(annotation, metadata: list = (), key: str = "?") -> str:
+    """A reader's type: `int in [1, 16]`, `one of: mean | learned`, `list of int in [2, 1024] (1 or more)`,
+    `int >= 1 or null`.
+    Raises TypeError naming the key for an annotation this page cannot yet describe."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:  # a list item's own bounds: list[Annotated[int, Field(ge=2)]]
+        inner, *infos = args
+        return type_text(inner, [m for i in infos for m in (i.metadata if isinstance(i, FieldInfo) else [i])], key)
+    if origin in (Union, UnionType):
+        text = " or ".join(type_text(a, metadata, key) for a in args if a is not NoneType)
+        if NoneType not in args:
+            return text
+        return f"null, or {text}" if "one of" in text else f"{text} or null"  # not read as one more choice
+    if origin is Literal:
+        return "one of: " + " | ".join(str(a) for a in args)
+    if origin is list:
+        item, least = type_text(args[0], (), key), _bound(metadata, "min_length")
+        count = f" ({least} or more)" if least else ""
+        return f"list{count}, each {item}" if item.startswith("one of") else f"list of {item}{count}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "section"
+    if annotation is str:
+        return "non-empty text" if _bound(metadata, "min_length") else "text"
+    if annotation in _SCALARS:
+        return _SCALARS[annotation] + _range(metadata)
+    raise TypeError(f"{key}: docs/tools/spec_reference.py cannot describe the type {annotation!r}; teach type_text "
+                    "about it")
+
+
+def default_text(field: FieldInfo) -> str:
+    if field.is_required():
+        return "required"
+    value = field.get_default(call_default_factory=True)
+    return f"`{value if isinstance(value, str) and value else json.dumps(value)}`"  # YAML as a user writes it
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _is_section(field: FieldInfo) -> bool:
+    return isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+
+
+def _anchor(key: str) -> str:  # as a code host makes it from a heading: dots dropped, underscores kept
+    return key.replace(".", "")
+
+
+_HEADER = ["| key | type | default | description |", "|---|---|---|---|"]
+
+
+def _row(key: str, field: FieldInfo, execution_only: bool = False) -> str:
+    if not field.description:
+        raise ValueError(f"{key} has no description: add Field(description=...) to its key in the model")
+    if _is_section(field):
+        kind, default = f"section, see [{key}](#{_anchor(key)})", ""
+    else:
+        kind, default = f"`{type_text(field.annotation, field.metadata, key)}`", default_text(field)
+    described = field.description + (" (*execution only*)" if execution_only else "")
+    return f"| `{key}` | {_cell(kind)} | {default} | {_cell(described)} |"
+
+
+def _reruns(section: str) -> str:
+    """Which stages a change of this section reruns: the first whose recorded inputs hold it, and every later one
+    (jobs/pipeline.py stage_inputs)."""
+    first = next((name for name in STAGE_ORDER if name in STAGES and section in STAGES[name].sections), None)
+    if first is None:
+        return "No stage's output depends on it: a change reruns nothing."
+    later = [name for name in STAGE_ORDER[STAGE_ORDER.index(first) + 1:] if name in STAGES]
+    return f"A change reruns the {first} stage" + (f" and the stages after it ({', '.join(later)})." if later else ".")
+
+
+def _section(key: str, field: FieldInfo, level: int) -> list[str]:
+    """A heading, the field's description, and a table: of the section's keys, or of the one top-level value.
+    Sections inside a section follow under their own, deeper headings."""
+    if not _is_section(field):
+        return [f"{'#' * level} {key}", "", *_HEADER, _row(key, field), ""]
+    lines = [f"{'#' * level} {key}", "", f"{field.description[0].upper()}{field.description[1:]}."]
+    model = field.annotation
+    if level == 2:
+        lines.append(_reruns(key))
+    lines += ["", *_HEADER, *(_row(f"{key}.{name}", sub, name in getattr(model, "execution_only", ()))
+                              for name, sub in model.model_fields.items()), ""]
+    for name, sub in model.model_fields.items():
+        if _is_section(sub):
+            lines += _section(f"{key}.{name}", sub, level + 1)
+    return lines
+
+
+def _intro() -> list[str]:
+    recipes = ", ".join(f"[{p.name}](../jobs/configs/{p.name})" for p in sorted(RECIPES.glob("*.yaml")))
+    keys = ", ".join(f"[{name}](#{name})" for name in JobSpec.model_fields)
+    return [
+        "# Job-spec reference",
+        "",
+        f"<!-- Generated by docs/tools/spec_reference.py from the job spec's pydantic models: change a model's "
+        f"Field(description=...) and run `{COMMAND}`, do not edit this page. -->",
+        "",
+        "A job spec is a YAML file of sections, read by `ppdkit run`, `ppdkit demo`, `ppdkit submit` and "
+        "`ppdkit bench-insertion`. `key=value` overrides after the spec's path set one key each, in order (the last "
+        "wins); the value is read as YAML (`64`, `0.5`, `true`, `null`, `[8, 16]`):",
+        "",
+        "```",
+        "ppdkit run jobs/configs/demo.yaml data.limit=64 base_model.quantization=none",
+        "```",
+        "",
+        "- Only `name` is required; every other key has the default below.",
+        "- Every section refuses unknown keys: a misspelled key fails at load, and the message lists the keys "
+        "allowed there. A value out of range fails with the range allowed.",
+        "- Some keys apply to some `train.method` values only (the description says which, e.g. `feature-head:`); "
+        "giving one a value other than its default for another method fails, naming the methods it applies to.",
+        "- Each stage's output records the sections it was made from. Run the same spec again with a key changed "
+        "and the first stage whose inputs hold that key reruns, with every stage after it; earlier stages are "
+        "kept. Keys marked *execution only* change how a stage runs (parallelism, logging), never what it writes: "
+        "a change to them alone reruns nothing. See [the pipeline](pipeline.md).",
+        "- A run logs its whole spec to MLflow, as params (`data.limit`, ...) and as the artifact `spec.yaml`.",
+        "",
+        f"Recipes to start from, in [jobs/configs/](../jobs/configs/): {recipes}.",
+        "",
+        f"Top-level keys: {keys}.",
+        "",
+    ]
+
+
+def render() -> str:
+    lines = _intro()
+    for name, field in JobSpec.model_fields.items():
+        lines += _section(name, field, 2)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when the committed page is out of date")
+    args = parser.parse_args(argv)
+    page = render()
+    shown = OUT.relative_to(ROOT) if OUT.is_relative_to(ROOT) else OUT
+    if args.check:
+        if not OUT.is_file() or OUT.read_text() != page:
+            print(f"{shown} is out of date: run {COMMAND}", file=sys.stderr)
+            return 1
+        return 0
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(page)
+    print(f"wrote {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
