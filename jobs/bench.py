@@ -8,7 +8,10 @@ floating-point near-tie can be told from a logic error.
 
 import json
 import logging
+import os
+import platform
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -23,6 +26,8 @@ HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-look
 ALL_METHODS = (*HF_METHODS, *METHODS)
 DYNAMIC = "+dyn"  # a tree method with this suffix picks its tree size per step (runtime/tree_sizer.py)
 NEAR_TIE = 1e-4
+# the CPU features that decide which matmul paths torch and the runtime's kernels take (float32 vs bf16 vs AMX)
+ISA_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
 def load_prompts(source: str, limit: int | None) -> list[str]:
@@ -69,11 +74,13 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
 def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
               tree_size: int | None = None, lookup_chains: int = 1, early_head: str | None = None,
               prune_top_k: int = 8, base_only: bool = False, skip_map: tuple[int, ...] | None = None,
-              device: str = "cpu", repeats: int = 1) -> dict:
+              device: str = "cpu", repeats: int = 1, command: str | None = None) -> dict:
     """`model` a component (directory or models:/ URI), or with `base_only` a base model for the methods that
     need no component (`skip_map` for skip); every method, the transformers baselines too, runs on `device`.
     `repeats` > 1 decodes every prompt that many times with every method, in turns, and counts each method's
-    fastest run: a ratio of a few percent then stands out of this machine's minute-to-minute drift."""
+    fastest run: a ratio of a few percent then stands out of this machine's minute-to-minute drift. `command` is what
+    made the report (the command line, or the pipeline stage), kept with its date and machine so a figure can be
+    traced and reproduced."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     unknown = [m for m in methods if m.removesuffix(DYNAMIC) not in ALL_METHODS
@@ -146,7 +153,34 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
     tree_size = decoder.tree.size if decoder.tree else decoder.head_tree.layout.size if decoder.head_tree else None
     return {"model": str(model), "prompts_source": prompts_source, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "tree_size": tree_size, "profile": decoder.profile, "device": str(decoder.device),
-            "threads": torch.get_num_threads(), "results": results}
+            "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine_info(), "command": command, "results": results}
+
+
+def machine_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
+    """Where a report was measured: CPU model, cores, torch threads, the matmul ISA flags, torch and ppdkit versions."""
+    from ppdkit.registry.tracking import ppdkit_commit
+
+    fields: dict[str, str] = {}
+    try:  # Linux; elsewhere platform's name stands in and the flags are unknown
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    return {"cpu": fields.get("model name") or platform.processor() or platform.machine(),
+            "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "isa": [f for f in ISA_FLAGS if f in flags] if flags else None,
+            "torch": torch.__version__, "ppdkit_commit": ppdkit_commit()}
+
+
+def describe_machine(machine: dict) -> str:
+    """One line for a table's caption or a plot's title: `AMD EPYC, 2 cores (2 threads), avx512f+avx512_bf16`."""
+    flags = machine.get("isa")
+    isa = "ISA flags unknown" if flags is None else "+".join(flags) or "no AVX-512 or AMX"
+    return (f"{machine.get('cpu', '?')}, {machine.get('logical_cores', '?')} cores "
+            f"({machine.get('torch_threads', '?')} threads), {isa}")
 
 
 def _rows(decoder: Decoder, size: int) -> int:
@@ -174,6 +208,8 @@ def print_table(report: dict) -> None:
             print(f"    prompt {d['prompt']}: parts at token {d['index']}, top-2 gap {d['top2_gap']:.2e} ({kind})")
     if report.get("repeats", 1) > 1:
         print(f"(seconds: each prompt's fastest of {report['repeats']} runs per method)")
+    if "machine" in report:  # reports written before these fields lack them
+        print(f"measured {report['date']} on {describe_machine(report['machine'])}")
 
 
 def write_report(report: dict, path: Path) -> None:

@@ -163,12 +163,17 @@ def _write_ngram_table(ctx: StageContext, component) -> dict[str, Any]:
 
 def _run_evaluate(ctx: StageContext) -> dict[str, Any]:
     from .bench import run_bench, write_report
+    from .bench_plot import plot_report
 
     cfg = ctx.spec.evaluate
+    # what made the report, without the output directory's path (a machine path means nothing in the run)
+    made_by = (f"ppdkit run, evaluate stage: train.method={ctx.spec.train.method} evaluate.prompts={cfg.prompts} "
+               f"evaluate.limit={cfg.limit} evaluate.max_new_tokens={cfg.max_new_tokens}")
     report = run_bench(str(ctx.output / "calibrate" / "component"), cfg.prompts, cfg.limit, cfg.max_new_tokens,
-                       cfg.methods)
+                       cfg.methods, command=made_by)
     write_report(report, ctx.stage_dir / "bench.json")
     ctx.tracker.log_artifact(ctx.stage_dir / "bench.json", "evaluate")
+    ctx.tracker.log_artifact(plot_report(report, ctx.stage_dir / "bench.png"), "evaluate")
     figures: dict[str, Any] = {"tree_size": report["tree_size"]}
     for row in report["results"]:
         name = row["method"].replace("-", "_")

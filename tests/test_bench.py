@@ -1,8 +1,12 @@
-"""`ppdkit bench` (jobs/bench.py) on the tiny model: repeated runs count each method's fastest and must agree."""
+"""`ppdkit bench` (jobs/bench.py, jobs/bench_plot.py) on the tiny model: repeated runs count each method's fastest
+and must agree; a report says when, where and how it was made, and draws as a PNG."""
 
 import json
+import os
+from datetime import datetime, timedelta, timezone
 
 import pytest
+import torch
 
 import ppdkit.jobs.bench as bench
 
@@ -53,3 +57,70 @@ def test_a_method_whose_repeats_disagree_is_reported(prompts, monkeypatch, tmp_p
     monkeypatch.setattr(bench, "run_method", drifting)
     with pytest.raises(RuntimeError, match="anpd gave different tokens on two runs of prompt 0"):
         bench.run_bench("tiny-llama", prompts, None, 12, ["anpd"], base_only=True, repeats=2)
+
+
+def test_a_report_says_when_where_and_how_it_was_made(prompts, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
+    report = bench.run_bench("tiny-llama", prompts, None, 6, ["ar"], base_only=True, command="ppdkit bench --x")
+    assert report["command"] == "ppdkit bench --x"
+    measured = datetime.fromisoformat(report["date"])
+    assert measured.tzinfo is not None and abs(datetime.now(timezone.utc) - measured) < timedelta(minutes=10)
+    machine = report["machine"]
+    assert machine["logical_cores"] == os.cpu_count() and machine["torch_threads"] == torch.get_num_threads()
+    assert machine["torch"] == torch.__version__ and machine["cpu"]
+    assert set(machine["isa"]) <= set(bench.ISA_FLAGS)
+    commit = machine["ppdkit_commit"]  # a checkout here: the commit it runs from
+    assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0)
+    bench.print_table(report)
+    assert f"measured {report['date']} on {machine['cpu']}" in capsys.readouterr().out
+
+
+def test_machine_info_reads_the_cpu_model_and_only_the_isa_flags_that_matter(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    core = "model name\t: Example Xeon 9999\nflags\t\t: fpu sse avx512f avx512_vnni amx_int8\n"
+    cpuinfo.write_text(f"processor\t: 0\n{core}\nprocessor\t: 1\n{core}")
+    machine = bench.machine_info(cpuinfo)
+    assert machine["cpu"] == "Example Xeon 9999" and machine["isa"] == ["avx512f", "amx_int8"]
+    assert bench.describe_machine(machine).endswith("cores (%d threads), avx512f+amx_int8" % torch.get_num_threads())
+    unknown = bench.machine_info(tmp_path / "absent")  # not Linux: the platform's name, flags unknown
+    assert unknown["isa"] is None and "ISA flags unknown" in bench.describe_machine(unknown)
+
+
+def _row(method, tokens_per_s, per_step, identical=1.0, **extra):
+    return {"method": method, "prompts": 3, "tokens_per_s": tokens_per_s, "mean_accepted_per_step": per_step,
+            "identical_to_greedy": identical, "speedup_vs_hf_greedy": tokens_per_s / 10.0,
+            "speedup_vs_ar": tokens_per_s / 20.0, **extra}
+
+
+HAND_MADE = {"model": "models/components/some-head", "prompts_source": "mt-bench", "max_new_tokens": 64, "repeats": 2,
+             "date": "2026-11-25T10:00:00+00:00", "command": "ppdkit bench ...",
+             "machine": {"cpu": "Example CPU", "logical_cores": 2, "torch_threads": 2, "isa": ["avx512f"]},
+             "results": [_row("hf-greedy", 10.0, 1.0), _row("ar", 20.0, 1.0), _row("feature-head", 31.0, 2.4),
+                         _row("anpd", 25.0, 1.6, identical=2 / 3), _row("auto", 30.0, 2.4, ran="feature-head")]}
+
+
+def test_plot_report_draws_both_panels_at_the_documented_size(tmp_path):
+    from PIL import Image
+
+    from ppdkit.jobs.bench_plot import plot_report, title
+
+    path = plot_report(HAND_MADE, tmp_path / "new" / "bench.png")
+    assert path == tmp_path / "new" / "bench.png"
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size == (1200, 500)
+        assert len(set(image.convert("RGB").getdata())) > 20  # drawn, not a blank canvas
+    assert title(HAND_MADE) == ("some-head on mt-bench: 3 prompts, 64 new tokens, best of 2\n"
+                                "2026-11-25, Example CPU, 2 cores (2 threads), avx512f")
+    old = {k: v for k, v in HAND_MADE.items() if k not in ("date", "machine", "command")}
+    assert "\n" not in title(old)  # a report from before these fields still draws
+    with pytest.raises(ValueError, match="no results to plot"):
+        plot_report({**HAND_MADE, "results": []}, tmp_path / "empty.png")
+
+
+def test_the_plot_writes_ratios_on_the_bars_and_marks_a_lossy_method():
+    from ppdkit.jobs.bench_plot import _label, _ratios
+
+    rows = {r["method"]: r for r in HAND_MADE["results"]}
+    assert _ratios(rows["feature-head"]) == "1.55x ar, 3.10x greedy"
+    assert _ratios(rows["anpd"]) == "1.25x ar, 2.50x greedy, identical 67%"
+    assert _label(rows["auto"]) == "auto (feature-head)"

@@ -116,6 +116,8 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
         assert key in run.data.metrics, key
     artifacts = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run.info.run_id)}
     assert {"component", "plots", "train", "trees"} <= artifacts
+    evaluated = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run.info.run_id, "evaluate")}
+    assert {"evaluate/bench.json", "evaluate/bench.png"} <= evaluated  # the report and its picture, side by side
     component = json.loads((out / "train" / "component" / "component.json").read_text())
     assert component["method"] == "ept" and component["run"]["mlflow_run_id"] == run.info.run_id
     trees = json.loads((out / "calibrate" / "component" / "trees.json").read_text())
@@ -124,6 +126,7 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     bench = json.loads((out / "evaluate" / "bench.json").read_text())
     assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "ppd", "ppd-lookup", "auto"}  # its own, auto
     assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
+    assert bench["command"].startswith("ppdkit run, evaluate stage: train.method=ept") and bench["machine"]["cpu"]
     for key in ("calibrate.tau_size6", "calibrate.ngram_entries", "evaluate.ppd_speedup",
                 "evaluate.ar_identical_to_greedy"):
         assert key in run.data.metrics, key
