@@ -43,8 +43,9 @@ def title(report: dict) -> str:
     return f"{head}\n{report['date'][:10]}, {describe_machine(report['machine'])}"
 
 
-def plot_report(report: dict, path: Path) -> Path:
-    """Draw `report` as a PNG at `path` (its folder made when missing); returns `path`."""
+def plot_report(report: dict, path: Path, metadata: dict[str, str] | None = None) -> Path:
+    """Draw `report` as a PNG at `path` (its folder made when missing); returns `path`. `metadata` goes into the
+    PNG's text fields (docs/tools/results_page.py records there which report a picture was drawn from)."""
     rows = report["results"]
     if not rows:
         raise ValueError("the bench report has no results to plot (was it run with no methods?)")
@@ -73,6 +74,6 @@ def plot_report(report: dict, path: Path) -> Path:
     fig.suptitle(title(report), fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, metadata=metadata)
     plt.close(fig)
     return path

@@ -124,3 +124,18 @@ def test_the_plot_writes_ratios_on_the_bars_and_marks_a_lossy_method():
     assert _ratios(rows["feature-head"]) == "1.55x ar, 3.10x greedy"
     assert _ratios(rows["anpd"]) == "1.25x ar, 2.50x greedy, identical 67%"
     assert _label(rows["auto"]) == "auto (feature-head)"
+
+
+def test_ppdkit_bench_records_its_command_line_and_draws_the_plot(prompts, monkeypatch, tmp_path):
+    from PIL import Image
+
+    from ppdkit.jobs.cli import main
+
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
+    argv = ["bench", "--base", "tiny-llama", "--prompts", prompts, "--max-new-tokens", "6", "--methods", "ar",
+            "--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "plots" / "r.png")]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["command"] == "ppdkit " + " ".join(argv)
+    with Image.open(tmp_path / "plots" / "r.png") as image:
+        assert image.size == (1200, 500)
