@@ -112,13 +112,14 @@ def _row(key: str, field: FieldInfo, execution_only: bool = False) -> str:
 
 
 def _reruns(section: str) -> str:
-    """Which stages a change of this section reruns: the first whose recorded inputs hold it, and every later one
-    (jobs/pipeline.py stage_inputs)."""
+    """Which stage a change of this section makes stale: the first whose recorded inputs hold it; the pipeline
+    refuses it (and every later stage) on an existing output until it is redone with --force (jobs/pipeline.py)."""
     first = next((name for name in STAGE_ORDER if name in STAGES and section in STAGES[name].sections), None)
     if first is None:
-        return "No stage's output depends on it: a change reruns nothing."
+        return "No stage's output depends on it: a change needs no stage redone."
     later = [name for name in STAGE_ORDER[STAGE_ORDER.index(first) + 1:] if name in STAGES]
-    return f"A change reruns the {first} stage" + (f" and the stages after it ({', '.join(later)})." if later else ".")
+    return (f"The {first} stage is made from it: on an existing output, a change is refused from that stage on "
+            f"(use another `--output`, or `--stages {','.join([first, *later])} --force`).")
 
 
 def _section(key: str, field: FieldInfo, level: int) -> list[str]:
@@ -160,10 +161,11 @@ def _intro() -> list[str]:
         "allowed there. A value out of range fails with the range allowed.",
         "- Some keys apply to some `train.method` values only (the description says which, e.g. `feature-head:`); "
         "giving one a value other than its default for another method fails, naming the methods it applies to.",
-        "- Each stage's output records the sections it was made from. Run the same spec again with a key changed "
-        "and the first stage whose inputs hold that key reruns, with every stage after it; earlier stages are "
-        "kept. Keys marked *execution only* change how a stage runs (parallelism, logging), never what it writes: "
-        "a change to them alone reruns nothing. See [the pipeline](pipeline.md).",
+        "- Each stage's output records the sections it was made from. Run the same spec on the same output with a "
+        "key changed and the first stage made from it is refused, naming what changed (`OUTPUT/data was made from "
+        "other inputs (data.limit: 64 -> 16)`): use another `--output`, or `--stages` that stage and the later ones "
+        "with `--force`. Keys marked *execution only* change how a stage runs (parallelism, logging), never what it "
+        "writes: a change to them alone is not refused. See [the pipeline](pipeline.md).",
         "- A run logs its whole spec to MLflow, as params (`data.limit`, ...) and as the artifact `spec.yaml`.",
         "",
         f"Recipes to start from, in [jobs/configs/](../jobs/configs/): {recipes}.",
