@@ -25,6 +25,7 @@ from ppdkit.models.loading import load_base_model, load_tokenizer
 
 from .config import DataConfig
 from .conversations import Conversation, MalformedRow, ReadReport
+from .dataset_info import split_record
 from .readers import read_conversations
 from .templating import TokenizedConversation, encode_conversation
 
@@ -142,6 +143,9 @@ def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dic
         "train_assistant_tokens": sum(sum(r.loss_mask) for r in train),
         "holdout_assistant_tokens": sum(sum(r.loss_mask) for r in holdout),
         "max_length": cfg.max_length,
+        # what the run's Datasets column shows (the pipeline logs them): the splits' rows, digests and counts
+        "datasets": [split_record(cfg.source, "training", train, read_report.summary()),
+                     *([split_record(cfg.source, "validation", holdout, read_report.summary())] if holdout else [])],
     }
     check_rows = (holdout or train)[: cfg.check_sequences]
     if check_rows:

@@ -23,10 +23,10 @@ from typing import Any
 import yaml
 
 from ppdkit.models.paths import write_json_atomic
-from ppdkit.registry.tracking import Tracker, numeric_leaves
-from ppdkit.runtime.methods import COMPONENT_FREE
+from ppdkit.registry.tracking import DatasetRecord, Tracker, numeric_leaves
 
 from .console import key_figure
+from .key_figures import registry_tags
 from .spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -48,12 +48,18 @@ class Stage:
     sections: tuple[str, ...]  # the spec sections its output depends on
     run: Callable[[StageContext], dict[str, Any]]  # returns the stage's figures
     uses_ray: bool = False  # runs Ray tasks, actors or Ray Train (the others run in the driver alone)
+    # logs run-level records from the stage's figures (datasets, key figures) before the stage counts as done
+    after: Callable[[StageContext, dict[str, Any]], None] | None = None
 
 
 def _run_data(ctx: StageContext) -> dict[str, Any]:
     from ppdkit.data_pipeline.data_stage import run_data_stage
 
     return run_data_stage(ctx.spec.base_model, ctx.spec.data, ctx.stage_dir)
+
+
+def _log_data_sets(ctx: StageContext, summary: dict[str, Any]) -> None:
+    ctx.tracker.log_datasets([DatasetRecord(**d) for d in summary["datasets"]])
 
 
 def _run_teacher(ctx: StageContext) -> dict[str, Any]:
@@ -183,6 +189,21 @@ def _run_evaluate(ctx: StageContext) -> dict[str, Any]:
     return figures
 
 
+def _log_key_figures(ctx: StageContext, summary: dict[str, Any]) -> None:
+    """The run's key figures (jobs/key_figures.py) and the benchmark prompts as its evaluation dataset."""
+    from ppdkit.data_pipeline.dataset_info import prompts_record
+    from ppdkit.trainer.methods import TRAINING_METHODS
+
+    from .bench import load_prompts
+    from .key_figures import key_figures
+
+    metrics, tags = key_figures(TRAINING_METHODS[ctx.spec.train.method].decoding_methods, summary)
+    ctx.tracker.log_metrics(metrics)
+    ctx.tracker.set_tags(tags)
+    cfg = ctx.spec.evaluate  # the prompts run_bench decoded: the same source and limit
+    ctx.tracker.log_datasets([DatasetRecord(**prompts_record(cfg.prompts, load_prompts(cfg.prompts, cfg.limit)))])
+
+
 def _run_register(ctx: StageContext) -> dict[str, Any]:
     if ctx.tracker.run_id is None:
         log.warning("stage register: tracking is off (tracking.enabled=false), so there is no run to register")
@@ -202,41 +223,17 @@ def _run_register(ctx: StageContext) -> dict[str, Any]:
     return {"registered": 1, "name": name, "version": int(version), "uri": f"models:/{name}/{version}"}
 
 
-def registry_tags(method_name: str, base_model: str, fingerprint: str, train: dict, calibrate: dict,
-                  evaluate: dict) -> dict[str, Any]:
-    """A registered version's tags: what it is, and the figures of the decoding methods its training method
-    serves (trainer/methods.py), each only where the evaluate stage measured it."""
-    from ppdkit.trainer.methods import TRAINING_METHODS
-
-    size = evaluate["tree_size"]
-    taus = {k: v for k, v in calibrate.items() if k.startswith("tau_size")}
-    tags = {"method": method_name, "base_model": base_model, "fingerprint": fingerprint,
-            **{k.removeprefix("best_"): v for k, v in train.items() if k.startswith("best_acc_top1_d")}}
-    if taus:  # a method with calibrated trees
-        tags.update(tree_size=size, tau=calibrate.get(f"tau_size{size}", max(taus.values())))
-    # metric names as the evaluate stage writes them (ppd-head -> ppd_head_speedup ...)
-    keys = [m.replace("-", "_") for m in (*COMPONENT_FREE, *TRAINING_METHODS[method_name].decoding_methods)]
-    measured = [key for key in keys if f"{key}_speedup" in evaluate]
-    for key in measured:
-        tags[f"{key}_speedup"] = evaluate[f"{key}_speedup"]
-        tags[f"{key}_accepted_per_step"] = evaluate[f"{key}_accepted_per_step"]
-    if measured:
-        tags["identical_to_greedy"] = min(evaluate[f"{key}_identical_to_greedy"] for key in measured)
-    # what the UI shows: 4 significant digits, and nothing for a figure that was not measured
-    return {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in tags.items() if v is not None}
-
-
 def calibrate_fingerprint(ctx: StageContext) -> str:
     return json.loads((ctx.output / "calibrate" / "component" / "component.json").read_text())["base_model"]["fingerprint"]
 
 
 # Stages that exist in this version, in STAGE_ORDER; later stages plug in here.
 STAGES: dict[str, Stage] = {
-    "data": Stage("data", ("base_model", "data"), _run_data, uses_ray=True),
+    "data": Stage("data", ("base_model", "data"), _run_data, uses_ray=True, after=_log_data_sets),
     "teacher": Stage("teacher", ("teacher",), _run_teacher, uses_ray=True),
     "train": Stage("train", ("train",), _run_train, uses_ray=True),
     "calibrate": Stage("calibrate", ("calibrate",), _run_calibrate),
-    "evaluate": Stage("evaluate", ("evaluate",), _run_evaluate),
+    "evaluate": Stage("evaluate", ("evaluate",), _run_evaluate, after=_log_key_figures),
     "register": Stage("register", ("tracking",), _run_register),
 }
 
@@ -366,7 +363,10 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
             start_ray()
         log.info("stage %s: running", stage.name)
         started = time.time()
-        summary = stage.run(StageContext(spec, output, stage_dir, tracker))
+        ctx = StageContext(spec, output, stage_dir, tracker)
+        summary = stage.run(ctx)
+        if stage.after is not None:
+            stage.after(ctx, summary)
         inputs = stage_inputs(spec, stage)
         summary.update(stage=stage.name, seconds=round(time.time() - started, 2),
                        inputs=inputs, inputs_digest=_digest(inputs))

@@ -31,7 +31,20 @@ class Tracker(Protocol):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
+    def log_datasets(self, datasets: list["DatasetRecord"]) -> None: ...
     def finish(self, status: str = "FINISHED") -> None: ...
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    """A set of rows a run read, as the runs table's Datasets column and its dataset panel show it."""
+
+    name: str  # the data source as the job spec names it: sharegpt, mt-bench, or a file's name
+    context: str  # what the run did with it: training, validation (held out), evaluation (bench prompts)
+    source: str  # the file or package folder it was read from
+    digest: str  # of the rows themselves, so two runs on the same rows show the same digest
+    profile: dict[str, Any]  # counts (num_rows, tokens, ...): the panel lists them as "key: value"
+    schema: dict[str, str] | None = None  # column -> "string" | "long[]"
 
 
 class TrackingUnavailable(ConnectionError):
@@ -90,11 +103,19 @@ class NullTracker:
     def log_metrics(self, metrics, step=None): pass
     def log_artifact(self, path, artifact_path=None): pass
     def set_tags(self, tags): pass
+    def log_datasets(self, datasets): pass
     def finish(self, status="FINISHED"): pass
 
 
 # The MLflow UI opens an experiment of this kind on its runs and charts (training), not on traces (GenAI)
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
+
+def experiment_tags() -> dict[str, str]:
+    """The tags a ppdkit experiment carries: its kind, and the saved runs-table view of the key figures."""
+    from .runs_view import VIEW_TAG, view_tag_value
+
+    return {EXPERIMENT_KIND: MODEL_TRAINING, VIEW_TAG: view_tag_value()}
 
 
 def ppdkit_commit() -> str | None:
@@ -199,12 +220,13 @@ class MlflowTracker:
             local = uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri
             experiment_id = server_call(uri, "creating the experiment", client.create_experiment, cfg.experiment,
                                         artifact_location=local_artifact_root() if local else None,
-                                        tags={EXPERIMENT_KIND: MODEL_TRAINING})
+                                        tags=experiment_tags())
         else:
             experiment_id = experiment.experiment_id
-            if EXPERIMENT_KIND not in experiment.tags:  # one ppdkit made before it said so; a user's choice stays
-                server_call(uri, "tagging the experiment", client.set_experiment_tag, experiment_id, EXPERIMENT_KIND,
-                            MODEL_TRAINING)
+            # one ppdkit made before it set these gets them; a user's choice (another kind, an edited view) stays
+            for key, value in experiment_tags().items():
+                if key not in experiment.tags:
+                    server_call(uri, "tagging the experiment", client.set_experiment_tag, experiment_id, key, value)
         run = server_call(uri, "starting a run", client.create_run, experiment_id, run_name=run_name)
         run_file.parent.mkdir(parents=True, exist_ok=True)
         # atomic: a job killed while writing it must not leave a file the rerun cannot read
@@ -255,6 +277,13 @@ class MlflowTracker:
         for key, value in tags.items():
             self._call("setting tags", self.client.set_tag, self.run_id, key, str(value))
 
+    def log_datasets(self, datasets: list[DatasetRecord]) -> None:
+        from mlflow.entities import DatasetInput, InputTag
+
+        inputs = [DatasetInput(dataset_entity(d), [InputTag(DATASET_CONTEXT, d.context)]) for d in datasets]
+        if inputs:  # the store keeps one input per dataset and run: logging them again on a rerun adds nothing
+            self._call("logging the datasets", self.client.log_inputs, self.run_id, datasets=inputs)
+
     def finish(self, status: str = "FINISHED") -> None:
         # finish also runs on the way out of a job that failed, perhaps because the server went away: it
         # must neither replace that reason nor wait through the retries again to learn the server is gone
@@ -266,6 +295,27 @@ class MlflowTracker:
             self._call(f"marking the run {status}", self.client.set_terminated, self.run_id, status=status)
         except TrackingUnavailable as e:
             log.warning("%s (the run stays marked RUNNING until a rerun finishes it)", e)
+
+
+DATASET_CONTEXT = "mlflow.data.context"  # the input tag the UI shows as the dataset's role (Training, ...)
+_COLUMN_TYPES = {"string": "string", "long[]": ("array", "long")}
+
+
+def dataset_entity(record: DatasetRecord):
+    """The MLflow dataset of a record: a local source (the UI shows its path), the schema in MLflow's column form."""
+    from mlflow.entities import Dataset
+    from mlflow.types.schema import Array, ColSpec, Schema
+
+    schema = None
+    if record.schema is not None:
+        unknown = {t for t in record.schema.values() if t not in _COLUMN_TYPES}
+        if unknown:
+            raise ValueError(f"dataset {record.name}: column type(s) {sorted(unknown)}; use {', '.join(_COLUMN_TYPES)}")
+        specs = [ColSpec(Array(_COLUMN_TYPES[t][1]) if t.endswith("[]") else _COLUMN_TYPES[t], name)
+                 for name, t in record.schema.items()]
+        schema = json.dumps({"mlflow_colspec": Schema(specs).to_dict()})
+    return Dataset(record.name, record.digest, "local", json.dumps({"uri": record.source}), schema,
+                   json.dumps(record.profile))
 
 
 def _read_run_file(run_file: Path) -> dict:

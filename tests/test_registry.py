@@ -1,5 +1,7 @@
-"""Registered versions, the champion gate and models:/ resolution on a real MLflow store."""
+"""Registered versions, the champion gate, models:/ resolution, and what runs record for the UI (datasets, the
+key-figures view), on a real MLflow store."""
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -179,3 +181,58 @@ def test_a_damaged_registry_artifact_is_refused_and_nothing_is_cached(store, tmp
     with pytest.raises(RegistryError, match="damaged in the registry"):
         resolve(f"models:/{store.name}@challenger", store.uri)
     assert not list(models.glob("1-*"))
+
+
+def test_a_run_logs_its_datasets_as_the_runs_table_shows_them(registry_uri, tmp_path):
+    from ppdkit.registry.config import TrackingConfig
+    from ppdkit.registry.tracking import DatasetRecord, MlflowTracker
+
+    uri, _ = registry_uri
+    tracker = MlflowTracker.start(TrackingConfig(uri=uri, experiment="datasets"), "run", tmp_path / "run.json")
+    train = DatasetRecord("sharegpt", "training", "/data/sharegpt", "0a1b2c3d", {"num_rows": 56, "tokens": 9000},
+                          {"id": "string", "input_ids": "long[]"})
+    held_out = DatasetRecord("sharegpt", "validation", "/data/sharegpt", "4e5f6a7b", {"num_rows": 8})
+    tracker.log_datasets([train, held_out])
+    tracker.log_datasets([train])  # a rerun logs the same dataset again: still one input
+    inputs = MlflowClient(uri).get_run(tracker.run_id).inputs.dataset_inputs
+    by_context = {i.tags[0].value: i.dataset for i in inputs}
+    assert len(inputs) == 2 and [t.key for i in inputs for t in i.tags] == ["mlflow.data.context"] * 2
+    assert {c: (d.name, d.digest) for c, d in by_context.items()} == {"training": ("sharegpt", "0a1b2c3d"),
+                                                                    "validation": ("sharegpt", "4e5f6a7b")}
+    trained = by_context["training"]
+    assert trained.source_type == "local" and json.loads(trained.source) == {"uri": "/data/sharegpt"}
+    assert json.loads(trained.profile) == {"num_rows": 56, "tokens": 9000}
+    columns = json.loads(trained.schema)["mlflow_colspec"]
+    assert [(c["name"], c["type"]) for c in columns] == [("id", "string"), ("input_ids", "array")]
+    assert columns[1]["items"] == {"type": "long"}
+    with pytest.raises(ValueError, match=r"column type\(s\) \['int'\]; use string, long\[\]"):
+        tracker.log_datasets([DatasetRecord("x", "training", "/x", "0", {}, {"id": "int"})])
+
+
+def test_the_experiment_carries_the_key_figures_view_and_keeps_a_users_edit(registry_uri, tmp_path):
+    from ppdkit.registry.config import TrackingConfig
+    from ppdkit.registry.runs_view import VIEW_TAG, runs_view_url
+    from ppdkit.registry.tracking import MlflowTracker
+
+    uri, _ = registry_uri
+    client = MlflowClient(uri)
+    cfg = TrackingConfig(uri=uri, experiment="views")
+    tracker = MlflowTracker.start(cfg, "run", tmp_path / "a" / "run.json")
+    experiment = client.get_experiment(client.get_run(tracker.run_id).info.experiment_id)
+    # the envelope the UI's views menu parses: a name, times in ms, and the page state as a JSON string
+    envelope = json.loads(experiment.tags[VIEW_TAG])
+    assert envelope["name"] == "ppdkit key figures" and envelope["createdAt"] == envelope["updatedAt"] > 0
+    state = json.loads(envelope["state"])
+    assert state["selectedColumns"] == ["tags.`method`", "tags.`decode_method`", "metrics.`tokens_per_step`",
+                                        "metrics.`x_ar`", "metrics.`identical`", "metrics.`tokens_per_s`",
+                                        "attributes.`Dataset`"]
+    assert runs_view_url("http://127.0.0.1:5000/", experiment.experiment_id) == (
+        f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
+        "&viewStateShareKey=ppdkit-key-figures")
+    # a view the user changed in the UI is not overwritten; one that is gone (or never was) is saved again
+    client.set_experiment_tag(experiment.experiment_id, VIEW_TAG, "edited")
+    MlflowTracker.start(cfg, "run", tmp_path / "b" / "run.json")
+    assert client.get_experiment(experiment.experiment_id).tags[VIEW_TAG] == "edited"
+    client.delete_experiment_tag(experiment.experiment_id, VIEW_TAG)
+    MlflowTracker.start(cfg, "run", tmp_path / "c" / "run.json")
+    assert json.loads(client.get_experiment(experiment.experiment_id).tags[VIEW_TAG])["name"] == "ppdkit key figures"
