@@ -111,8 +111,14 @@ def print_run_summary(spec, output: Path, results: dict, tracker) -> None:
         print(f"  MLflow run {tracker.run_id} at {tracker.uri}")
         experiment = tracker.client.get_run(tracker.run_id).info.experiment_id
         print(f"  list runs: MLFLOW_TRACKING_URI={tracker.uri} mlflow runs list --experiment-id {experiment}")
-        from ppdkit.registry.tracking import default_tracking_uri
+        from ppdkit.registry.runs_view import runs_view_url
+        from ppdkit.registry.tracking import default_tracking_uri, is_server
 
-        print("  browse:    ppdkit ui" + ("" if tracker.uri == default_tracking_uri() else f" --tracking-uri {tracker.uri}")
-              + f", then http://127.0.0.1:5000/#/experiments/{experiment}/runs/{tracker.run_id}?"
-              "workflowType=machine_learning")
+        if is_server(tracker.uri):  # a tracking server is its own UI
+            ui, start = tracker.uri.rstrip("/"), ""
+        else:  # a local store: `ppdkit ui` serves it on 127.0.0.1:5000
+            ui = "http://127.0.0.1:5000"
+            start = "ppdkit ui" + ("" if tracker.uri == default_tracking_uri() else f" --tracking-uri {tracker.uri}")
+            start += ", then "
+        print(f"  compare:   {start}{runs_view_url(ui, experiment)}")  # the runs table with ppdkit's key columns
+        print(f"  browse:    {start}{ui}/#/experiments/{experiment}/runs/{tracker.run_id}?workflowType=machine_learning")

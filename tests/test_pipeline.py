@@ -116,6 +116,9 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     browse = printed.rstrip().splitlines()[-1]  # $MLFLOW_TRACKING_URI names the run's store already: no --tracking-uri
     assert browse.startswith("  browse:    ppdkit ui, then http://127.0.0.1:5000/#/experiments/"), browse
     assert browse.endswith("?workflowType=machine_learning")  # the UI's training pages, not its GenAI ones
+    compare = printed.rstrip().splitlines()[-2]  # the runs table opened on the saved view of ppdkit's key columns
+    assert compare.startswith("  compare:   ppdkit ui, then http://127.0.0.1:5000/#/experiments/"), compare
+    assert compare.endswith("viewStateShareKey=ppdkit-key-figures")
     teacher = json.loads((out / "teacher" / "summary.json").read_text())
     manifest = json.loads((out / "teacher" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["quantization"] == "nf4"
