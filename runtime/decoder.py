@@ -1,33 +1,30 @@
-"""The bundled decoder: `Decoder.from_pretrained(component)` then `generate(...)`, greedy or sampled, lossless."""
+"""The bundled decoder: `Decoder.from_pretrained(component)` then `generate(...)`, greedy or sampled, lossless.
 
-import contextlib
-import hashlib
+This file holds what a loaded decoder is and does (its drafts' layouts, `generate`, what its component carries);
+runtime/decoder_loading.py builds one from a component or a base model."""
+
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from ppdkit.models.artifact import ArtifactError, Component, read_component
-from ppdkit.models.heads import HEAD_TENSORS
-from ppdkit.models.loading import load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
+from . import decoder_loading
 from .acceptance import Sampling
 from .auto import AUTO, fastest_method
+from .devices import on_device
 from .draft_heads import DraftHeadSet, HeadTree, draft_seconds
-from .head_loading import load_draft_heads, load_skip_draft
 from .llama import LeanLlama
 from .lookup import root_only, with_lookup_chains
-from .layer_skip import SkipDraft, check_skip_map
+from .layer_skip import SkipDraft
 from .methods import (EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, SKIP_DRAFT,
                       SKIP_MAP, TREES, get_method, lookup_rows)
-from .pruning import EarlyHead, load_early_head
+from .pruning import EarlyHead
 from .ppd import PromptTokenSet
-from .profile import profile_trees
 from .tree import DynamicTree
 from .tree_layout import TreeLayout, layout_tree
 from .tree_sizer import TreeSizer
@@ -51,29 +48,6 @@ class GenerateResult:
     @property
     def mean_accepted_per_step(self) -> float:
         return sum(self.accepted_per_step) / max(len(self.accepted_per_step), 1)
-
-
-def check_device(device: str | torch.device) -> torch.device:
-    """A torch device this machine has, or a clear error naming what it does have."""
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"{device!r} is not a torch device ({e}); use cpu, cuda, cuda:N or mps") from None
-    present = {"cpu": True, "meta": True, "cuda": torch.cuda.is_available(),
-               "mps": hasattr(torch.backends, "mps") and torch.backends.mps.is_available()}
-    if not present.get(device.type, False):
-        raise ValueError(f"torch sees no {device.type} device on this machine (this torch build: {torch.__version__}); "
-                         "use --device cpu, or install a torch build for that device")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"{device} does not exist: torch sees {torch.cuda.device_count()} cuda device(s)")
-    return device
-
-
-def on_device(device: torch.device):
-    """A context in which tensors made without a device land on `device` (the layouts and per-step inputs the
-    decoding loops build), or nothing where that is the default already: the context intercepts every torch
-    call, about 1 us each, which a CPU decoding step need not pay."""
-    return contextlib.nullcontext() if torch.get_default_device() == device else torch.device(device)
 
 
 class Decoder:
@@ -170,86 +144,9 @@ class Decoder:
             self._lookup_layouts[key] = layout_tree(grown, self.prompts.n, self.prompts.mask_kind)
         return self._lookup_layouts[key]
 
-    @classmethod
-    def from_pretrained(cls, source: str | Path, dtype: str = "float32", tree_size: int | None = None,
-                        max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False,
-                        early_head: str | Path | None = None, prune_top_k: int = 8,
-                        device: str | torch.device = "cpu") -> "Decoder":
-        """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens,
-        trees and n-gram table (or draft heads and their trees, or a layer-skip map and its fine-tuned draft).
-        `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
-        `dynamic_size` picks the tree size while decoding (runtime/tree_sizer.py), starting from the
-        profiled (or given) size. `early_head`: an early-head component (a directory or models:/ URI) for the
-        pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses.
-        `device`: where the model and drafts run (cuda: the PyTorch layers; the native kernels are CPU only)."""
-        device = check_device(device)
-        directory = _local(source)
-        component = read_component(directory)
-        digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
-        base = load_base_model(component.base_model["name"], quantization="none", dtype=dtype)
-        read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
-        base.model.to(device)  # the loaders below take the LM head's rows from it, on the device
-        with on_device(device):  # the layouts, head trees and profile built below: on the device
-            decoder, taus, ppd_trees = cls._assemble(component, base, max_length, lookup_chains)
-            decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
-            if taus:
-                decoder._size_trees(taus, ppd_trees, tree_size, dynamic_size)
-            if early_head is not None:
-                early = read_component(_local(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
-                decoder.early_head = load_early_head(early, base.model, prune_top_k)
-            return decoder
-
-    @classmethod
-    def _assemble(cls, component: Component, base, max_length: int, lookup_chains: int
-                  ) -> tuple["Decoder", dict[int, float], dict[int, DynamicTree]]:
-        """The decoder with the component's drafts loaded: (decoder, each calibrated tree size's tau, a PPD
-        component's trees by size)."""
-        if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
-            decoder = cls(base.model, base.tokenizer, None, None, max_length)
-            decoder.skip_map, decoder.skip_draft = load_skip_draft(component, decoder.model, base.model)
-            return decoder, {}, {}
-        if "draft_vocab" in component.tensors:  # draft heads over the base model's features
-            heads, head_trees = load_draft_heads(component, base.model)
-            decoder = cls(base.model, base.tokenizer, None, None, max_length)
-            decoder.heads = heads
-            decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
-            return decoder, {s: tau for s, (_, tau) in head_trees.items()}, {}
-        prompts, by_size, ngrams = _drafts(component, base.model)
-        decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains)
-        return decoder, {s: t.tau for s, t in by_size.items()}, by_size
-
-    def _size_trees(self, taus: dict[int, float], ppd_trees: dict[int, DynamicTree], tree_size: int | None,
-                    dynamic_size: bool) -> None:
-        """Take the calibrated tree nearest `tree_size`, or, when none is given, the size this machine's
-        profile chose (measured once per machine, then cached)."""
-        if tree_size is None:
-            self.profile = profile_trees(self.model, taus, self.fingerprint, **self.profile_drafter())
-            tree_size = self.profile["chosen"]
-        self.size = min(taus, key=lambda s: abs(s - tree_size))
-        if self.heads is not None:
-            self.head_tree = self.head_trees[self.size]
-            self.size_taus = taus
-            self.size_rows = {s: tree.layout.size for s, tree in self.head_trees.items()}
-        else:
-            self.set_tree(ppd_trees[self.size])
-            if dynamic_size:
-                self.use_every_size(ppd_trees)
-        self.dynamic_size = dynamic_size
-
-    @classmethod
-    def from_base(cls, name: str, dtype: str = "float32", max_length: int = 2048,
-                  skip_map: tuple[int, ...] | None = None, device: str | torch.device = "cpu") -> "Decoder":
-        """A base model alone (a name of models/config.py or a local directory), for the methods that need no
-        component: ar and the training-free drafters (anpd); with `skip_map` (per decoder layer 0 keep, 1 skip
-        the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `device` as from_pretrained's."""
-        device = check_device(device)
-        base = load_base_model(name, quantization="none", dtype=dtype)
-        base.model.to(device)
-        decoder = cls(base.model, base.tokenizer, None, None, max_length)
-        decoder.fingerprint = base.fingerprint
-        if skip_map is not None:
-            decoder.skip_map = check_skip_map(skip_map, len(decoder.model.layers))
-        return decoder
+    # building one (runtime/decoder_loading.py): from a component directory or models:/ URI, or a base model alone
+    from_pretrained = classmethod(decoder_loading.from_pretrained)
+    from_base = classmethod(decoder_loading.from_base)
 
     def identity(self) -> str:
         """The base model and component (and skip map) this decoder runs: what a measured choice is valid for."""
@@ -404,62 +301,3 @@ class Decoder:
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return ids
-
-
-def _local(source: str | Path) -> Path:
-    """A component's directory: `source` itself, or the registry version a models:/ URI names, downloaded."""
-    if str(source).startswith("models:/"):
-        from ppdkit.registry.models import resolve  # the registry (MLflow) only for registry URIs
-
-        return Path(resolve(str(source)))
-    return Path(source)
-
-
-def _drafts(component: Component, model) -> tuple[PromptTokenSet, dict[int, DynamicTree], NgramTable | None]:
-    """The prompt tokens, trees by size and n-gram table of a PPD component, each checked against the base
-    model's shapes: a component that passed its checksums but was built wrong gets a clear error here,
-    not an index error mid-decoding."""
-    where, config = component.path, model.config
-    h = component.hyperparameters
-    try:
-        k, n, mask = int(h["num_prompt_tokens"]), int(h["num_epts"]), h["mask"]
-    except (KeyError, TypeError, ValueError):
-        raise ArtifactError(f"{where}/component.json: hyperparameters need num_prompt_tokens, num_epts and mask "
-                            f"for a PPD component, found {sorted(h)}") from None
-    emb = component.tensors.get("prompt_embeddings")  # [k, n, H]
-    if emb is None or tuple(emb.shape) != (k, n, config.hidden_size):
-        raise ArtifactError(f"{where}: prompt_embeddings must be [{k}, {n}, {config.hidden_size}] (prompt tokens, "
-                            f"EPTs, the base model's hidden size), found {None if emb is None else tuple(emb.shape)}")
-    weights = component.tensors.get("ept_weights")  # [k, n]
-    if weights is not None and tuple(weights.shape) != (k, n):
-        raise ArtifactError(f"{where}: ept_weights must be [{k}, {n}], found {tuple(weights.shape)}")
-    head = tuple(component.tensors.get(name) for name in HEAD_TENSORS)
-    if any(t is not None for t in head):
-        expected = {"head_weight": (config.hidden_size, config.hidden_size), "head_bias": (config.hidden_size,)}
-        found = {name: None if t is None else tuple(t.shape) for name, t in zip(HEAD_TENSORS, head)}
-        if found != expected:
-            raise ArtifactError(f"{where}: a custom decoding head needs head_weight [H, H] and head_bias [H] for the "
-                                f"base model's hidden size H={config.hidden_size}, found {found}")
-    on = {"device": model.device, "dtype": model.dtype}  # safetensors read them on the CPU
-    prompts = PromptTokenSet(emb.reshape(k * n, -1).to(**on), None if weights is None else weights.to(model.device),
-                             k, n, mask, None if head[0] is None else tuple(t.to(**on) for t in head))
-    by_size = {}
-    for size, data in (component.extras.get("trees") or {}).get("trees", {}).items():
-        try:
-            tree = DynamicTree.from_json(data)
-            tree.check(k, config.vocab_size)
-            by_size[int(size)] = tree
-        except ValueError as e:
-            raise ArtifactError(f"{where}/trees.json: the tree of size {size} cannot be used: {e}; run the calibrate "
-                                "stage again") from None
-    ngrams = None
-    if component.ngrams:
-        try:
-            ngrams = NgramTable.from_tensors(component.ngrams)
-        except (ValueError, KeyError, IndexError) as e:
-            raise ArtifactError(f"{where}/ngrams.safetensors is not an n-gram table ({e})") from None
-        largest = max((t for key, found in ngrams.entries.items() for t in (*key, *sum(found, []))), default=0)
-        if largest >= config.vocab_size:
-            raise ArtifactError(f"{where}/ngrams.safetensors holds token id {largest}, outside the base model's "
-                                f"vocabulary of {config.vocab_size}")
-    return prompts, by_size, ngrams

@@ -18,7 +18,8 @@ from ppdkit.jobs.cli import main
 from ppdkit.models.artifact import write_component, write_ngrams
 from ppdkit.models.draft_heads import DraftHeads
 from ppdkit.models.loading import load_base_model
-from ppdkit.runtime.decoder import Decoder, check_device
+from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.devices import check_device
 from ppdkit.runtime.tree import best_tree_for_size, candidate_tree
 
 HIDDEN, VOCAB, LAYERS = 64, 256, 2  # the tiny Llama's shapes
