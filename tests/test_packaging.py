@@ -49,8 +49,9 @@ def test_wheel_installs_everything_under_the_namespace(tmp_path):
     zipfile.ZipFile(wheel).extractall(target)
     site_packages = next(p for p in sys.path if p.endswith("site-packages"))
     env = {"PYTHONPATH": f"{target}:{site_packages}", "PATH": "/usr/bin:/bin"}
-    result = _python("import ppdkit.trainer, ppdkit.runtime, ppdkit.jobs.cli as c; print(ppdkit.trainer.__file__);"
-                     "print(c.demo_spec_path().is_file())", tmp_path, flags=["-S"], env=env)
+    result = _python("import ppdkit.trainer, ppdkit.runtime, ppdkit.jobs.cli, ppdkit.jobs.cli_pipeline as c; "
+                     "print(ppdkit.trainer.__file__); print(c.demo_spec_path().is_file())", tmp_path, flags=["-S"],
+                     env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(target / "ppdkit" / "trainer" / "__init__.py"), "True"]
 
