@@ -261,7 +261,7 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
         lookup_steps += with_lookup.steps
         longest = max(longest, *with_lookup.accepted_per_step)
     assert lookup_steps < plain_steps  # the chain was accepted, and that saved steps
-    assert longest > 4  # after a chain accepted whole, a longer one was (runtime/decoder.py LOOKUP_LENGTHS)
+    assert longest > 4  # after a chain accepted whole, a longer one was (runtime/methods.py LOOKUP_LENGTHS)
     bound = decoder._tree_size("ppd-lookup")  # what the KV cache reserves for one step
     assert max(layout.size for layout in decoder._lookup_layouts.values()) <= bound
     widest = max(decoder.layouts, key=lambda state: decoder.layouts[state].size)
