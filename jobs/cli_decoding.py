@@ -165,5 +165,5 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
                              help="early pruning keeps a node whose token is among its parent's K early guesses")
         parser_.add_argument("--device", default="cpu",
                              help="where the model runs: cpu (default; the native kernels), cuda, cuda:N or mps "
-                                  "(the PyTorch layers; not run on a GPU by our tests, see the README)")
+                                  "(the PyTorch layers; not run on a GPU by our tests, see docs/devices.md)")
     bench_dec.set_defaults(func=cmd_bench)

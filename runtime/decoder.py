@@ -74,7 +74,7 @@ class Decoder:
         self.prompts = prompts
         self.ngrams = ngrams  # the component's corpus n-gram table, for ppd-lookup
         # ppd-lookup's chains per step: the context's first, then the table's. One by default: on a 2-core
-        # CPU the rows of more chains cost more time than their extra accepted tokens save (see README)
+        # CPU the rows of more chains cost more time than their extra accepted tokens save (docs/methods.md)
         if lookup_chains < 1:
             raise ValueError(f"lookup_chains must be at least 1 (the context's chain), not {lookup_chains}")
         self.lookup_chains = lookup_chains

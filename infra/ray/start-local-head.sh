@@ -9,7 +9,7 @@ gcs="${RAY_GCS_PORT:-6390}" dash="${RAY_DASHBOARD_PORT:-8265}"
 state="${PPDKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ppdkit}/ray-head-$dash"
 mkdir -p "$state"
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0  # bind to 127.0.0.1 only
-# Ray turns token auth on once ~/.ray/auth_token exists; server and clients must agree (see README).
+# Ray turns token auth on once ~/.ray/auth_token exists; server and clients must agree (docs/clusters.md).
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 # Processes of an embedded Ray (ppdkit's own, jobs/ray_session.py) carry that Ray's state-API address:
 # this head's processes must not inherit it.
