@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     # Overrides may come after options (`run job.yaml --output D data.limit=8`): argparse leaves those over.
     args, extra = parser.parse_known_args(argv)
     args.command_line = shlex.join(["ppdkit", *(sys.argv[1:] if argv is None else argv)])  # what a report records
+    # --verbose is the top parser's, but users put it after the command too (`ppdkit run job.yaml --verbose`)
+    args.verbose = args.verbose or any(e in ("-v", "--verbose") for e in extra)
+    extra = [e for e in extra if e not in ("-v", "--verbose")]
     if extra:
         if not hasattr(args, "overrides") or any("=" not in e or e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -135,6 +135,20 @@ def test_a_missing_job_api_is_said_in_one_line_without_loading_torch(tmp_path):
     assert "no Ray job API" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_verbose_after_the_command_is_taken_not_refused(tmp_path):
+    """`ppdkit jobs list ... --verbose` turns debug logging on, as `ppdkit --verbose jobs list ...` does."""
+    import subprocess
+    import sys
+
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    code = ("import logging; from ppdkit.jobs.cli import main; "
+            f"rc = main(['jobs', 'list', '--address', '{nowhere}', '--verbose']); "
+            "print(rc, logging.getLogger().level == logging.DEBUG)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "unrecognized arguments" not in out.stderr
+    assert out.stdout.split()[-2:] == ["2", "True"], out.stderr[-2000:]
+
+
 def test_the_spec_knows_every_method_the_bench_runs():
     from ppdkit.jobs.bench import ALL_METHODS
 
