@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from ppdkit.models.hf_cache import cache_kwargs, new_cache
 from ppdkit.runtime.llama import SKIP_ATTENTION, SKIP_MLP
 
 
@@ -52,8 +53,9 @@ def draft_states(base_model, input_ids: torch.Tensor, skip: tuple[int, ...],
     hidden states [B, T, H] after its final norm; norms (ln1 [L, H], ln2 [L, H], norm [H]) carry the gradient."""
     decoder, eps = base_model.get_decoder(), base_model.config.rms_norm_eps
     ln1, ln2, norm = norms
+    committed = new_cache(base_model)  # filled in place by the forward: every layer's keys/values [B, Hkv, T, D]
     with torch.no_grad():
-        committed = decoder(input_ids=input_ids, use_cache=True).past_key_values  # every layer's [B, Hkv, T, D]
+        decoder(input_ids=input_ids, use_cache=True, **cache_kwargs(decoder, committed))
     x = decoder.embed_tokens(input_ids).float()  # [B, T, H]
     cos, sin = decoder.rotary_emb(x, torch.arange(input_ids.shape[1])[None])  # [1, T, D]
     visible = committed_visibility(input_ids.shape[1])

@@ -3,6 +3,7 @@
 import torch
 
 from ppdkit.models.heads import apply_residual_head
+from ppdkit.models.hf_cache import cache_kwargs, new_cache
 from ppdkit.models.prompt_tokens import aggregate_epts
 
 from .batch import TrainBatch
@@ -31,14 +32,15 @@ def student_forward(base_model, embeddings: torch.Tensor, ept_weights: torch.Ten
     decoder = base_model.get_decoder()
     tokens = base_model.get_input_embeddings()(batch.input_ids)  # [B, L, H]
     mask = batch.mask(tokens.dtype)  # [B, 1, L, L]
+    cache = cache_kwargs(decoder, new_cache(base_model))  # ours: filled by the prefix pass, read by the groups'
     with torch.no_grad():
         prefix = decoder(inputs_embeds=tokens[:, :t], attention_mask=mask[:, :, :t, :t],
-                         position_ids=batch.position_ids[:, :t], use_cache=True)  # hidden [B, T, H]
+                         position_ids=batch.position_ids[:, :t], use_cache=True, **cache)  # hidden [B, T, H]
     slots = batch.ept_slot[:, t:]  # [B, L-T]
     epts = embeddings.to(tokens.dtype)[slots.clamp_min(0)]  # [B, L-T, H]
     x = torch.where((slots >= 0)[..., None], epts, tokens[:, t:])  # [B, L-T, H]
     groups = decoder(inputs_embeds=x, attention_mask=mask[:, :, t:, :], position_ids=batch.position_ids[:, t:],
-                     past_key_values=prefix.past_key_values, use_cache=True).last_hidden_state  # [B, L-T, H]
+                     use_cache=True, **cache).last_hidden_state  # [B, L-T, H]
     rows = torch.arange(groups.shape[0])[:, None, None]
     # a sequence with fewer groups than the batch pads with slot 0: clamped here, masked by group_valid later
     per_ept = groups[rows, (batch.group_slots - t).clamp_min(0)]  # [B, G, k*n, H]
