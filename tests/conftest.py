@@ -111,7 +111,7 @@ def kernels_or_skip(variant: str):
             assert (native_kernels() is not None) == cpu_supports_kernels()
         module = native_kernels()
     else:
-        module = build_kernels(("-mno-avx512f",)) if compiler and "avx2" in open("/proc/cpuinfo").read() else None
+        module = build_kernels(("-mno-avx512f",)) if compiler and "avx2" in Path("/proc/cpuinfo").read_text() else None
     if module is None:
         pytest.skip(f"the {variant} kernels cannot be built here (CPU or C++ compiler)")
     return module
