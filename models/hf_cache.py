@@ -1,7 +1,7 @@
 """Running a transformers decoder on a key/value cache that ppdkit owns (the trainer's two-pass forwards).
 
-transformers 5 renamed a forward's `past_key_values` argument, and its outputs' field, to `cache` (5.24 is the
-first release here that has it); passing the old name warns with a FutureWarning on every call, and reading
+transformers 5 renamed a forward's `past_key_values` argument, and its outputs' field, to `cache` (5.24, the release
+installed here, has it); passing the old name warns with a FutureWarning on every call, and reading
 `output.past_key_values` logs a deprecation line. So callers create the cache object themselves (a DynamicCache,
 filled in place by the forward), hand it over by whichever name the installed forward declares, and read it from
 their own variable, never from the output.
