@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ppdkit-setup
 
-.PHONY: setup demo test test-fast clean-venv
+.PHONY: setup demo test test-fast docs clean-venv
 
 setup: $(STAMP)
 
@@ -28,6 +28,12 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The generated docs: the pipeline picture, the job-spec reference, the results page and its plots.
+docs: setup
+	$(BIN)/python docs/tools/pipeline_picture.py
+	$(BIN)/python docs/tools/spec_reference.py
+	$(BIN)/python docs/tools/results_page.py
 
 clean-venv:
 	rm -rf $(VENV)
