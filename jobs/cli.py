@@ -31,6 +31,8 @@ def _quiet_other_libraries(verbose: bool) -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # datasets' (saving, mapping)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # "Downloading artifacts" (models:/)
+    # MLflow's "View run ... at: URL" line when a run on a tracking server ends: the run summary gives its own links
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     # Ray's warning at every local start that token authentication is on (its default, which stays on)
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if "transformers" in sys.modules:  # already imported (a caller's process): its switch was read at import

@@ -53,6 +53,8 @@ def test_submit_follow_register_promote_decode(tmp_path):
         followed = _ppdkit("jobs", "logs", job_id, "--follow", "--address", address, env=env, timeout=1500)
         assert "stages data, teacher, train, calibrate, evaluate, register complete" in followed.stdout, \
             followed.stdout[-3000:]
+        assert "compare:   http://127.0.0.1:" in followed.stdout  # the server is the UI: its own link, no `ppdkit ui`
+        assert "View run" not in followed.stdout  # MLflow's own line at the run's end: the summary has the links
         assert _ppdkit("jobs", "status", job_id, "--address", address, env=env).stdout.strip() == "SUCCEEDED"
         assert job_id in _ppdkit("jobs", "list", "--address", address, env=env).stdout
 
