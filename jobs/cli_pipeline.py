@@ -34,7 +34,7 @@ def _check_writable(output: Path) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from ppdkit.registry.tracking import start_tracker
 
-    from .pipeline import run_pipeline
+    from .pipeline import run_pipeline, select_stages
     from .ray_session import lazy_ray_session
     from .console import print_run_summary, show_sample
     from .spec import flatten, load_spec, run_tags
@@ -43,6 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else _default_output(spec.name)
     args.output_dir = output  # named by the error when it cannot be written
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    select_stages(stages)  # a misspelled stage fails here, before an MLflow run is started (and left FAILED)
     log.info("job %s -> %s", spec.name, output)
     _check_writable(output)
     tracker = start_tracker(spec.tracking, run_name=spec.name, run_file=output / "run.json")

@@ -101,6 +101,18 @@ def test_stage_selection_errors():
     assert [s.name for s in select_stages(None)][0] == "data"
 
 
+def test_a_misspelled_stage_is_refused_before_a_tracking_run_starts(spec_file, tracking_uri, tmp_path, capsys):
+    """`--stages dta` fails in one line, and leaves no FAILED MLflow run behind (nor run.json in the output)."""
+    import mlflow
+
+    out = tmp_path / "o"
+    assert main(["run", str(spec_file), "--stages", "dta", "--output", str(out)]) == 2
+    assert "unknown stage(s) ['dta']" in capsys.readouterr().err
+    assert not (out / "run.json").exists()
+    assert mlflow.MlflowClient(tracking_uri).search_runs(
+        [e.experiment_id for e in mlflow.MlflowClient(tracking_uri).search_experiments()]) == []
+
+
 def test_unreachable_tracking_server_is_a_clear_error(spec_file, tmp_path, capsys):
     code = main(["run", str(spec_file), "tracking.uri=http://127.0.0.1:9", "--output", str(tmp_path / "o")])
     assert code == 2
