@@ -20,6 +20,7 @@ from tqdm import tqdm
 from ppdkit.data_pipeline.readers import read_conversations
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.methods import HEAD_TREE, METHODS, TREES, get_method
+from ppdkit.runtime.native import cpu_info
 
 log = logging.getLogger(__name__)
 HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
@@ -161,13 +162,7 @@ def machine_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
     """Where a report was measured: CPU model, cores, torch threads, the matmul ISA flags, torch and ppdkit versions."""
     from ppdkit.registry.tracking import ppdkit_commit
 
-    fields: dict[str, str] = {}
-    try:  # Linux; elsewhere platform's name stands in and the flags are unknown
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
+    fields = cpu_info(cpuinfo)  # {} off Linux: platform's name stands in and the flags are unknown
     flags = set(fields.get("flags", "").split())
     return {"cpu": fields.get("model name") or platform.processor() or platform.machine(),
             "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),

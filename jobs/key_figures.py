@@ -13,10 +13,15 @@ from typing import Any
 from ppdkit.runtime.methods import COMPONENT_FREE
 
 
+def figure_prefix(method: str) -> str:
+    """How the evaluate stage names a method's figures: ppd-head -> ppd_head_tokens_per_s, ppd_head_speedup ..."""
+    return method.replace("-", "_")
+
+
 def key_figures(decoding_methods: tuple[str, ...], evaluate: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
     """(metrics, tags) from the evaluate stage's figures (`decoding_methods`: those the training method's
     component serves, trainer/methods.py). A figure that was not measured is left out, never guessed."""
-    key = {m: m.replace("-", "_") for m in (*COMPONENT_FREE, *decoding_methods)}  # as the evaluate stage names them
+    key = {m: figure_prefix(m) for m in (*COMPONENT_FREE, *decoding_methods)}
     measured = [m for m in key if f"{key[m]}_tokens_per_s" in evaluate]
     metrics: dict[str, float] = {}
     if measured:
@@ -45,8 +50,7 @@ def registry_tags(method_name: str, base_model: str, fingerprint: str, train: di
             **{k.removeprefix("best_"): v for k, v in train.items() if k.startswith("best_acc_top1_d")}}
     if taus:  # a method with calibrated trees
         tags.update(tree_size=size, tau=calibrate.get(f"tau_size{size}", max(taus.values())))
-    # metric names as the evaluate stage writes them (ppd-head -> ppd_head_speedup ...)
-    keys = [m.replace("-", "_") for m in (*COMPONENT_FREE, *TRAINING_METHODS[method_name].decoding_methods)]
+    keys = [figure_prefix(m) for m in (*COMPONENT_FREE, *TRAINING_METHODS[method_name].decoding_methods)]
     measured = [key for key in keys if f"{key}_speedup" in evaluate]
     for key in measured:
         tags[f"{key}_speedup"] = evaluate[f"{key}_speedup"]

@@ -26,7 +26,7 @@ from ppdkit.models.paths import write_json_atomic
 from ppdkit.registry.tracking import DatasetRecord, Tracker, numeric_leaves
 
 from .console import key_figure
-from .key_figures import registry_tags
+from .key_figures import figure_prefix, registry_tags
 from .spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ def _run_evaluate(ctx: StageContext) -> dict[str, Any]:
     ctx.tracker.log_artifact(plot_report(report, ctx.stage_dir / "bench.png"), "evaluate")
     figures: dict[str, Any] = {"tree_size": report["tree_size"]}
     for row in report["results"]:
-        name = row["method"].replace("-", "_")
+        name = figure_prefix(row["method"])
         figures.update({f"{name}_tokens_per_s": row["tokens_per_s"], f"{name}_speedup": row["speedup_vs_hf_greedy"],
                         f"{name}_identical_to_greedy": row["identical_to_greedy"],
                         f"{name}_accepted_per_step": row["mean_accepted_per_step"]})

@@ -21,11 +21,20 @@ log = logging.getLogger(__name__)
 KERNELS = Path(__file__).parent / "kernels"
 
 
-def _cpu_flags() -> str:
+def cpu_info(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The first CPU's fields of /proc/cpuinfo (`model name`, `flags`, ...); {} where there is none (not Linux)."""
+    fields: dict[str, str] = {}
     try:
-        return next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return platform.processor()
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+def _cpu_flags() -> str:
+    return cpu_info().get("flags") or platform.processor()
 
 
 def cpu_supports_kernels() -> bool:
