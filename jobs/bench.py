@@ -21,6 +21,7 @@ from ppdkit.data_pipeline.readers import read_conversations
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.methods import HEAD_TREE, METHODS, TREES, get_method
 from ppdkit.runtime.native import cpu_info
+from ppdkit.runtime.precision import dtype_name
 
 log = logging.getLogger(__name__)
 HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
@@ -75,9 +76,10 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
 def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
               tree_size: int | None = None, lookup_chains: int = 1, early_head: str | None = None,
               prune_top_k: int = 8, base_only: bool = False, skip_map: tuple[int, ...] | None = None,
-              device: str = "cpu", repeats: int = 1, command: str | None = None) -> dict:
+              device: str = "cpu", repeats: int = 1, command: str | None = None, dtype: str = "auto") -> dict:
     """`model` a component (directory or models:/ URI), or with `base_only` a base model for the methods that
-    need no component (`skip_map` for skip); every method, the transformers baselines too, runs on `device`.
+    need no component (`skip_map` for skip); every method, the transformers baselines too, runs on `device` with the
+    weights in `dtype` (auto, float32, bfloat16: runtime/precision.py).
     `repeats` > 1 decodes every prompt that many times with every method, in turns, and counts each method's
     fastest run: a ratio of a few percent then stands out of this machine's minute-to-minute drift. `command` is what
     made the report (the command line, or the pipeline stage), kept with its date and machine so a figure can be
@@ -90,10 +92,10 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
         raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}, a tree method with "
                          f"{DYNAMIC} for its size picked per step")
     if base_only:
-        decoder = Decoder.from_base(model, skip_map=skip_map, device=device)
+        decoder = Decoder.from_base(model, skip_map=skip_map, device=device, dtype=dtype)
     else:
         decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
-                                          early_head=early_head, prune_top_k=prune_top_k, device=device)
+                                          early_head=early_head, prune_top_k=prune_top_k, device=device, dtype=dtype)
     unserved = [m for m in methods if m not in HF_METHODS and m.removesuffix(DYNAMIC) not in decoder.methods()]
     if unserved:
         raise ValueError(f"{model} cannot serve {', '.join(unserved)}: it serves {', '.join(decoder.methods())} "
@@ -154,6 +156,7 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
     tree_size = decoder.tree.size if decoder.tree else decoder.head_tree.layout.size if decoder.head_tree else None
     return {"model": str(model), "prompts_source": prompts_source, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "tree_size": tree_size, "profile": decoder.profile, "device": str(decoder.device),
+            "dtype": dtype_name(decoder.model.weight_dtype),
             "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": machine_info(), "command": command, "results": results}
 

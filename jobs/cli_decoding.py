@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ppdkit.runtime.methods import METHODS as DECODING_METHODS
+from ppdkit.runtime.precision import DTYPES, dtype_name
 
 LOOKUP_CHAINS_HELP = ("ppd-lookup: chains per step, the context's then the component's n-gram table's "
                       "(default 1: extra rows cost more than they gain on a small CPU)")
@@ -23,10 +24,10 @@ def _decoder(args: argparse.Namespace):
     from ppdkit.runtime.decoder import Decoder
 
     if args.base:
-        return Decoder.from_base(args.base, skip_map=args.skip_map, device=args.device)
+        return Decoder.from_base(args.base, skip_map=args.skip_map, device=args.device, dtype=args.dtype)
     return Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
                                    dynamic_size=args.dynamic_size, early_head=args.early_head,
-                                   prune_top_k=args.prune_top_k, device=args.device)
+                                   prune_top_k=args.prune_top_k, device=args.device, dtype=args.dtype)
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -60,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
 
-    decoder = Decoder.from_pretrained(args.model, tree_size=None, device=args.device)
+    decoder = Decoder.from_pretrained(args.model, tree_size=None, device=args.device, dtype=args.dtype)
     if args.refresh:
         from ppdkit.runtime.profile import profile_trees
 
@@ -69,7 +70,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if decoder.profile is None:
         raise ValueError(f"{args.model} has no trees.json: run the calibrate stage first")
     p = decoder.profile
-    print(f"machine {p['machine']}, context {p['context']} tokens, one-token forward {p['one_token_ms']:.1f} ms")
+    print(f"weights {dtype_name(decoder.model.weight_dtype)}, machine {p['machine']}, context {p['context']} tokens, one-token forward {p['one_token_ms']:.1f} ms")
     print(f"{'size':>5} {'tau':>6} {'latency ms':>11} {'of it draft':>11} {'tokens/s':>9} {'x one-token':>11}")
     for r in p["rows"]:
         mark = "  <- chosen" if r["size"] == p["chosen"] else ""
@@ -85,7 +86,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(args.model or args.base, args.prompts, args.limit, args.max_new_tokens, methods,
                        args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k, base_only=bool(args.base),
                        skip_map=args.skip_map, device=args.device, repeats=args.repeats,
-                       command=args.command_line)
+                       command=args.command_line, dtype=args.dtype)
     print_table(report)
     if args.out:
         write_report(report, Path(args.out))
@@ -166,4 +167,9 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
         parser_.add_argument("--device", default="cpu",
                              help="where the model runs: cpu (default; the native kernels), cuda, cuda:N or mps "
                                   "(the PyTorch layers; not run on a GPU by our tests, see docs/devices.md)")
+    for parser_ in (decode, serve_cmd, prof, bench_dec):
+        parser_.add_argument("--dtype", default="auto", choices=list(DTYPES),
+                             help="the weights' precision: auto (default) is bfloat16 where the CPU has AVX512-BF16 "
+                                  "or on a GPU, else float32; every method is lossless against ar in the same dtype, "
+                                  "float32 gives the float32 model's own tokens")
     bench_dec.set_defaults(func=cmd_bench)

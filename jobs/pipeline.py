@@ -176,7 +176,7 @@ def _run_evaluate(ctx: StageContext) -> dict[str, Any]:
     made_by = (f"ppdkit run, evaluate stage: train.method={ctx.spec.train.method} evaluate.prompts={cfg.prompts} "
                f"evaluate.limit={cfg.limit} evaluate.max_new_tokens={cfg.max_new_tokens}")
     report = run_bench(str(ctx.output / "calibrate" / "component"), cfg.prompts, cfg.limit, cfg.max_new_tokens,
-                       cfg.methods, command=made_by)
+                       cfg.methods, dtype=cfg.dtype, command=made_by)
     write_report(report, ctx.stage_dir / "bench.json")
     ctx.tracker.log_artifact(ctx.stage_dir / "bench.json", "evaluate")
     ctx.tracker.log_artifact(plot_report(report, ctx.stage_dir / "bench.png"), "evaluate")

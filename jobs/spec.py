@@ -32,6 +32,9 @@ class EvaluateConfig(Section):
     prompts: str = Field("mt-bench", min_length=1, description="mt-bench | humaneval | FILE.jsonl")
     limit: int = Field(5, ge=1, description="prompts decoded by every method")
     max_new_tokens: int = Field(128, ge=1, description="tokens every method decodes per prompt")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="the decoder's weight precision: auto is bfloat16 where the CPU has AVX512-BF16 "
+                            "(docs/devices.md), float32 elsewhere")
     methods: list[EvalMethod] | None = Field(
         None, min_length=1, description="the methods benchmarked, each named once (hf-*: transformers' generate); "
                                         "those needing a component must be ones train.method's component serves. "

@@ -19,10 +19,10 @@ PARAMS = {"max_tokens": 128, "method": "auto", "temperature": 0.0, "seed": -1}
 
 
 class DecoderModel:
-    def __init__(self, component: str | Path, device: str = "cpu"):
+    def __init__(self, component: str | Path, device: str = "cpu", dtype: str = "auto"):
         from ppdkit.runtime.decoder import Decoder
 
-        self.decoder = Decoder.from_pretrained(component, device=device)
+        self.decoder = Decoder.from_pretrained(component, device=device, dtype=dtype)
 
     def predict(self, model_input, params: dict | None = None):
         import pandas as pd
@@ -40,10 +40,10 @@ class DecoderModel:
 
 def _load_pyfunc(data_path: str, model_config: dict | None = None) -> DecoderModel:
     """MLflow's entry (loader_module): the model of the component at `data_path`; model_config may name the
-    device (the only key)."""
-    unknown = sorted(set(model_config or {}) - {"device"})
+    device and the dtype (auto, float32, bfloat16)."""
+    unknown = sorted(set(model_config or {}) - {"device", "dtype"})
     if unknown:
-        raise ValueError(f"unknown model_config key(s) {unknown}: ppdkit's pyfunc model takes only 'device'")
+        raise ValueError(f"unknown model_config key(s) {unknown}: ppdkit's pyfunc model takes 'device' and 'dtype'")
     return DecoderModel(data_path, **(model_config or {}))
 
 

@@ -16,15 +16,17 @@ from .devices import check_device, on_device
 from .head_loading import load_draft_heads, load_skip_draft
 from .layer_skip import check_skip_map
 from .ppd import PromptTokenSet
+from .precision import activation_dtype, resolve_dtype
 from .profile import profile_trees
 from .pruning import load_early_head
+from .row_invariance import check_rows
 from .tree import DynamicTree
 
 if TYPE_CHECKING:  # decoder.py imports this module: the class is passed in as `cls`
     from .decoder import Decoder
 
 
-def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "float32", tree_size: int | None = None,
+def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto", tree_size: int | None = None,
                     max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False,
                     early_head: str | Path | None = None, prune_top_k: int = 8,
                     device: str | torch.device = "cpu") -> "Decoder":
@@ -34,8 +36,10 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "floa
     `dynamic_size` picks the tree size while decoding (runtime/tree_sizer.py), starting from the
     profiled (or given) size. `early_head`: an early-head component (a directory or models:/ URI) for the
     pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses.
-    `device`: where the model and drafts run (cuda: the PyTorch layers; the native kernels are CPU only)."""
+    `device`: where the model and drafts run (cuda: the PyTorch layers; the native kernels are CPU only).
+    `dtype`: the weights' precision, auto, float32 or bfloat16 (runtime/precision.py)."""
     device = check_device(device)
+    dtype = resolve_dtype(dtype, device)
     directory = _local(source)
     component = read_component(directory)
     digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
@@ -50,6 +54,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "floa
         if early_head is not None:
             early = read_component(_local(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
             decoder.early_head = load_early_head(early, base.model, prune_top_k)
+        check_rows(decoder)
         return decoder
 
 
@@ -91,18 +96,19 @@ def _size_trees(decoder: "Decoder", taus: dict[int, float], ppd_trees: dict[int,
     decoder.dynamic_size = dynamic_size
 
 
-def from_base(cls: type["Decoder"], name: str, dtype: str = "float32", max_length: int = 2048,
+def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: int = 2048,
               skip_map: tuple[int, ...] | None = None, device: str | torch.device = "cpu") -> "Decoder":
     """A base model alone (a name of models/config.py or a local directory), for the methods that need no
     component: ar and the training-free drafters (anpd); with `skip_map` (per decoder layer 0 keep, 1 skip
     the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `device` as from_pretrained's."""
     device = check_device(device)
-    base = load_base_model(name, quantization="none", dtype=dtype)
+    base = load_base_model(name, quantization="none", dtype=resolve_dtype(dtype, device))
     base.model.to(device)
     decoder = cls(base.model, base.tokenizer, None, None, max_length)
     decoder.fingerprint = base.fingerprint
     if skip_map is not None:
         decoder.skip_map = check_skip_map(skip_map, len(decoder.model.layers))
+    check_rows(decoder)
     return decoder
 
 
@@ -140,7 +146,7 @@ def _drafts(component: Component, model) -> tuple[PromptTokenSet, dict[int, Dyna
         if found != expected:
             raise ArtifactError(f"{where}: a custom decoding head needs head_weight [H, H] and head_bias [H] for the "
                                 f"base model's hidden size H={config.hidden_size}, found {found}")
-    on = {"device": model.device, "dtype": model.dtype}  # safetensors read them on the CPU
+    on = {"device": model.device, "dtype": activation_dtype(model.dtype)}  # safetensors read them on the CPU
     prompts = PromptTokenSet(emb.reshape(k * n, -1).to(**on), None if weights is None else weights.to(model.device),
                              k, n, mask, None if head[0] is None else tuple(t.to(**on) for t in head))
     by_size = {}

@@ -9,6 +9,7 @@ from ppdkit.models.draft_heads import HEAD_KINDS, TENSORS
 
 from .draft_heads import DraftHeadSet, HeadTree, head_tree
 from .layer_skip import SkipDraft, check_skip_map
+from .precision import activation_dtype
 from .tree import check_nodes
 
 
@@ -31,7 +32,7 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
     if found != expected or (kind == "feature" and not inner):
         raise ArtifactError(f"{where}: {kind} heads for hidden size {hidden} need {expected} (I: the MLP width), "
                             f"found {found}")
-    dtype = next(model.parameters()).dtype
+    dtype = activation_dtype(next(model.parameters()).dtype)  # the heads run on the decoder's activations
     rows = model.get_output_embeddings().weight.detach()[vocab].to(dtype)  # [V', H] the LM head's rows
     heads = DraftHeadSet(kind, tuple(tensors[name].to(model.device, dtype) for name in TENSORS[kind]),
                          vocab.to(model.device), rows, depth)

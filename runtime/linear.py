@@ -10,6 +10,10 @@ layers of weights, float32):
 - PyTorch's default matmul (MKL) for long inputs (a prompt's prefill), as efficient as any there, and
   every matmul on another device (a GPU: the weights are read at its own bandwidth there).
 The results differ only in summation order (about 1e-6 relative in float32).
+
+bfloat16 weights (the runtime's `dtype`, runtime/precision.py) take the same native kernel with AVX512-BF16 dot
+products: half the bytes to read, two products per lane and instruction. Its activations stay float32 and are
+rounded to bfloat16 as the kernel reads them; prefill runs oneDNN's bfloat16 matmul on the same weights.
 """
 
 import torch
@@ -18,8 +22,9 @@ import torch.nn.functional as F
 from .native import native_kernels
 
 ROWS_HINT = 64  # the batch oneDNN tunes its layout for; measured as good for 1 to 64 rows
-SKINNY_MAX_ROWS = 64  # beyond: the default matmul (prefill), no slower there than passes of 15 rows
-# (the native kernel takes up to 15 rows a pass, balanced: 16 rows as 8 + 8)
+SKINNY_MAX_ROWS = 96  # beyond: the default matmul (prefill). Up to here a step's rows go through the native
+# kernel, whose rows never depend on each other (passes of at most 15 rows, balanced: 16 rows as 8 + 8); the
+# largest tree (64) plus its prompt tokens and lookup rows fits
 
 
 def _packing_available(dtype: torch.dtype) -> bool:
@@ -27,15 +32,25 @@ def _packing_available(dtype: torch.dtype) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
+def native_format(dtype: torch.dtype, native) -> bool:
+    """Whether the native module `native` has a few-rows kernel for weights of `dtype`: the runtime's one table of
+    weight formats (float32: AVX-512 or AVX2; bfloat16: AVX512-BF16)."""
+    if native is None:
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and native.bf16_available())
+
+
 class Linear:
-    """y = x W^T for x [T, in] and W [out, in], on the fastest path this machine has for T rows."""
+    """y = x W^T for x [T, in] and W [out, in], on the fastest path this machine has for T rows. x and y are in
+    the activations' dtype; W may be narrower (bfloat16: x is rounded to it, the sums stay float32)."""
 
     def __init__(self, weight: torch.Tensor, pack: bool = True):
         self.out_features, self.in_features = weight.shape
         self.weight = weight  # as given: the default matmul's operand (it shares the model's storage)
         pack = pack and weight.device.type == "cpu"  # both packed paths are CPU code; elsewhere F.linear
-        self.native = native_kernels() if pack and weight.dtype == torch.float32 else None
-        self.panels = self.native.pack(weight.contiguous()) if self.native else None  # [out/P, in, P]
+        native = native_kernels() if pack else None
+        self.native = native if native_format(weight.dtype, native) else None
+        self.panels = self.native.pack(weight.contiguous()) if self.native else None  # runtime/kernels/skinny_linear.h
         self.onednn = None
         if self.native is None and pack and _packing_available(weight.dtype):
             self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), ROWS_HINT)
@@ -44,10 +59,10 @@ class Linear:
         """[..., in] -> [..., out]."""
         rows = x.reshape(-1, self.in_features)  # the kernels take 2-D inputs
         n = rows.shape[0]
-        if self.native is not None and n <= SKINNY_MAX_ROWS:
+        if self.native is not None and n <= SKINNY_MAX_ROWS and rows.dtype == torch.float32:
             y = self.native.linear(rows, self.panels, self.out_features)  # passes of at most 15 rows
         elif self.onednn is not None:
             y = torch.ops.mkldnn._linear_pointwise(rows, self.onednn, None, "none", [], "")
         else:
-            y = F.linear(rows, self.weight)
+            y = F.linear(rows.to(self.weight.dtype), self.weight).to(rows.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)

@@ -22,6 +22,7 @@ from ppdkit.models.loading import check_model_type
 
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
+from .precision import activation_dtype
 
 
 @dataclass
@@ -51,7 +52,8 @@ class LeanLlama:
         unsupported = sorted({k.split(".")[-2] for k in sd if k.endswith("_proj.bias")} - {"q_proj", "k_proj", "v_proj"})
         if unsupported:
             raise ValueError(f"the lean runtime supports query/key/value biases (Qwen2), not biases of {unsupported}")
-        self.dtype = next(hf_model.parameters()).dtype
+        self.weight_dtype = next(hf_model.parameters()).dtype  # the matmuls' weights, held in it once
+        self.dtype = activation_dtype(self.weight_dtype)  # activations, norms, rotary tables, the KV cache
         self.hidden = cfg.hidden_size
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.group = self.heads // self.kv_heads  # query heads per key/value head
@@ -62,23 +64,23 @@ class LeanLlama:
         p = "model.layers.{}."
         self.layers = [
             _Layer(
-                ln1=sd[p.format(i) + "input_layernorm.weight"],
+                ln1=sd[p.format(i) + "input_layernorm.weight"].to(self.dtype),
                 qkv=Linear(torch.cat([sd[p.format(i) + f"self_attn.{x}_proj.weight"] for x in "qkv"]), pack),
                 o=Linear(sd[p.format(i) + "self_attn.o_proj.weight"], pack),
-                ln2=sd[p.format(i) + "post_attention_layernorm.weight"],
+                ln2=sd[p.format(i) + "post_attention_layernorm.weight"].to(self.dtype),
                 gate_up=Linear(torch.cat([sd[p.format(i) + "mlp.gate_proj.weight"],
                                           sd[p.format(i) + "mlp.up_proj.weight"]]), pack),
                 down=Linear(sd[p.format(i) + "mlp.down_proj.weight"], pack),
-                qkv_bias=torch.cat([sd[p.format(i) + f"self_attn.{x}_proj.bias"] for x in "qkv"])
+                qkv_bias=torch.cat([sd[p.format(i) + f"self_attn.{x}_proj.bias"] for x in "qkv"]).to(self.dtype)
                 if p.format(i) + "self_attn.q_proj.bias" in sd else None,
             )
             for i in range(cfg.num_hidden_layers)
         ]
-        self.embed = sd["model.embed_tokens.weight"]
-        self.norm = sd["model.norm.weight"]
+        self.embed = sd["model.embed_tokens.weight"]  # [V, H] in the weights' dtype; embed_ids widens the rows
+        self.norm = sd["model.norm.weight"].to(self.dtype)
         self.head = Linear(sd.get("lm_head.weight", self.embed), pack)  # tied embeddings share one matrix
         positions = torch.arange(max_positions, device=self.device)[None]
-        probe = torch.zeros(1, dtype=self.dtype, device=self.device)
+        probe = torch.zeros(1, dtype=self.dtype, device=self.device)  # the tables in the activations' dtype
         cos, sin = hf_model.model.rotary_emb(probe, positions)  # the model's own rope (any scaling type)
         self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)  # [P, D]
         self.max_positions = max_positions
@@ -129,6 +131,7 @@ class LeanLlama:
         keys/values are written like forward's (ProPD's early pruning runs a tree in two parts); `skip` as
         forward's, one mask per layer of the model. A skipped attention writes no keys/values."""
         t = x.shape[0]
+        x = x.to(self.dtype)  # drafts' rows (prompt tokens) may come in the weights' dtype
         # (no-ops when the caller made them on the model's device, as the decoder does: torch.device context)
         positions = positions.to(self.device)
         mask = None if mask is None else mask.to(self.device)
@@ -185,7 +188,7 @@ class LeanLlama:
         return self.head(hidden)
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed[ids.to(self.device)]
+        return self.embed[ids.to(self.device)].to(self.dtype)
 
 
 def _native_weights(layers: list[_Layer]) -> list[torch.Tensor]:

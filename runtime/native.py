@@ -61,7 +61,8 @@ def build_kernels(extra_cflags: tuple[str, ...] = ()) -> ModuleType | None:
     (("-mno-avx512f",) builds the AVX2 variant on an AVX-512 machine, as the tests do)."""
     sources = sorted(KERNELS.glob("*.cpp"))
     code = b"".join(path.read_bytes() for path in sorted(KERNELS.glob("*.[ch]*")))
-    stamp = code + torch.__version__.encode() + _cpu_flags().encode() + " ".join(extra_cflags).encode()
+    flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", *extra_cflags]
+    stamp = code + torch.__version__.encode() + _cpu_flags().encode() + " ".join(flags).encode()
     name = f"ppdkit_kernels_{hashlib.sha256(stamp).hexdigest()[:12]}"
     try:
         from torch.utils.cpp_extension import get_default_build_root, load
@@ -72,8 +73,9 @@ def build_kernels(extra_cflags: tuple[str, ...] = ()) -> ModuleType | None:
             log.info("building the runtime's native kernels for this CPU in %s (once, about a minute)", build)
         module = load(name=name, sources=[str(path) for path in sources], build_directory=str(build),
                       extra_include_paths=[str(KERNELS)],
-                      extra_cflags=["-O3", "-march=native", "-fopenmp", *extra_cflags], extra_ldflags=["-fopenmp"],
-                      verbose=False)  # OpenMP: at::parallel_for runs on PyTorch's threads
+                      extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                      verbose=False)  # OpenMP: at::parallel_for runs on PyTorch's threads. No contraction of
+        # a * b + c into an FMA behind our back: a loop's vector body and scalar tail must round alike
     except Exception as error:  # a missing compiler or ninja must not stop decoding
         log.warning("the runtime's native kernels could not be built (%s); using oneDNN, which is slower "
                     "for decoding steps. Install a C++ compiler, or set PPDKIT_NATIVE_KERNELS=0 to skip", error)

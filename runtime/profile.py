@@ -12,9 +12,10 @@ import torch
 from ppdkit.models.paths import cache_dir
 
 from .llama import LeanLlama
+from .precision import dtype_name
 
 
-RUNTIME_REVISION = 6  # bumped when the forward's cost changes, so profiles cached before are measured again
+RUNTIME_REVISION = 7  # bumped when the forward's cost changes, so profiles cached before are measured again
 
 
 def machine_key() -> str:
@@ -22,9 +23,10 @@ def machine_key() -> str:
 
 
 def runtime_key(model: LeanLlama) -> str:
-    """This machine, the kernel path the model runs on (the kernels change every timing) and the runtime's
-    revision: what a cached measurement (tree profile, auto's trial) holds for."""
-    path_kind = "native" if model.native is not None else "torch"
+    """This machine, the kernel path and weight dtype the model runs on (they change every timing: bfloat16 rows
+    cost far less than float32 ones) and the runtime's revision: what a cached measurement (tree profile, auto's
+    trial) holds for."""
+    path_kind = ("native" if model.native is not None else "torch") + "-" + dtype_name(model.weight_dtype)
     if model.device.type != "cpu":
         path_kind += f"-{model.device}"  # another device's timings hold there only
     return f"{machine_key()}-{path_kind}-r{RUNTIME_REVISION}"

@@ -18,6 +18,7 @@ from ppdkit.models.heads import apply_residual_head
 from .kv_cache import KVCache
 from .linear import Linear
 from .llama import LeanLlama
+from .precision import activation_dtype
 from .tree_layout import TreeLayout
 
 
@@ -49,7 +50,7 @@ def load_early_head(component: Component, model, top_k: int) -> EarlyHead:
                             "train one with train.method=early-head")
     if not 1 <= top_k <= shapes["draft_vocab"][0]:
         raise ValueError(f"prune_top_k must be 1..{shapes['draft_vocab'][0]} (the draft vocabulary), not {top_k}")
-    dtype, device = next(model.parameters()).dtype, model.device
+    dtype, device = activation_dtype(next(model.parameters()).dtype), model.device  # the decoder's activations
     vocab = tensors["draft_vocab"].long().to(device)
     rows = model.get_output_embeddings().weight.detach()[vocab].to(dtype)
     return EarlyHead(tensors["early_weight"].to(device, dtype), tensors["early_bias"].to(device, dtype), vocab, rows,

@@ -4,6 +4,7 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &skinny_linear_available);
+  m.def("bf16_available", &skinny_bf16_available);
   m.def("pack", &skinny_pack);
   m.def("linear", &skinny_linear);
   m.def("decoder_layers", &decoder_layers);

@@ -1,11 +1,16 @@
 // Every decoder layer of a Llama-family model for the few new tokens of a decoding step, in one call:
 // the same arithmetic as LeanLlama.forward in runtime/llama.py (RMSNorm, rotary embedding, grouped-query
 // attention over the KV cache with an additive mask, SwiGLU), with its matmuls on the packed few-rows
-// kernel. A step's ~40 small operations per layer cost more in Python dispatch than in arithmetic (about
-// a third of a step on 2 cores); here the norms, rotary and copies are plain loops, the rest ATen calls.
+// kernel (float32 or bfloat16 weights; activations, the KV cache and every sum in float32). A step's ~40
+// small operations per layer cost more in Python dispatch than in arithmetic (about a third of a step on 2
+// cores); here the norms, rotary, copies, attention and SwiGLU are plain loops.
+// Each row's arithmetic is the same whatever the number of rows in the step: the decoder's losslessness rests
+// on that (a library batched matmul may pick another kernel, or reduction order, for another row count).
 #include "decoder_layers.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "skinny_linear.h"
 
@@ -58,6 +63,99 @@ void copy_finite(const float* src, int64_t n, float* dst) {
   for (int64_t j = 0; j < n; ++j) dst[j] = std::isfinite(src[j]) ? src[j] : 0.f;
 }
 
+// e^x for x <= 0 (and silu's e^-g, clamped), the same few IEEE operations for every element: a library exp may
+// take a vector path in a loop's body and a scalar one in its tail, rounding an element differently by where it
+// falls, and where it falls depends on the row count. x < -87.3 (masked scores: -inf) gives exactly 0.
+// Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-7 polynomial, 2^n by the exponent bits.
+inline float exp_fixed(float x) {
+  const bool zero = !(x >= -87.3f);  // NaN too (never reached: scores are finite or -inf)
+  x = std::fmin(std::fmax(x, -87.3f), 88.3f);
+  const float n = std::floor(std::fma(x, 1.44269504088896341f, 0.5f));
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return zero ? 0.f : p * scale;
+}
+
+// Grouped-query attention over the first s cached keys/values: q [Hkv, R, D] (R = g T query rows per
+// key/value head), keys/values at k/v + (head * capacity + j) * D, bias [R, S] or none -> [Hkv, R, D].
+// Each (head, row) is computed whole by one thread, with sums in a fixed order: a score is one dot product
+// over d; the softmax's total runs over j in kLanes interleaved partial sums (j mod kLanes) added up in one
+// fixed tree; the output sums p_j v_j over j in order. Masked keys (score -inf) add exact zeros, so a row's
+// result is the same for any number of rows in the step and any number of keys it cannot see.
+constexpr int64_t kLanes = 16;
+
+torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, int64_t capacity, int64_t s,
+                        const std::optional<torch::Tensor>& bias, float scale) {
+  const int64_t hkv = q.size(0), rows = q.size(1), d = q.size(2);
+  auto attn = torch::zeros({hkv, rows, d}, q.options());
+  auto scratch = torch::empty({hkv * rows, s}, q.options());  // a row's scores, then its weights
+  const float* qs = q.data_ptr<float>();
+  const float* bs = bias ? bias->data_ptr<float>() : nullptr;
+  float* as = attn.data_ptr<float>();
+  float* ws = scratch.data_ptr<float>();
+  at::parallel_for(0, hkv * rows, 1, [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t head = item / rows, r = item % rows;
+      const float* qr = qs + item * d;
+      const float* keys = k + head * capacity * d;
+      const float* values = v + head * capacity * d;
+      float* w = ws + item * s;
+      float top = -INFINITY;
+      for (int64_t j = 0; j < s; ++j) {
+        const float* kj = keys + j * d;
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t e = 0; e < d; ++e) dot += qr[e] * kj[e];
+        w[j] = bs ? std::fma(dot, scale, bs[r * s + j]) : dot * scale;
+        top = std::fmax(top, w[j]);
+      }
+      float lanes[kLanes] = {};
+      for (int64_t j = 0; j < s; ++j) {
+        w[j] = exp_fixed(w[j] - top);
+        lanes[j % kLanes] += w[j];
+      }
+      for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the fixed tree: 16 -> 8 -> 4 -> 2 -> 1
+        for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += lanes[lane + width];
+      const float inverse = 1.f / lanes[0];
+      float* out = as + item * d;
+      for (int64_t j = 0; j < s; ++j) {
+        const float pj = w[j] * inverse;
+        const float* vj = values + j * d;
+#pragma omp simd
+        for (int64_t e = 0; e < d; ++e) out[e] = std::fma(pj, vj[e], out[e]);
+      }
+    }
+  });
+  return attn;
+}
+
+// SwiGLU's product silu(gate) * up per element of gate_up [T, 2 I] -> [T, I], with exp_fixed.
+torch::Tensor swiglu(const torch::Tensor& gate_up, int64_t inter) {
+  const int64_t t = gate_up.size(0);
+  auto out = torch::empty({t, inter}, gate_up.options());
+  const float* gu = gate_up.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  at::parallel_for(0, t, 1, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const float* gate = gu + r * 2 * inter;
+      const float* up = gate + inter;
+#pragma omp simd
+      for (int64_t j = 0; j < inter; ++j) os[r * inter + j] = gate[j] / (1.f + exp_fixed(-gate[j])) * up[j];
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 // x [T, H] -> [T, H] after every layer (before the final norm). weights: 6 per layer (ln1, qkv panels,
@@ -79,12 +177,15 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
   TORCH_CHECK(s <= capacity, "KV cache full: ", s, " tokens > capacity ", capacity);
   for (const auto* tensor : {&x_in, &cos, &sin, &cache_k, &cache_v})
     TORCH_CHECK(tensor->scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only");
+  for (size_t i = 0; i < weights.size(); i += 3)  // the norms (ln1, ln2 of each layer) in float32 too
+    TORCH_CHECK(weights[i].scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only (norms)");
   TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous() && cache_k.size(1) == hkv && cache_k.size(3) == d,
               "decoder_layers: the KV cache must be contiguous [layers, Hkv, capacity, D]");
   TORCH_CHECK(cache_k.size(0) * 6 == static_cast<int64_t>(weights.size()), "decoder_layers: one cache layer per layer");
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == hidden && cos.size(0) == t && cos.size(1) == d,
               "decoder_layers: x [T, H] and cos/sin [T, D]");
-  TORCH_CHECK(!bias || (bias->size(0) == g * t && bias->size(1) == s), "decoder_layers: bias [g T, S]");
+  TORCH_CHECK(!bias || (bias->size(0) == g * t && bias->size(1) == s && bias->scalar_type() == torch::kFloat32 &&
+                        bias->is_contiguous()), "decoder_layers: bias [g T, S], float32");
   TORCH_CHECK(skip.empty() || skip.size() * 6 == weights.size(), "decoder_layers: one skip mask per layer");
   auto x = x_in.contiguous().clone();
   auto q = torch::empty({hkv, g * t, d}, x.options());  // queries grouped by their key/value head
@@ -111,11 +212,7 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
           copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + length + r) * d);
         }
       }
-      auto keys = cache_k[layer].narrow(1, 0, s);  // [Hkv, S, D]
-      auto values = cache_v[layer].narrow(1, 0, s);
-      auto scores = bias ? at::baddbmm(*bias, q, keys.transpose(1, 2), 1.0, scale)
-                         : at::bmm(q, keys.transpose(1, 2)).mul_(scale);  // [Hkv, g T, S]
-      auto attn = at::bmm(scores.softmax(-1), values).contiguous();  // [Hkv, g T, D]
+      auto attn = attention(q, ks, vs, capacity, s, bias, scale);  // [Hkv, g T, D]
       const float* as = attn.data_ptr<float>();
       float* ms = merged.data_ptr<float>();
       for (int64_t head = 0; head < hq; ++head)
@@ -125,7 +222,7 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
     }
     if (skipped & 2) continue;
     auto gate_up = skinny_linear(rms_norm(x, w[3], eps), w[4], 2 * inter).contiguous();  // [T, 2 I]
-    auto act = at::silu(gate_up.narrow(1, 0, inter)).mul_(gate_up.narrow(1, inter, inter));  // [T, I]
+    auto act = swiglu(gate_up, inter);  // [T, I]
     x.add_(skinny_linear(act, w[5], hidden));
   }
   return x;

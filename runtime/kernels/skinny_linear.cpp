@@ -1,9 +1,15 @@
-// y = x W^T for a few rows x [M, K] and a weight packed as [N/P, K, P]: the matmul of a decoding step,
-// bound by reading W. Each thread streams whole P-column panels of W front to back (sequential reads
-// the prefetcher follows) and keeps every partial sum in a register, so W is read once per pass of up
-// to 15 rows (12 with AVX2). P is one vector register of floats: 16 with AVX-512, 8 with AVX2 + FMA.
+// y = x W^T for a few rows x [M, K] and a weight packed into P-column panels: the matmul of a decoding step,
+// bound by reading W. Each thread streams whole panels of W front to back (sequential reads the prefetcher
+// follows) and keeps every partial sum in a register, so W is read once per pass of up to 15 rows (12 with
+// AVX2). Two weight formats (runtime/linear.py's table):
+// - float32, panels [N/P, K, P] (P = 16 floats with AVX-512, 8 with AVX2 + FMA): y += x[k] * W[k] with FMA,
+//   k in order;
+// - bfloat16 (AVX512-BF16), panels [N/16, K/2, 16, 2]: x is rounded to bfloat16 (to nearest even) and
+//   VDPBF16PS adds two exact products a k-pair, odd k first, into float32 sums, k-pairs in order (the
+//   PyTorch twin, runtime/kernels_twin.py, does exactly these roundings).
+// A row's sums never depend on the other rows of the call, so its result is the same for any number of rows
+// (the decoder's losslessness rests on this; runtime/row_invariance.py checks it at load).
 // Built on first use with -march=native (runtime/native.py falls back to oneDNN on other CPUs).
-// Sums run over k in order with FMA, as any float32 matmul rounds.
 #include "skinny_linear.h"
 
 #include <ATen/Parallel.h>
@@ -11,17 +17,16 @@
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 
+#include <cstdint>
+
 namespace {
 
 #ifdef __AVX512F__
 using Vec = __m512;
-constexpr int64_t kPanel = 16;  // floats per panel row: one vector register
+constexpr int64_t kPanel = 16;  // output columns per panel: one vector register of floats
 constexpr int kMaxRows = 15;    // rows per pass
 constexpr int kRegisters = 32;
 inline Vec vzero() { return _mm512_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec vbroadcast(float v) { return _mm512_set1_ps(v); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 #else
 using Vec = __m256;
@@ -29,32 +34,61 @@ constexpr int64_t kPanel = 8;
 constexpr int kMaxRows = 12;
 constexpr int kRegisters = 16;
 inline Vec vzero() { return _mm256_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec vbroadcast(float v) { return _mm256_set1_ps(v); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 #endif
 
-// Panels [p0, p1) of W, `Cols` panels at a time, for `Rows` rows of x: Rows * Cols accumulators.
-template <int Rows, int Cols>
-void panels(const float* __restrict x, const float* __restrict w, float* __restrict y, int64_t k_dim,
-            int64_t n_dim, int64_t p0, int64_t p1) {
+// A weight format: W (its element), the k values one panel row holds (Step), X (x's operand for one panel row)
+// and the multiply-add of one panel row into the accumulators.
+struct Float32 {
+  using W = float;
+  using X = float;
+  static constexpr int64_t Step = 1;
+#ifdef __AVX512F__
+  using Row = __m512;
+  static Row load(const W* p) { return _mm512_loadu_ps(p); }
+  static Vec madd(Vec acc, X x, Row w) { return _mm512_fmadd_ps(_mm512_set1_ps(x), w, acc); }
+#else
+  using Row = __m256;
+  static Row load(const W* p) { return _mm256_loadu_ps(p); }
+  static Vec madd(Vec acc, X x, Row w) { return _mm256_fmadd_ps(_mm256_set1_ps(x), w, acc); }
+#endif
+};
+
+#ifdef __AVX512BF16__
+struct BFloat16 {
+  using W = uint16_t;
+  using X = uint32_t;  // x[k] and x[k + 1] as bfloat16, k even
+  static constexpr int64_t Step = 2;
+  using Row = __m512i;
+  static Row load(const W* p) { return _mm512_loadu_si512(p); }
+  static Vec madd(Vec acc, X x, Row w) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(static_cast<int>(x)), (__m512bh)w);
+  }
+};
+#endif
+
+// Panels [p0, p1) of W, `Cols` panels at a time, for `Rows` rows of x: Rows * Cols accumulators. k_rows: the
+// panel rows (K / F::Step).
+template <typename F, int Rows, int Cols>
+void panels(const typename F::X* __restrict x, const typename F::W* __restrict w, float* __restrict y,
+            int64_t k_rows, int64_t n_dim, int64_t p0, int64_t p1) {
+  constexpr int64_t row_width = kPanel * F::Step;  // W elements per panel row
   for (int64_t p = p0; p < p1; p += Cols) {
     Vec acc[Rows][Cols];
 #pragma GCC unroll 16
     for (int r = 0; r < Rows; ++r)
 #pragma GCC unroll 4
       for (int c = 0; c < Cols; ++c) acc[r][c] = vzero();
-    const float* panel = w + p * k_dim * kPanel;
-    for (int64_t k = 0; k < k_dim; ++k) {
-      Vec wk[Cols];
+    const typename F::W* panel = w + p * k_rows * row_width;
+    for (int64_t k = 0; k < k_rows; ++k) {
+      typename F::Row wk[Cols];
 #pragma GCC unroll 4
-      for (int c = 0; c < Cols; ++c) wk[c] = vload(panel + (c * k_dim + k) * kPanel);
+      for (int c = 0; c < Cols; ++c) wk[c] = F::load(panel + (c * k_rows + k) * row_width);
 #pragma GCC unroll 16
       for (int r = 0; r < Rows; ++r) {
-        const Vec xk = vbroadcast(x[r * k_dim + k]);
+        const typename F::X xk = x[r * k_rows + k];
 #pragma GCC unroll 4
-        for (int c = 0; c < Cols; ++c) acc[r][c] = vfma(xk, wk[c], acc[r][c]);
+        for (int c = 0; c < Cols; ++c) acc[r][c] = F::madd(acc[r][c], xk, wk[c]);
       }
     }
 #pragma GCC unroll 16
@@ -64,30 +98,41 @@ void panels(const float* __restrict x, const float* __restrict w, float* __restr
   }
 }
 
-// Few rows: several panels at once (independent FMA chains, more streams); more rows: fewer panels,
-// so the accumulators (at most 30 of 32 registers with AVX-512, 12 of 16 with AVX2) and the panel
-// rows fit in the vector registers; x's broadcasts fold into the FMAs as memory operands. Two panels
-// up to 15 rows: one panel for 13-16 rows cost 25-30% more per row (a load per 16 FMAs, measured on
-// a 1536 x 576 weight), so 16 rows run as two passes of 8.
-template <int Rows>
-void run(const float* x, const float* w, float* y, int64_t k_dim, int64_t n_dim) {
+// Few rows: several panels at once (independent chains, more streams); more rows: fewer panels, so the
+// accumulators (at most 30 of 32 registers with AVX-512, 12 of 16 with AVX2) and the panel rows fit in the
+// vector registers; x's broadcasts fold into the multiply-adds as memory operands. Two panels up to 15 rows:
+// one panel for 13-16 rows cost 25-30% more per row (a load per 16 FMAs, measured on a 1536 x 576 float32
+// weight), so 16 rows run as two passes of 8.
+template <typename F, int Rows>
+void run(const typename F::X* x, const typename F::W* w, float* y, int64_t k_rows, int64_t n_dim) {
   constexpr int Cols = kRegisters == 32 ? (Rows <= 4 ? 4 : Rows <= 15 ? 2 : 1) : (Rows <= 2 ? 4 : Rows <= 6 ? 2 : 1);
   const int64_t groups = n_dim / kPanel / Cols;
   at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
-    panels<Rows, Cols>(x, w, y, k_dim, n_dim, g0 * Cols, g1 * Cols);
+    panels<F, Rows, Cols>(x, w, y, k_rows, n_dim, g0 * Cols, g1 * Cols);
   });
   const int64_t done = groups * Cols;  // the last panels when their count is not a multiple of Cols
-  if (done * kPanel < n_dim) panels<Rows, 1>(x, w, y, k_dim, n_dim, done, n_dim / kPanel);
+  if (done * kPanel < n_dim) panels<F, Rows, 1>(x, w, y, k_rows, n_dim, done, n_dim / kPanel);
 }
 
-template <int Rows>
-void dispatch(int64_t m, const float* x, const float* w, float* y, int64_t k_dim, int64_t n_dim) {
+template <typename F, int Rows>
+void dispatch(int64_t m, const typename F::X* x, const typename F::W* w, float* y, int64_t k_rows, int64_t n_dim) {
   if constexpr (Rows > kMaxRows) {
     TORCH_CHECK(false, "skinny_linear takes at most ", kMaxRows, " rows per pass, got ", m);
   } else if (m == Rows) {
-    run<Rows>(x, w, y, k_dim, n_dim);
+    run<F, Rows>(x, w, y, k_rows, n_dim);
   } else {
-    dispatch<Rows + 1>(m, x, w, y, k_dim, n_dim);
+    dispatch<F, Rows + 1>(m, x, w, y, k_rows, n_dim);
+  }
+}
+
+// y [M, padded N] = x W^T in balanced passes of at most kMaxRows rows (18 rows as 9 + 9), each reading W once.
+template <typename F>
+void passes(int64_t m, const typename F::X* x, const typename F::W* w, float* y, int64_t k_rows, int64_t n_dim) {
+  const int64_t count = (m + kMaxRows - 1) / kMaxRows;
+  for (int64_t pass = 0, row = 0; pass < count; ++pass) {
+    const int64_t rows = (m - row) / (count - pass);
+    dispatch<F, 1>(rows, x + row * k_rows, w, y + row * n_dim, k_rows, n_dim);
+    row += rows;
   }
 }
 
@@ -95,27 +140,52 @@ void dispatch(int64_t m, const float* x, const float* w, float* y, int64_t k_dim
 
 bool skinny_linear_available() { return true; }
 
-torch::Tensor skinny_pack(const torch::Tensor& weight) {  // [N, K] -> [ceil(N/P), K, P], zero padded
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat32, "pack takes a float32 [N, K] weight");
+bool skinny_bf16_available() {
+#ifdef __AVX512BF16__
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor skinny_pack(const torch::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "pack takes a [N, K] weight");
   const int64_t n = weight.size(0), k = weight.size(1), padded = (n + kPanel - 1) / kPanel * kPanel;
-  auto w = torch::zeros({padded, k}, weight.options());
-  w.narrow(0, 0, n).copy_(weight);
-  return w.view({padded / kPanel, kPanel, k}).transpose(1, 2).contiguous();
+  if (weight.scalar_type() == torch::kFloat32) {  // [N, K] -> [ceil(N/P), K, P], zero padded
+    auto w = torch::zeros({padded, k}, weight.options());
+    w.narrow(0, 0, n).copy_(weight);
+    return w.view({padded / kPanel, kPanel, k}).transpose(1, 2).contiguous();
+  }
+  TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 && skinny_bf16_available(),
+              "pack takes a float32 weight, or a bfloat16 one where the CPU has AVX512-BF16");
+  // [N, K] -> [ceil(N/16), ceil(K/2), 16, 2]: a panel row is 16 columns' k-pair, one VDPBF16PS operand
+  const int64_t k_even = (k + 1) / 2 * 2;
+  auto w = torch::zeros({padded, k_even}, weight.options());
+  w.narrow(0, 0, n).narrow(1, 0, k).copy_(weight);
+  return w.view({padded / kPanel, kPanel, k_even / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
 torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.size(1) == packed.size(1),
-              "skinny_linear takes float32 x [M, K] matching the packed weight");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "skinny_linear takes float32 x [M, K]");
   const int64_t m = x.size(0), k = x.size(1), padded = packed.size(0) * kPanel;
-  auto xc = x.contiguous();
   auto y = torch::empty({m, padded}, x.options());
-  // More than kMaxRows rows: balanced passes (18 rows as 9 + 9), each reading the weight once.
-  const int64_t passes = (m + kMaxRows - 1) / kMaxRows;
-  for (int64_t pass = 0, row = 0; pass < passes; ++pass) {
-    const int64_t rows = (m - row) / (passes - pass);
-    dispatch<1>(rows, xc.data_ptr<float>() + row * k, packed.data_ptr<float>(), y.data_ptr<float>() + row * padded,
-                k, padded);
-    row += rows;
+  if (packed.scalar_type() == torch::kFloat32) {
+    TORCH_CHECK(k == packed.size(1), "skinny_linear: x [M, K] must match the packed weight's K");
+    auto xc = x.contiguous();
+    passes<Float32>(m, xc.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), k, padded);
+  } else {
+#ifdef __AVX512BF16__
+    TORCH_CHECK(packed.scalar_type() == torch::kBFloat16 && packed.dim() == 4 && (k + 1) / 2 == packed.size(1),
+                "skinny_linear: x [M, K] must match the packed bfloat16 weight's K");
+    // x rounded to bfloat16 once per call (to nearest even, as PyTorch rounds), k-pairs as one 32-bit operand
+    auto xb = torch::zeros({m, packed.size(1) * 2}, x.options().dtype(torch::kBFloat16));
+    xb.narrow(1, 0, k).copy_(x);
+    passes<BFloat16>(m, reinterpret_cast<const uint32_t*>(xb.data_ptr()),
+                     reinterpret_cast<const uint16_t*>(packed.data_ptr()), y.data_ptr<float>(), packed.size(1),
+                     padded);
+#else
+    TORCH_CHECK(false, "skinny_linear: built without AVX512-BF16, so it takes float32 panels only");
+#endif
   }
   return padded == out_features ? y : y.narrow(1, 0, out_features);
 }
@@ -123,6 +193,7 @@ torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed,
 #else  // neither AVX-512 nor AVX2 + FMA at build time: the Python side uses oneDNN
 
 bool skinny_linear_available() { return false; }
+bool skinny_bf16_available() { return false; }
 torch::Tensor skinny_pack(const torch::Tensor&) { TORCH_CHECK(false, "built without AVX-512 or AVX2"); }
 torch::Tensor skinny_linear(const torch::Tensor&, const torch::Tensor&, int64_t) {
   TORCH_CHECK(false, "built without AVX-512 or AVX2");

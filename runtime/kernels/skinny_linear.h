@@ -1,8 +1,9 @@
 // The few-rows matmul (skinny_linear.cpp): y = x W^T with W packed once into P-column panels (P = 16
-// floats with AVX-512, 8 with AVX2).
+// floats with AVX-512, 8 with AVX2; bfloat16 weights in 16-column panels of k-pairs, with AVX512-BF16).
 #pragma once
 #include <torch/extension.h>
 
 bool skinny_linear_available();                          // false where built without AVX-512 or AVX2
-torch::Tensor skinny_pack(const torch::Tensor& weight);  // [N, K] -> [ceil(N/P), K, P]
+bool skinny_bf16_available();                            // bfloat16 weights: built with AVX512-BF16
+torch::Tensor skinny_pack(const torch::Tensor& weight);  // float32 [N, K] -> [ceil(N/P), K, P]; bfloat16 -> [.., K/2, P, 2]
 torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features);

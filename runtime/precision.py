@@ -1,0 +1,60 @@
+"""The runtime's precision: which dtype the base model's weights are held in, and what `auto` picks here.
+
+- `float32`: weights, activations and sums in float32 (the float32 model's own tokens).
+- `bfloat16`: the weights held once in bfloat16, read by the native AVX512-BF16 kernel (half the bytes of a step,
+  two products per lane and instruction). Activations, norms, the rotary tables and the KV cache stay float32:
+  each matmul rounds its input to bfloat16 as it reads it, multiplies exactly and sums in float32, and attention
+  accumulates in float32 over float32 keys and values. The cache is a few percent of a step's bytes at the
+  contexts served here (30 layers x 3 KV heads x 64 x 2 x 4 bytes = 46 KB a token), so keeping it float32 costs
+  little and adds no second rounding; the weights are where bfloat16 pays.
+- `auto` (the default): bfloat16 where it runs fast and row-invariant, a CPU whose native kernels have
+  AVX512-BF16, or a GPU; float32 elsewhere, saying so in one line.
+bfloat16 gives the bfloat16 model's tokens, not the float32 model's: every method is lossless against `ar` in the
+same dtype. Who needs the float32 model's exact tokens passes `float32`.
+"""
+
+import logging
+
+import torch
+
+from . import linear
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+DTYPES = ("auto", "float32", "bfloat16")  # what the command line and the pyfunc model take
+TEST_DTYPES = ("float64",)  # also accepted from Python: the tests compare tokens with transformers' in it
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16": the name the command line, reports and cache keys use."""
+    return str(dtype).removeprefix("torch.")
+
+
+def activation_dtype(weight_dtype: torch.dtype) -> torch.dtype:
+    """The dtype activations, norms and the KV cache are computed in for weights of `weight_dtype`: float32 for
+    the 16-bit formats, the weights' own otherwise."""
+    return torch.float32 if weight_dtype in (torch.bfloat16, torch.float16) else weight_dtype
+
+
+def bf16_kernels_here() -> bool:
+    """Whether this CPU runs the native bfloat16 few-rows kernel (AVX512-BF16, built for it)."""
+    native = linear.native_kernels()
+    return native is not None and linear.native_format(torch.bfloat16, native)
+
+
+def resolve_dtype(requested: str, device: torch.device | str = "cpu") -> str:
+    """`requested` (auto, float32, bfloat16) -> the dtype the decoder runs on `device`, with one line where bfloat16
+    cannot run fast and row-invariant here."""
+    if requested not in DTYPES + TEST_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {requested!r}")
+    if requested not in (AUTO, "bfloat16"):
+        return requested
+    if torch.device(device).type != "cpu" or bf16_kernels_here():
+        return "bfloat16"
+    if requested == "bfloat16":
+        log.warning("bfloat16 needs the native AVX512-BF16 kernels, which this CPU or build lacks (no avx512_bf16 "
+                    "flag, no C++ compiler, or PPDKIT_NATIVE_KERNELS=0): running float32")
+    else:
+        log.info("dtype auto: float32 (this CPU runs no native AVX512-BF16 kernel)")
+    return "float32"

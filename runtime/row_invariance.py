@@ -1,0 +1,79 @@
+"""The property losslessness rests on, checked at load: a row's result never depends on how many rows share the
+step. A tree step computes its root row with the same numbers as `ar`'s one-row step, and each node with the same
+numbers as the one-row steps that would have followed it, only if every kernel's result for a row is the same for
+1 to the largest step's rows. The native kernels are written so (runtime/kernels/); library kernels (oneDNN,
+cuBLAS) may pick another kernel or reduction order for another row count, so this is measured, not assumed.
+
+`check_rows(decoder)` runs the first decoder layers of the loaded model on a random causal step of n rows and on n
+one-row steps over the same cache, for n up to the most rows any of the decoder's methods feeds the model, and
+refuses the decoder (naming the largest step that held) where they differ.
+"""
+
+import logging
+
+import torch
+
+from .llama import LeanLlama
+from .precision import dtype_name
+
+log = logging.getLogger(__name__)
+CHECK_LAYERS = 2  # every layer runs the same kernels; two cover a layer feeding the next
+CONTEXT = 7  # cached tokens before the step (not a multiple of a vector width)
+
+
+def first_mismatch(model: LeanLlama, rows: int, seed: int = 0) -> int | None:
+    """The smallest n <= rows at which a causal n-row step over CONTEXT cached tokens gives a row other than the
+    one-row steps' (through CHECK_LAYERS layers), or None where none does."""
+    layers = min(CHECK_LAYERS, len(model.layers))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(CONTEXT + rows, model.hidden, generator=g).to(model.device, model.dtype)
+    with torch.inference_mode():
+        cache = model.new_cache(CONTEXT + rows + 1)
+        model.forward_layers(x[:CONTEXT], torch.arange(CONTEXT), cache, None, 0, layers)
+        cache.commit(None, CONTEXT)
+        single = []
+        for i in range(rows):  # what ar computes: one row at a time, each committed
+            single.append(model.forward_layers(x[CONTEXT + i:CONTEXT + i + 1], torch.tensor([CONTEXT + i]), cache,
+                                               None, 0, layers)[0])
+            cache.commit(None, 1)
+        single = torch.stack(single)  # [rows, H]
+        for n in _counts(rows):
+            cache.rollback(CONTEXT)
+            step = model.forward_layers(x[CONTEXT:CONTEXT + n], torch.arange(CONTEXT, CONTEXT + n), cache, None, 0,
+                                        layers)
+            if not torch.equal(step, single[:n]):
+                return n
+    return None
+
+
+def _counts(rows: int) -> list[int]:
+    """Every row count up to 16 (each of the native kernel's pass widths), then every fourth and `rows` itself."""
+    return sorted({*range(1, min(rows, 16) + 1), *range(20, rows + 1, 4), rows})
+
+
+def most_rows(decoder) -> int:
+    """The most rows one step of any of `decoder`'s methods feeds the model."""
+    return max(decoder._tree_size(method) for method in decoder.methods() if method != "auto")
+
+
+def check_rows(decoder) -> None:
+    """Refuse `decoder` where its model's native kernels give a row of a step of up to most_rows(decoder) rows
+    other than one-row steps give it (the check costs milliseconds on the tiny models, ~0.3 s for SmolLM2). The
+    PyTorch layers (a CPU without the native kernels) are checked and only warned about: their library softmax and
+    matmuls promise no row invariance, and refusing would leave such a CPU no tree method at all. Other devices
+    are not checked (docs/devices.md)."""
+    rows = most_rows(decoder)
+    if rows < 2 or decoder.device.type != "cpu":
+        return
+    found = first_mismatch(decoder.model, rows)
+    if found is None:
+        return
+    dtype = dtype_name(decoder.model.weight_dtype)
+    said = (f"this machine's {dtype} kernels give a decoding step of {found} rows results other than {found} one-row "
+            f"steps, so trees of {found} or more rows could change the output; this decoder's methods need up to "
+            f"{rows}")
+    if decoder.model.native is None:
+        log.warning("%s (the PyTorch layers: install a C++ compiler on an AVX-512 or AVX2 CPU for the native "
+                    "kernels, or pass a tree size below %d)", said, found)
+        return
+    raise ValueError(f"{said}. Load it with a smaller tree_size (--tree-size), fewer lookup_chains, or dtype float32")

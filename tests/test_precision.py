@@ -1,0 +1,157 @@
+"""The runtime's precision (runtime/precision.py) and the property its losslessness rests on: the native kernels'
+result for a row never depends on how many rows share the call (runtime/row_invariance.py), on every instruction
+path this CPU has, in float32 and bfloat16; the bfloat16 kernel equals its PyTorch twin bit for bit; every
+decoding method gives `ar`'s tokens in bfloat16; `auto` picks bfloat16 only where its kernels run."""
+
+import logging
+import random
+
+import pytest
+import torch
+from conftest import kernels_or_skip
+from test_draft_heads import _decoder, _heads, _random_tree
+from test_lossless import _random_early_head, _random_p
+
+import ppdkit.runtime.linear as linear_module
+import ppdkit.runtime.row_invariance as row_invariance
+from ppdkit.data_pipeline.ngram_cache import build_ngram_table
+from ppdkit.models.tiny import build_tiny_llama
+from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.kernels_twin import bf16_linear_twin
+from ppdkit.runtime.linear import Linear
+from ppdkit.runtime.llama import LeanLlama
+from ppdkit.runtime.ppd import PromptTokenSet
+from ppdkit.runtime.precision import resolve_dtype
+from ppdkit.runtime.tree import best_tree_for_size
+
+ROWS = 80  # the most rows the tests put through one call: past the largest tree with its prompt tokens
+SHAPES = [(100, 37), (64, 576), (49, 16)]  # odd K, a model's width, fewer columns than a panel pair
+
+
+def _bf16_kernels(variant: str = "native"):
+    module = kernels_or_skip(variant)
+    if not module.bf16_available():
+        pytest.skip("this CPU has no AVX512-BF16: bfloat16 runs the float32 path here")
+    return module
+
+
+@pytest.mark.parametrize("variant,dtype", [("native", torch.float32), ("avx2", torch.float32),
+                                           ("native", torch.bfloat16)])
+def test_every_row_is_the_same_whatever_the_rows_in_the_call(variant, dtype, monkeypatch):
+    """1 to 80 rows of random weights: each row's result is bit for bit its one-row result, on each build."""
+    module = _bf16_kernels() if dtype == torch.bfloat16 else kernels_or_skip(variant)
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    g = torch.Generator().manual_seed(0)
+    for out_features, in_features in SHAPES:
+        layer = Linear(torch.randn(out_features, in_features, generator=g).to(dtype))
+        assert layer.native is module and layer.panels.dtype == dtype
+        x = torch.randn(ROWS, in_features, generator=g)
+        single = torch.cat([layer(x[i:i + 1]) for i in range(ROWS)])
+        for rows in range(1, ROWS + 1):
+            assert torch.equal(layer(x[:rows]), single[:rows]), (out_features, in_features, rows)
+
+
+def test_the_bfloat16_kernel_equals_its_pytorch_twin():
+    """The native AVX512-BF16 matmul rounds exactly as runtime/kernels_twin.py writes it down, and lies within
+    bfloat16's rounding of the float32 product."""
+    module = _bf16_kernels()
+    g = torch.Generator().manual_seed(1)
+    for out_features, in_features in SHAPES:
+        weight = torch.randn(out_features, in_features, generator=g).bfloat16()
+        x = torch.randn(7, in_features, generator=g)
+        native = module.linear(x, module.pack(weight), out_features)
+        assert torch.equal(native, bf16_linear_twin(x, weight)), (out_features, in_features)
+        exact = x.double() @ weight.double().T
+        assert torch.allclose(native.double(), exact, atol=0.05 * in_features ** 0.5, rtol=0.02)
+
+
+@pytest.mark.parametrize("variant,dtype", [("native", torch.float32), ("avx2", torch.float32),
+                                           ("native", torch.bfloat16)])
+def test_the_native_decoder_layers_are_row_invariant(variant, dtype, monkeypatch):
+    """A causal step of n rows over a cache gives each row exactly what n one-row steps give (attention, softmax,
+    SwiGLU and the norms included), n = 1..80, on the tiny model."""
+    module = _bf16_kernels() if dtype == torch.bfloat16 else kernels_or_skip(variant)
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    model, _ = build_tiny_llama()
+    lean = LeanLlama(model.to(dtype).eval(), 256)
+    assert lean.native is not None and lean.weight_dtype == dtype and lean.dtype == torch.float32
+    assert row_invariance.first_mismatch(lean, ROWS) is None
+
+
+def _bf16_tiny(monkeypatch):
+    monkeypatch.setattr(linear_module, "native_kernels", _bf16_kernels)
+    model, tok = build_tiny_llama()
+    return model.bfloat16().eval(), tok
+
+
+def test_every_method_gives_ars_tokens_in_bfloat16(monkeypatch):
+    """bfloat16 weights on the native kernels: ppd, ppd-lookup, ppd-head, ppd-prune, anpd and self-draft give
+    bfloat16 ar's tokens, with random prompt tokens and trees, and lookup tables that know ar's continuation (so
+    long paths are accepted and the cache is pruned in every way)."""
+    model, tok = _bf16_tiny(monkeypatch)
+    rng, g = random.Random(2), torch.Generator().manual_seed(2)
+    steps = emitted = 0
+    for case in range(8):
+        k, n = rng.randint(1, 3), rng.randint(1, 2)
+        head = (torch.randn(64, 64, generator=g) / 8, torch.randn(64, generator=g))
+        prompts = PromptTokenSet(torch.randn(k * n, 64, generator=g), None, k, n,
+                                 rng.choice(["ensemble", "decoder", "encoder"]), head)
+        tree = best_tree_for_size(_random_p(rng, k), rng.choice([8, 16, 32, 64]), n)
+        plain = Decoder(model, tok, None, None)
+        assert plain.model.native is not None and plain.model.weight_dtype == torch.bfloat16
+        ids = [rng.randrange(3, 40) for _ in range(rng.randint(2, 30))]
+        truth = plain.generate(ids, 32, "ar").tokens
+        table = build_ngram_table([ids + truth] * 2, max_n=3, branches=3, length=6)
+        decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 2))
+        decoder.early_head = _random_early_head(g, model, rng.choice([1, 8, 384]))
+        for method in ("ar", "ppd", "ppd-lookup", "ppd-head", "ppd-prune", "anpd", "self-draft"):
+            out = decoder.generate(ids, 32, method)
+            assert out.tokens == truth, (case, method)
+            if method == "ppd-lookup":
+                steps, emitted = steps + out.steps, emitted + len(out.tokens)
+    assert emitted / steps > 1.3  # chains were accepted: multi-row steps decided the output
+
+
+def test_draft_heads_give_ars_tokens_in_bfloat16(monkeypatch):
+    """Random feature and Medusa heads over bfloat16 weights, with trees of up to 64 nodes."""
+    model, tok = _bf16_tiny(monkeypatch)
+    rng, g = random.Random(3), torch.Generator().manual_seed(3)
+    for case in range(6):
+        kind, depth = ("feature", "medusa")[case % 2], rng.randint(1, 4)
+        heads = _heads(kind, depth, g, model, torch.arange(3, 384, 2), scale=0.5)
+        decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([8, 32, 64])))
+        ids = [rng.randrange(3, 384) for _ in range(rng.randint(1, 20))]
+        ar = decoder.generate(ids, 24, "ar").tokens
+        methods = ("feature-head", "feature-grown", "feature-grown-anpd") if kind == "feature" else ("medusa",)
+        for method in methods:
+            assert decoder.generate(ids, 24, method).tokens == ar, (case, method)
+
+
+def test_auto_picks_bfloat16_only_where_its_kernels_run(monkeypatch, caplog):
+    module = kernels_or_skip("native")
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    assert resolve_dtype("auto") == ("bfloat16" if module.bf16_available() else "float32")
+    assert resolve_dtype("float32") == "float32"
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: None)  # no kernels: no AVX-512, no compiler
+    with caplog.at_level(logging.INFO, logger="ppdkit.runtime.precision"):
+        assert resolve_dtype("auto") == "float32"
+        assert resolve_dtype("bfloat16") == "float32"
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "float32" in said[0] and "AVX512-BF16" in said[1], said
+    assert resolve_dtype("bfloat16", "cuda") == "bfloat16"  # a GPU runs bfloat16 on its own matmuls
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16"):
+        resolve_dtype("fp16")
+
+
+def test_a_decoder_whose_kernels_are_not_row_invariant_is_refused(monkeypatch, tiny_dir):
+    """Where a step of n rows would differ from n one-row steps, loading names n and what to do."""
+    calls = []
+
+    def differs_at_24(model, rows):
+        calls.append(rows)
+        return 24
+
+    monkeypatch.setattr(row_invariance, "first_mismatch", differs_at_24)
+    with pytest.raises(ValueError, match="step of 24 rows.*--tree-size.*float32"):
+        Decoder.from_base("tiny-llama")
+    assert calls and calls[0] >= 2  # the rows of the decoder's largest step were checked
