@@ -8,6 +8,7 @@
 // on that (a library batched matmul may pick another kernel, or reduction order, for another row count).
 #include "decoder_layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -67,9 +68,10 @@ void copy_finite(const float* src, int64_t n, float* dst) {
 // take a vector path in a loop's body and a scalar one in its tail, rounding an element differently by where it
 // falls, and where it falls depends on the row count. x < -87.3 (masked scores: -inf) gives exactly 0.
 // Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-7 polynomial, 2^n by the exponent bits.
+#pragma omp declare simd notinbranch
 inline float exp_fixed(float x) {
-  const bool zero = !(x >= -87.3f);  // NaN too (never reached: scores are finite or -inf)
-  x = std::fmin(std::fmax(x, -87.3f), 88.3f);
+  const bool zero = !(x >= -87.3f);  // NaN too (a poisoned draft row's own scores: no other row sees them)
+  x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
   const float n = std::floor(std::fma(x, 1.44269504088896341f, 0.5f));
   float r = std::fma(n, -0.693359375f, x);
   r = std::fma(n, 2.12194440e-4f, r);
@@ -119,10 +121,13 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
         w[j] = bs ? std::fma(dot, scale, bs[r * s + j]) : dot * scale;
         top = std::fmax(top, w[j]);
       }
+#pragma omp simd
+      for (int64_t j = 0; j < s; ++j) w[j] = exp_fixed(w[j] - top);
       float lanes[kLanes] = {};
-      for (int64_t j = 0; j < s; ++j) {
-        w[j] = exp_fixed(w[j] - top);
-        lanes[j % kLanes] += w[j];
+      for (int64_t j0 = 0; j0 < s; j0 += kLanes) {
+        const int64_t width = std::min(kLanes, s - j0);
+#pragma omp simd
+        for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += w[j0 + lane];
       }
       for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the fixed tree: 16 -> 8 -> 4 -> 2 -> 1
         for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += lanes[lane + width];
