@@ -4,6 +4,9 @@ A forward writes the keys and values of its T new tokens at [length, length + T)
 then moves the kept ones (the accepted path of a tree, or all T for plain decoding) down to
 [length, length + len(keep)) with one indexed copy per tensor, and advances the length. Nothing is
 reallocated during generation.
+
+Keys are stored transposed, [layers, Hkv, D, capacity]: a query's scores are then one pass over contiguous
+rows of keys, vectorized across keys (runtime/kernels/decoder_layers.cpp), with no transpose per step.
 """
 
 import torch
@@ -12,8 +15,8 @@ import torch
 class KVCache:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu"):
-        self.k = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # [Lyr, Hkv, S, D]
-        self.v = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.k = torch.zeros(layers, kv_heads, head_dim, capacity, dtype=dtype, device=device)  # [Lyr, Hkv, D, S]
+        self.v = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # [Lyr, Hkv, S, D]
         self.length = 0  # committed tokens
         self.capacity = capacity
 
@@ -32,9 +35,9 @@ class KVCache:
         finite already and pass unchanged.
         """
         end = self.length + k.shape[1]
-        self.k[layer, :, self.length:end] = torch.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0)
+        self.k[layer, :, :, self.length:end] = torch.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0).transpose(1, 2)
         self.v[layer, :, self.length:end] = torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
-        return self.k[layer, :, :end], self.v[layer, :, :end]
+        return self.k[layer, :, :, :end].transpose(1, 2), self.v[layer, :, :end]
 
     def commit(self, keep: torch.Tensor | None, written: int) -> None:
         """Keep the new tokens at indices `keep` (into the last `written`; None: all), in that order."""
@@ -44,7 +47,7 @@ class KVCache:
         src = self.length + keep  # [K]
         n = len(keep)
         if n and not torch.equal(src, torch.arange(self.length, self.length + n, device=src.device)):
-            self.k[:, :, self.length:self.length + n] = self.k[:, :, src]
+            self.k[..., self.length:self.length + n] = self.k[..., src]
             self.v[:, :, self.length:self.length + n] = self.v[:, :, src]
         self.length += n
 
@@ -54,7 +57,7 @@ class KVCache:
         and the later layers write only the kept rows."""
         src = self.length + keep  # [K]
         dst = slice(self.length, self.length + len(keep))
-        self.k[start:stop, :, dst] = self.k[start:stop, :, src]
+        self.k[start:stop, ..., dst] = self.k[start:stop, ..., src]
         self.v[start:stop, :, dst] = self.v[start:stop, :, src]
 
     def rollback(self, length: int) -> None:

@@ -56,7 +56,7 @@ def test_pruned_cache_equals_a_cache_built_from_the_kept_tokens(tiny_f64):
     lean.forward(lean.embed_ids(torch.tensor(kept)), torch.arange(len(kept)), fresh, None)
     fresh.commit(None, len(kept))
     assert cache.length == fresh.length == len(kept)
-    assert torch.allclose(cache.k[:, :, :cache.length], fresh.k[:, :, :fresh.length], atol=1e-12)
+    assert torch.allclose(cache.k[..., :cache.length], fresh.k[..., :fresh.length], atol=1e-12)
     assert torch.allclose(cache.v[:, :, :cache.length], fresh.v[:, :, :fresh.length], atol=1e-12)
 
 
@@ -183,8 +183,9 @@ def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatc
         if skip:
             assert not torch.allclose(native, lean._layers(x, cos, sin, bias, caches[2], 0, layers)), t
         assert torch.allclose(native, ours, atol=1e-4, rtol=1e-4), (t, (native - ours).abs().max())
-        for a, b in [(caches[0].k, caches[1].k), (caches[0].v, caches[1].v)]:
-            assert torch.allclose(a[:, :, :20 + t], b[:, :, :20 + t], atol=1e-4, rtol=1e-4)
+        for a, b in [(caches[0].k[..., :20 + t], caches[1].k[..., :20 + t]),
+                     (caches[0].v[:, :, :20 + t], caches[1].v[:, :, :20 + t])]:
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
     with pytest.raises(RuntimeError, match="float32 tensors only"):  # a clear error, not bad memory reads
         lean.native.decoder_layers(x.double(), lean.native_weights, lean.native_shape, lean.eps, cos[:, 0], sin[:, 0],
                                    bias, caches[0].k, caches[0].v, 20, [])

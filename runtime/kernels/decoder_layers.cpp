@@ -60,41 +60,62 @@ void rotate(torch::Tensor& qkv, int64_t heads, int64_t d, const torch::Tensor& c
 // must not reach the rows masked from it: their attention weight on it is exactly 0, but 0 x NaN is NaN,
 // so its key and value enter the cache as finite numbers (runtime/kv_cache.py does the same for the
 // PyTorch layers). Rows the verified path sees are finite already and pass unchanged.
-void copy_finite(const float* src, int64_t n, float* dst) {
-  for (int64_t j = 0; j < n; ++j) dst[j] = std::isfinite(src[j]) ? src[j] : 0.f;
+// dst holds element j at dst[j * stride] (a key is a column of the transposed key cache).
+void copy_finite(const float* src, int64_t n, float* dst, int64_t stride) {
+  for (int64_t j = 0; j < n; ++j) dst[j * stride] = std::isfinite(src[j]) ? src[j] : 0.f;
 }
 
-// e^x for x <= 0 (and silu's e^-g, clamped), the same few IEEE operations for every element: a library exp may
-// take a vector path in a loop's body and a scalar one in its tail, rounding an element differently by where it
-// falls, and where it falls depends on the row count. x < -87.3 (masked scores: -inf) gives exactly 0.
-// Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-7 polynomial, 2^n by the exponent bits.
-#pragma omp declare simd notinbranch
-inline float exp_fixed(float x) {
-  const bool zero = !(x >= -87.3f);  // NaN too (a poisoned draft row's own scores: no other row sees them)
-  x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
-  const float n = std::floor(std::fma(x, 1.44269504088896341f, 0.5f));
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r) + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return zero ? 0.f : p * scale;
+// e^x on 16 floats at once (GCC vector extensions: one AVX-512 register, or two AVX2 ones), and only so: a
+// library exp may take a vector path in a loop's body and a scalar one in its tail, rounding an element
+// differently by where it falls, and where it falls depends on the row count. Callers pad a short block.
+// Cephes' expf: x = n ln2 + r with n = round(x / ln2), e^r by a degree-7 polynomial, 2^n by the exponent bits;
+// x < -87.3 (masked scores: -inf) gives exactly 0. Plain multiplies and adds (the build contracts none).
+using Floats = float __attribute__((vector_size(64)));
+using Ints = int32_t __attribute__((vector_size(64)));
+constexpr int64_t kBlock = 16;
+
+inline Floats exp_block(Floats x) {
+  const Floats low = Floats{} - 87.3f, high = Floats{} + 88.3f;
+  const Ints keep = x >= low;  // false for -inf and NaN
+  x = x < low ? low : x > high ? high : x;
+  const Floats shifter = Floats{} + 12582912.f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const Floats n = (x * 1.44269504088896341f + shifter) - shifter;
+  Floats r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  Floats p = Floats{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.f;
+  const Ints bits = (__builtin_convertvector(n, Ints) + 127) << 23;
+  const Floats result = p * reinterpret_cast<const Floats&>(bits);
+  return keep ? result : Floats{};
+}
+
+// f(block of 16) over xs[0, n) in place, the last block padded with `pad`.
+template <typename F>
+void blocks(float* xs, int64_t n, float pad, F f) {
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const int64_t width = std::min(kBlock, n - j0);
+    Floats block = Floats{} + pad;
+    std::memcpy(&block, xs + j0, width * sizeof(float));
+    block = f(block);
+    std::memcpy(xs + j0, &block, width * sizeof(float));
+  }
 }
 
 // Grouped-query attention over the first s cached keys/values: q [Hkv, R, D] (R = g T query rows per
-// key/value head), keys/values at k/v + (head * capacity + j) * D, bias [R, S] or none -> [Hkv, R, D].
-// Each (head, row) is computed whole by one thread, with sums in a fixed order: a score is one dot product
-// over d; the softmax's total runs over j in kLanes interleaved partial sums (j mod kLanes) added up in one
-// fixed tree; the output sums p_j v_j over j in order. Masked keys (score -inf) add exact zeros, so a row's
-// result is the same for any number of rows in the step and any number of keys it cannot see.
+// key/value head), keys transposed at k + (head * D + e) * capacity + j, values at v + (head * capacity + j) * D,
+// bias [R, S] or none -> [Hkv, R, D].
+// Each (head, row) is computed whole by one thread, with sums in a fixed order: a score sums q_e k_je over e
+// in order (an FMA chain, vectorized across keys); the softmax's total runs
+// over j in kLanes interleaved partial sums (j mod kLanes) added up in one fixed tree; the output sums
+// p_j v_j over j in order. Masked keys (score -inf) add exact zeros, so a row's result is the same for any
+// number of rows in the step and any number of keys it cannot see.
 constexpr int64_t kLanes = 16;
+constexpr int64_t kChunk = 64;  // scores or outputs a thread keeps in registers at once (4 AVX-512 registers)
 
 torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, int64_t capacity, int64_t s,
                         const std::optional<torch::Tensor>& bias, float scale) {
@@ -109,20 +130,31 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
     for (int64_t item = first; item < last; ++item) {
       const int64_t head = item / rows, r = item % rows;
       const float* qr = qs + item * d;
-      const float* keys = k + head * capacity * d;
+      const float* kt = k + head * d * capacity;
       const float* values = v + head * capacity * d;
       float* w = ws + item * s;
-      float top = -INFINITY;
-      for (int64_t j = 0; j < s; ++j) {
-        const float* kj = keys + j * d;
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t e = 0; e < d; ++e) dot += qr[e] * kj[e];
-        w[j] = bs ? std::fma(dot, scale, bs[r * s + j]) : dot * scale;
-        top = std::fmax(top, w[j]);
-      }
+      for (int64_t j0 = 0; j0 < s; j0 += kChunk) {  // kChunk scores at a time, held in registers over e
+        const int64_t width = std::min(kChunk, s - j0);
+        float acc[kChunk] = {};
+        for (int64_t e = 0; e < d; ++e) {
+          const float qe = qr[e];
+          const float* row = kt + e * capacity + j0;
+          if (width == kChunk) {
 #pragma omp simd
-      for (int64_t j = 0; j < s; ++j) w[j] = exp_fixed(w[j] - top);
+            for (int64_t j = 0; j < kChunk; ++j) acc[j] = std::fma(qe, row[j], acc[j]);
+          } else {
+            for (int64_t j = 0; j < width; ++j) acc[j] = std::fma(qe, row[j], acc[j]);
+          }
+        }
+        std::copy_n(acc, width, w + j0);
+      }
+      float top = -INFINITY;
+      const float* b = bs ? bs + r * s : nullptr;
+      for (int64_t j = 0; j < s; ++j) {
+        w[j] = b ? std::fma(w[j], scale, b[j]) : w[j] * scale;
+        top = std::max(top, w[j]);
+      }
+      blocks(w, s, -INFINITY, [top](Floats x) { return exp_block(x - top); });
       float lanes[kLanes] = {};
       for (int64_t j0 = 0; j0 < s; j0 += kLanes) {
         const int64_t width = std::min(kLanes, s - j0);
@@ -132,19 +164,30 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
       for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the fixed tree: 16 -> 8 -> 4 -> 2 -> 1
         for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += lanes[lane + width];
       const float inverse = 1.f / lanes[0];
-      float* out = as + item * d;
-      for (int64_t j = 0; j < s; ++j) {
-        const float pj = w[j] * inverse;
-        const float* vj = values + j * d;
 #pragma omp simd
-        for (int64_t e = 0; e < d; ++e) out[e] = std::fma(pj, vj[e], out[e]);
+      for (int64_t j = 0; j < s; ++j) w[j] *= inverse;
+      float* out = as + item * d;
+      for (int64_t e0 = 0; e0 < d; e0 += kChunk) {  // kChunk outputs at a time, held in registers over j
+        const int64_t width = std::min(kChunk, d - e0);
+        float acc[kChunk] = {};
+        for (int64_t j = 0; j < s; ++j) {
+          const float pj = w[j];
+          const float* vj = values + j * d + e0;
+          if (width == kChunk) {
+#pragma omp simd
+            for (int64_t e = 0; e < kChunk; ++e) acc[e] = std::fma(pj, vj[e], acc[e]);
+          } else {
+            for (int64_t e = 0; e < width; ++e) acc[e] = std::fma(pj, vj[e], acc[e]);
+          }
+        }
+        std::copy_n(acc, width, out + e0);
       }
     }
   });
   return attn;
 }
 
-// SwiGLU's product silu(gate) * up per element of gate_up [T, 2 I] -> [T, I], with exp_fixed.
+// SwiGLU's product silu(gate) * up = gate / (1 + e^-gate) * up per element of gate_up [T, 2 I] -> [T, I].
 torch::Tensor swiglu(const torch::Tensor& gate_up, int64_t inter) {
   const int64_t t = gate_up.size(0);
   auto out = torch::empty({t, inter}, gate_up.options());
@@ -152,10 +195,13 @@ torch::Tensor swiglu(const torch::Tensor& gate_up, int64_t inter) {
   float* os = out.data_ptr<float>();
   at::parallel_for(0, t, 1, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
+      float* o = os + r * inter;
       const float* gate = gu + r * 2 * inter;
       const float* up = gate + inter;
+      std::copy_n(gate, inter, o);
+      blocks(o, inter, 0.f, [](Floats g) { return g / (1.f + exp_block(-g)); });
 #pragma omp simd
-      for (int64_t j = 0; j < inter; ++j) os[r * inter + j] = gate[j] / (1.f + exp_fixed(-gate[j])) * up[j];
+      for (int64_t j = 0; j < inter; ++j) o[j] *= up[j];
     }
   });
   return out;
@@ -166,7 +212,8 @@ torch::Tensor swiglu(const torch::Tensor& gate_up, int64_t inter) {
 // x [T, H] -> [T, H] after every layer (before the final norm). weights: 6 per layer (ln1, qkv panels,
 // o panels, ln2, gate/up panels, down panels); shape: {Hq, Hkv, D, I, H}; cos/sin [T, D] at the new
 // positions; bias [g T, S] (g = Hq / Hkv query heads per key/value head) or none for one token seeing
-// everything; cache_k/v [layers, Hkv, capacity, D]: the new keys/values are written at [length, length + T).
+// everything; cache_k [layers, Hkv, D, capacity] (keys transposed), cache_v [layers, Hkv, capacity, D]: the new
+// keys/values are written at positions [length, length + T).
 // skip: empty, or per layer a bit mask of the sub-layers left out (1 attention: no keys/values written,
 // 2 MLP), a layer-skip draft's (runtime/layer_skip.py).
 torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
@@ -176,7 +223,7 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
                              const std::vector<int64_t>& skip) {
   TORCH_CHECK(shape.size() == 5 && weights.size() % 6 == 0, "decoder_layers: 5 shape values, 6 weights a layer");
   const int64_t hq = shape[0], hkv = shape[1], d = shape[2], inter = shape[3], hidden = shape[4];
-  const int64_t g = hq / hkv, t = x_in.size(0), s = length + t, capacity = cache_k.size(2);
+  const int64_t g = hq / hkv, t = x_in.size(0), s = length + t, capacity = cache_v.size(2);
   const int64_t qkv_width = (hq + 2 * hkv) * d;
   const float eps = static_cast<float>(eps_d), scale = 1.f / std::sqrt(static_cast<float>(d));
   TORCH_CHECK(s <= capacity, "KV cache full: ", s, " tokens > capacity ", capacity);
@@ -184,8 +231,10 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
     TORCH_CHECK(tensor->scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only");
   for (size_t i = 0; i < weights.size(); i += 3)  // the norms (ln1, ln2 of each layer) in float32 too
     TORCH_CHECK(weights[i].scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only (norms)");
-  TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous() && cache_k.size(1) == hkv && cache_k.size(3) == d,
-              "decoder_layers: the KV cache must be contiguous [layers, Hkv, capacity, D]");
+  TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous() && cache_k.size(1) == hkv && cache_k.size(2) == d &&
+              cache_k.size(3) == capacity && cache_v.size(1) == hkv && cache_v.size(3) == d,
+              "decoder_layers: the KV cache must be contiguous keys [layers, Hkv, D, capacity] and values "
+              "[layers, Hkv, capacity, D]");
   TORCH_CHECK(cache_k.size(0) * 6 == static_cast<int64_t>(weights.size()), "decoder_layers: one cache layer per layer");
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == hidden && cos.size(0) == t && cos.size(1) == d,
               "decoder_layers: x [T, H] and cos/sin [T, D]");
@@ -213,8 +262,8 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
         const float* row = qkvs + r * qkv_width;
         for (int64_t head = 0; head < hq; ++head) std::copy_n(row + head * d, d, qs + grouped_row(head, r) * d);
         for (int64_t kv = 0; kv < hkv; ++kv) {
-          copy_finite(row + (hq + kv) * d, d, ks + (kv * capacity + length + r) * d);
-          copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + length + r) * d);
+          copy_finite(row + (hq + kv) * d, d, ks + kv * d * capacity + length + r, capacity);
+          copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + length + r) * d, 1);
         }
       }
       auto attn = attention(q, ks, vs, capacity, s, bias, scale);  // [Hkv, g T, D]
