@@ -23,9 +23,11 @@ from ppdkit.runtime.methods import HEAD_TREE, METHODS, TREES, get_method
 from ppdkit.runtime.native import cpu_info
 from ppdkit.runtime.precision import dtype_name
 
+from .llama_cpp import LLAMA_METHODS, llama_runners
+
 log = logging.getLogger(__name__)
 HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
-ALL_METHODS = (*HF_METHODS, *METHODS)
+ALL_METHODS = (*HF_METHODS, *METHODS, *LLAMA_METHODS)
 DYNAMIC = "+dyn"  # a tree method with this suffix picks its tree size per step (runtime/tree_sizer.py)
 NEAR_TIE = 1e-4
 # the CPU features that decide which matmul paths torch and the runtime's kernels take (float32 vs bf16 vs AMX)
@@ -49,10 +51,13 @@ def _hf_generate(decoder: Decoder, ids: list[int], max_new_tokens: int, pld: boo
     return out[0, len(ids):].tolist()
 
 
-def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int
+def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int, llama: dict | None = None
                ) -> tuple[list[int], int, list[int], float, list[int]]:
     """(new tokens, decoding steps, the tree size of each step, tree rows dropped by early pruning, the inputs each
-    step fed the model)."""
+    step fed the model). `llama`: the llama.cpp runners by method (jobs/llama_cpp.py)."""
+    if method in LLAMA_METHODS:
+        tokens = llama[method].generate(ids, max_new_tokens)
+        return tokens, len(tokens), [], 0.0, []
     if method in HF_METHODS:
         tokens = _hf_generate(decoder, ids, max_new_tokens, pld=method == "hf-pld")
         return tokens, len(tokens), [], 0.0, []
@@ -61,6 +66,16 @@ def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: in
     tree_method = {TREES, HEAD_TREE} & set(get_method(method.removesuffix(DYNAMIC)).needs)
     fixed = [decoder.size] * (result.steps - 1) if tree_method else []  # a tree method, one size
     return result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows), result.rows_per_step
+
+
+def reference_of(method: str, order: list[str], weights: str) -> str:
+    """What a method's output must equal: transformers' greedy decoding in float32; in bfloat16 ppdkit's own `ar`
+    (transformers' bfloat16 model rounds its activations to bfloat16 too, ppdkit's runtime keeps them float32:
+    runtime/precision.py); for llama.cpp's speculative decoding llama.cpp's own plain decoding, and for its plain
+    decoding itself (its kernels round otherwise: it is timed, not held to ppdkit's tokens)."""
+    if method in LLAMA_METHODS:
+        return "llama.cpp" if method == "llama.cpp-lookup" else method
+    return "ar" if weights != "float32" and "ar" in order else "hf-greedy"
 
 
 def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[int]) -> dict:
@@ -96,14 +111,19 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
     else:
         decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
                                           early_head=early_head, prune_top_k=prune_top_k, device=device, dtype=dtype)
-    unserved = [m for m in methods if m not in HF_METHODS and m.removesuffix(DYNAMIC) not in decoder.methods()]
+    unserved = [m for m in methods if m not in (*HF_METHODS, *LLAMA_METHODS)
+                and m.removesuffix(DYNAMIC) not in decoder.methods()]
     if unserved:
         raise ValueError(f"{model} cannot serve {', '.join(unserved)}: it serves {', '.join(decoder.methods())} "
                          "(and the transformers baselines)")
     prompts = [decoder.encode_chat(p) for p in load_prompts(prompts_source, limit)]
-    order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy is the reference
+    if "llama.cpp-lookup" in methods and "llama.cpp" not in methods:
+        methods = [*methods, "llama.cpp"]  # its outputs are compared with llama.cpp's own plain decoding
+    weights = dtype_name(decoder.model.weight_dtype)
+    llama = llama_runners(decoder.base_name, weights, methods, torch.get_num_threads())
+    order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy always runs: the baseline
     for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured
-        run_method(decoder, method, prompts[0][:16], 4)
+        run_method(decoder, method, prompts[0][:16], 4, llama)
     outputs: dict[str, list[list[int]]] = {m: [] for m in order}
     stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0, "sizes": [], "pruned": 0.0, "rows": []} for m in order}
     for index, ids in enumerate(tqdm(prompts, desc="bench", unit="prompt")):
@@ -111,7 +131,7 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
         for _ in range(repeats):
             for method in order:  # interleaved: drift in machine speed hits every method alike
                 started = time.perf_counter()
-                run = run_method(decoder, method, ids, max_new_tokens)
+                run = run_method(decoder, method, ids, max_new_tokens, llama)
                 seconds = time.perf_counter() - started
                 if method in fastest and run[0] != fastest[method][1][0]:
                     raise RuntimeError(f"{method} gave different tokens on two runs of prompt {index}: greedy "
@@ -128,7 +148,8 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
             outputs[method].append(tokens)
     results = []
     for method in order:
-        same = [a == b for a, b in zip(outputs[method], outputs["hf-greedy"])]
+        reference = reference_of(method, order, weights)
+        same = [a == b for a, b in zip(outputs[method], outputs[reference])]
         row = {"method": method, "prompts": len(prompts), "new_tokens": stats[method]["new_tokens"],
                "seconds": stats[method]["seconds"],
                "tokens_per_s": stats[method]["new_tokens"] / stats[method]["seconds"],
@@ -140,10 +161,13 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
                else None,
                # of the rows the trees fed after the early head's layer, the share dropped (pruning methods)
                "pruned_fraction": stats[method]["pruned"] / max(sum(_rows(decoder, s) for s in stats[method]["sizes"]), 1),
-               "identical_to_greedy": sum(same) / len(same)}
-        row["divergences"] = [{"prompt": i, **divergence(decoder, prompts[i], outputs[method][i],
-                                                         outputs["hf-greedy"][i])}
-                              for i, ok in enumerate(same) if not ok]
+               "identical_to_greedy": sum(same) / len(same), "compared_with": reference}
+        # where an output parts from its reference, the model's top-2 gap there: for ppdkit's own methods only
+        # (llama.cpp's kernels, or transformers' bfloat16 arithmetic against ar's, part by design)
+        examined = method not in LLAMA_METHODS and not (method in HF_METHODS and reference != "hf-greedy")
+        row["divergences"] = [] if not examined else [
+            {"prompt": i, **divergence(decoder, prompts[i], outputs[method][i], outputs[reference][i])}
+            for i, ok in enumerate(same) if not ok]
         if method == "auto":  # which method that was: the trial's choice for this decoder and machine
             row["ran"] = decoder.fastest_method()
         results.append(row)
@@ -204,6 +228,9 @@ def print_table(report: dict) -> None:
         for d in r["divergences"]:
             kind = "near-tie" if d["near_tie"] else "NOT a near-tie"
             print(f"    prompt {d['prompt']}: parts at token {d['index']}, top-2 gap {d['top2_gap']:.2e} ({kind})")
+    compared = sorted({r.get("compared_with", "hf-greedy") for r in report["results"]})
+    print(f"weights {report.get('dtype', 'float32')}; identical: outputs equal to {' or '.join(compared)}'s, token "
+          "for token (ar's in bfloat16: transformers' bfloat16 model rounds otherwise; llama.cpp's to its own plain)")
     if report.get("repeats", 1) > 1:
         print(f"(seconds: each prompt's fastest of {report['repeats']} runs per method)")
     if "machine" in report:  # reports written before these fields lack them

@@ -97,6 +97,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_precision(args: argparse.Namespace) -> int:
+    from .precision_cost import print_precision, run_precision, write_precision
+
+    report = run_precision(args.base, args.prompts, args.limit, args.max_new_tokens, args.texts, args.texts_limit,
+                           args.text_tokens)
+    print_precision(report)
+    if args.out:
+        write_precision(report, Path(args.out))
+    return 0
+
+
 def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
     """decode, serve, profile and bench; decode, serve and bench share the source (--model or --base) and its
     drafts' options."""
@@ -173,3 +184,15 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
                                   "or on a GPU, else float32; every method is lossless against ar in the same dtype, "
                                   "float32 gives the float32 model's own tokens")
     bench_dec.set_defaults(func=cmd_bench)
+
+    precision = sub.add_parser("precision", help="what bfloat16 weights cost against float32: equal greedy answers, "
+                                                 "where they part, held-out perplexity")
+    precision.add_argument("--base", default="smollm2-135m", help="the base model (default smollm2-135m)")
+    precision.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
+    precision.add_argument("--limit", type=int, default=50)
+    precision.add_argument("--max-new-tokens", type=int, default=128)
+    precision.add_argument("--texts", default="sharegpt", help="conversations scored teacher-forced (a data source)")
+    precision.add_argument("--texts-limit", type=int, default=50)
+    precision.add_argument("--text-tokens", type=int, default=512, help="each conversation's first tokens scored")
+    precision.add_argument("--out", help="write the report as JSON here")
+    precision.set_defaults(func=cmd_precision)

@@ -79,6 +79,7 @@ class Decoder:
             raise ValueError(f"lookup_chains must be at least 1 (the context's chain), not {lookup_chains}")
         self.lookup_chains = lookup_chains
         self.fingerprint: str | None = None
+        self.base_name: str | None = None  # the base model's catalog name or directory, where loaded by name
         self.profile: dict | None = None
         self.heads: DraftHeadSet | None = None  # a draft-head component's heads (feature-head, medusa)
         self.head_tree: HeadTree | None = None  # and the calibrated tree they draft

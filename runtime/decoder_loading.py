@@ -49,6 +49,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
     with on_device(device):  # the layouts, head trees and profile built below: on the device
         decoder, taus, ppd_trees = _assemble(cls, component, base, max_length, lookup_chains)
         decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
+        decoder.base_name = component.base_model["name"]
         if taus:
             _size_trees(decoder, taus, ppd_trees, tree_size, dynamic_size)
         if early_head is not None:
@@ -105,7 +106,7 @@ def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: 
     base = load_base_model(name, quantization="none", dtype=resolve_dtype(dtype, device))
     base.model.to(device)
     decoder = cls(base.model, base.tokenizer, None, None, max_length)
-    decoder.fingerprint = base.fingerprint
+    decoder.fingerprint, decoder.base_name = base.fingerprint, name
     if skip_map is not None:
         decoder.skip_map = check_skip_map(skip_map, len(decoder.model.layers))
     check_rows(decoder)

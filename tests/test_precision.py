@@ -155,3 +155,23 @@ def test_a_decoder_whose_kernels_are_not_row_invariant_is_refused(monkeypatch, t
     with pytest.raises(ValueError, match="step of 24 rows.*--tree-size.*float32"):
         Decoder.from_base("tiny-llama")
     assert calls and calls[0] >= 2  # the rows of the decoder's largest step were checked
+
+
+def test_the_precision_report_compares_answers_and_perplexity(tiny_dir, monkeypatch):
+    """`ppdkit precision` on the tiny model: a dtype against itself agrees everywhere; bfloat16 against float32 is
+    counted answer by answer, with a perplexity near float32's."""
+    from pathlib import Path
+
+    from ppdkit.jobs.precision_cost import first_difference, run_precision
+
+    monkeypatch.setattr(linear_module, "native_kernels", _bf16_kernels)
+    fixture = str(Path(__file__).parent / "fixtures" / "conversations.jsonl")
+    same = run_precision("tiny-llama", fixture, 4, 12, fixture, 4, 64, ("float32", "float32"))
+    assert same["equal"] == same["prompts"] == 4 and same["first_difference_min"] is None
+    report = run_precision("tiny-llama", fixture, 4, 12, fixture, 4, 64)
+    assert report["dtypes"] == ["float32", "bfloat16"] and report["prompts"] == 4 and report["text_tokens"] > 20
+    for answer in report["answers"]:
+        assert answer["equal"] == (answer["first_difference"] is None)
+    ppl = report["perplexity"]
+    assert ppl["float32"] == same["perplexity"]["float32"] and abs(ppl["bfloat16"] / ppl["float32"] - 1) < 0.05
+    assert first_difference([1, 2, 3], [1, 2, 4]) == 2 and first_difference([1, 2], [1, 2, 3]) == 2
