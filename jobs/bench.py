@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
 ALL_METHODS = (*HF_METHODS, *METHODS, *LLAMA_METHODS)
 DYNAMIC = "+dyn"  # a tree method with this suffix picks its tree size per step (runtime/tree_sizer.py)
+AT = "@"  # a method with this suffix and a dtype (ar@float32) runs on a second decoder in that dtype, same run
 NEAR_TIE = 1e-4
 # the CPU features that decide which matmul paths torch and the runtime's kernels take (float32 vs bf16 vs AMX)
 ISA_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
@@ -51,13 +52,17 @@ def _hf_generate(decoder: Decoder, ids: list[int], max_new_tokens: int, pld: boo
     return out[0, len(ids):].tolist()
 
 
-def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int, llama: dict | None = None
-               ) -> tuple[list[int], int, list[int], float, list[int]]:
+def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int, llama: dict | None = None,
+               others: dict[str, Decoder] | None = None) -> tuple[list[int], int, list[int], float, list[int]]:
     """(new tokens, decoding steps, the tree size of each step, tree rows dropped by early pruning, the inputs each
-    step fed the model). `llama`: the llama.cpp runners by method (jobs/llama_cpp.py)."""
+    step fed the model). `llama`: the llama.cpp runners by method (jobs/llama_cpp.py); `others`: the decoders of
+    other dtypes, for method@dtype."""
     if method in LLAMA_METHODS:
         tokens = llama[method].generate(ids, max_new_tokens)
         return tokens, len(tokens), [], 0.0, []
+    if AT in method:  # the same method on the decoder of another dtype
+        method, _, dtype = method.partition(AT)
+        decoder = others[dtype]
     if method in HF_METHODS:
         tokens = _hf_generate(decoder, ids, max_new_tokens, pld=method == "hf-pld")
         return tokens, len(tokens), [], 0.0, []
@@ -68,6 +73,11 @@ def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: in
     return result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows), result.rows_per_step
 
 
+def _plain(method: str) -> str:
+    """The decoding method a bench method names: ppd+dyn -> ppd, ar@float32 -> ar."""
+    return method.partition(AT)[0].removesuffix(DYNAMIC)
+
+
 def reference_of(method: str, order: list[str], weights: str) -> str:
     """What a method's output must equal: transformers' greedy decoding in float32; in bfloat16 ppdkit's own `ar`
     (transformers' bfloat16 model rounds its activations to bfloat16 too, ppdkit's runtime keeps them float32:
@@ -75,6 +85,9 @@ def reference_of(method: str, order: list[str], weights: str) -> str:
     decoding itself (its kernels round otherwise: it is timed, not held to ppdkit's tokens)."""
     if method in LLAMA_METHODS:
         return "llama.cpp" if method == "llama.cpp-lookup" else method
+    if AT in method:  # another dtype: that dtype's own ar, where it runs
+        other = "ar" + AT + method.partition(AT)[2]
+        return other if other in order else method
     return "ar" if weights != "float32" and "ar" in order else "hf-greedy"
 
 
@@ -101,18 +114,23 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
     traced and reproduced."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    unknown = [m for m in methods if m.removesuffix(DYNAMIC) not in ALL_METHODS
-               or m.endswith(DYNAMIC) and m.removesuffix(DYNAMIC) in ("ar", *HF_METHODS)]
+    unknown = [m for m in methods if _plain(m) not in ALL_METHODS
+               or m.endswith(DYNAMIC) and _plain(m) in ("ar", *HF_METHODS)
+               or AT in m and (m.partition(AT)[2] not in ("float32", "bfloat16") or _plain(m) in HF_METHODS + LLAMA_METHODS)]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}, a tree method with "
-                         f"{DYNAMIC} for its size picked per step")
-    if base_only:
-        decoder = Decoder.from_base(model, skip_map=skip_map, device=device, dtype=dtype)
-    else:
-        decoder = Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
-                                          early_head=early_head, prune_top_k=prune_top_k, device=device, dtype=dtype)
-    unserved = [m for m in methods if m not in (*HF_METHODS, *LLAMA_METHODS)
-                and m.removesuffix(DYNAMIC) not in decoder.methods()]
+                         f"{DYNAMIC} for its size picked per step, or one of ours with {AT}float32 or {AT}bfloat16 to "
+                         "run it on a second decoder in that dtype")
+
+    def load(dtype: str) -> Decoder:
+        if base_only:
+            return Decoder.from_base(model, skip_map=skip_map, device=device, dtype=dtype)
+        return Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
+                                       early_head=early_head, prune_top_k=prune_top_k, device=device, dtype=dtype)
+
+    decoder = load(dtype)
+    others = {other: load(other) for other in {m.partition(AT)[2] for m in methods if AT in m}}
+    unserved = [m for m in methods if m not in (*HF_METHODS, *LLAMA_METHODS) and _plain(m) not in decoder.methods()]
     if unserved:
         raise ValueError(f"{model} cannot serve {', '.join(unserved)}: it serves {', '.join(decoder.methods())} "
                          "(and the transformers baselines)")
@@ -123,7 +141,7 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
     llama = llama_runners(decoder.base_name, weights, methods, torch.get_num_threads())
     order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy always runs: the baseline
     for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured
-        run_method(decoder, method, prompts[0][:16], 4, llama)
+        run_method(decoder, method, prompts[0][:16], 4, llama, others)
     outputs: dict[str, list[list[int]]] = {m: [] for m in order}
     stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0, "sizes": [], "pruned": 0.0, "rows": []} for m in order}
     for index, ids in enumerate(tqdm(prompts, desc="bench", unit="prompt")):
@@ -131,7 +149,7 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
         for _ in range(repeats):
             for method in order:  # interleaved: drift in machine speed hits every method alike
                 started = time.perf_counter()
-                run = run_method(decoder, method, ids, max_new_tokens, llama)
+                run = run_method(decoder, method, ids, max_new_tokens, llama, others)
                 seconds = time.perf_counter() - started
                 if method in fastest and run[0] != fastest[method][1][0]:
                     raise RuntimeError(f"{method} gave different tokens on two runs of prompt {index}: greedy "
@@ -168,8 +186,8 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
         row["divergences"] = [] if not examined else [
             {"prompt": i, **divergence(decoder, prompts[i], outputs[method][i], outputs[reference][i])}
             for i, ok in enumerate(same) if not ok]
-        if method == "auto":  # which method that was: the trial's choice for this decoder and machine
-            row["ran"] = decoder.fastest_method()
+        if _plain(method) == "auto":  # which method that was: the trial's choice for this decoder and machine
+            row["ran"] = (others[method.partition(AT)[2]] if AT in method else decoder).fastest_method()
         results.append(row)
     base = next(r for r in results if r["method"] == "hf-greedy")["tokens_per_s"]
     ar = next((r["tokens_per_s"] for r in results if r["method"] == "ar"), None)

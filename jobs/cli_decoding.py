@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ppdkit.runtime.methods import METHODS as DECODING_METHODS
-from ppdkit.runtime.precision import DTYPES, dtype_name
+from ppdkit.runtime.dtypes import DTYPES
 
 LOOKUP_CHAINS_HELP = ("ppd-lookup: chains per step, the context's then the component's n-gram table's "
                       "(default 1: extra rows cost more than they gain on a small CPU)")
@@ -60,6 +60,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
+
+    from ppdkit.runtime.precision import dtype_name
 
     decoder = Decoder.from_pretrained(args.model, tree_size=None, device=args.device, dtype=args.dtype)
     if args.refresh:
@@ -153,7 +155,9 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
     bench_dec.add_argument("--limit", type=int, default=10)
     bench_dec.add_argument("--max-new-tokens", type=int, default=128)
     bench_dec.add_argument("--methods", default="hf-greedy,hf-pld,ar,ppd,ppd-lookup",
-                           help="comma-separated; a tree method with +dyn picks its tree size per step, e.g. ppd+dyn")
+                           help="comma-separated; a tree method with +dyn picks its tree size per step, e.g. ppd+dyn; "
+                                "ar@float32 runs a method on a second decoder in that dtype (ratios in one run); "
+                                "llama.cpp, llama.cpp-lookup, llama.cpp-q4 time llama.cpp (ppdkit[llama])")
     bench_dec.add_argument("--tree-size", type=int)
     bench_dec.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     bench_dec.add_argument("--repeats", type=int, default=1,

@@ -13,12 +13,15 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.registry.config import TrackingConfig
+from ppdkit.runtime.dtypes import DTYPES
 from ppdkit.runtime.methods import COMPONENT_FREE, METHODS as DECODING_METHODS
+
+from .llama_cpp import LLAMA_METHODS
 from ppdkit.trainer.config import CalibrateConfig, TrainConfig
 
 
 # The decoding methods `ppdkit bench` runs: transformers' two (jobs/bench.py) and the runtime's registry.
-EvalMethod = Literal[("hf-greedy", "hf-pld", *DECODING_METHODS)]
+EvalMethod = Literal[("hf-greedy", "hf-pld", *DECODING_METHODS, *LLAMA_METHODS)]
 
 
 class RayConfig(Section):
@@ -32,7 +35,7 @@ class EvaluateConfig(Section):
     prompts: str = Field("mt-bench", min_length=1, description="mt-bench | humaneval | FILE.jsonl")
     limit: int = Field(5, ge=1, description="prompts decoded by every method")
     max_new_tokens: int = Field(128, ge=1, description="tokens every method decodes per prompt")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    dtype: Literal[DTYPES] = Field(
         "auto", description="the decoder's weight precision: auto is bfloat16 where the CPU has AVX512-BF16 "
                             "(docs/devices.md), float32 elsewhere")
     methods: list[EvalMethod] | None = Field(

@@ -18,11 +18,10 @@ import logging
 import torch
 
 from . import linear
+from .dtypes import AUTO, DTYPES
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
-DTYPES = ("auto", "float32", "bfloat16")  # what the command line and the pyfunc model take
 TEST_DTYPES = ("float64",)  # also accepted from Python: the tests compare tokens with transformers' in it
 
 

@@ -56,7 +56,8 @@ OUT_OF_RANGE = [
                                       "'hf-greedy', 'hf-pld', 'ar', 'auto', 'anpd', 'self-draft', 'skip', 'skip-ft', 'ppd', "
                                       "'ppd-lookup', 'ppd-head', "
                                       "'feature-head', 'feature-grown', 'feature-grown-anpd', 'medusa', 'ppd-prune', "
-                                      "'feature-head-prune' or 'medusa-prune'",
+                                      "'feature-head-prune', 'medusa-prune', 'llama.cpp', 'llama.cpp-lookup' or "
+                                      "'llama.cpp-q4'",
                                       "'eagle'"]),
     ("evaluate.methods=[]", ["'evaluate.methods'", "at least 1 item"]),
     ("evaluate.methods=ppd", ["'evaluate.methods'", "valid list", "write a YAML list"]),

@@ -23,8 +23,8 @@ def test_repeats_count_each_methods_fastest_run(prompts, monkeypatch, tmp_path, 
     timed = []
     real = bench.run_method
 
-    def recorded(decoder, method, ids, max_new_tokens):
-        out = real(decoder, method, ids, max_new_tokens)
+    def recorded(decoder, method, ids, max_new_tokens, *runners):
+        out = real(decoder, method, ids, max_new_tokens, *runners)
         timed.append(method)
         return out
 
@@ -46,8 +46,8 @@ def test_a_method_whose_repeats_disagree_is_reported(prompts, monkeypatch, tmp_p
     monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
     real, calls = bench.run_method, {"anpd": 0}
 
-    def drifting(decoder, method, ids, max_new_tokens):
-        tokens, *rest = real(decoder, method, ids, max_new_tokens)
+    def drifting(decoder, method, ids, max_new_tokens, *runners):
+        tokens, *rest = real(decoder, method, ids, max_new_tokens, *runners)
         if method == "anpd":
             calls["anpd"] += 1
             if calls["anpd"] == 3:  # the first prompt's second timed run (after the warm-up) decodes otherwise

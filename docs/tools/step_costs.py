@@ -1,0 +1,70 @@
+"""What a decoding step costs by its rows, in float32 and bfloat16, against what reading the weights costs here.
+
+Writes docs/results/step-costs.json (`--out`): this machine's read bandwidth (torch's sum over a 512 MB float32
+array on the runtime's threads, median of 9: a stream the prefetcher follows, as the kernels' panels are), the
+bytes a step's matmuls read (every packed weight, the LM head included), and per dtype the median latency of one
+forward plus LM head of n new rows over 256 cached tokens (runtime/profile.py's measure_latency). Run it on an
+idle machine: `python docs/tools/step_costs.py`.
+"""
+
+import argparse
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from ppdkit.jobs.bench import machine_info
+from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.profile import measure_latency
+
+ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+OUT = Path(__file__).resolve().parents[1] / "results" / "step-costs.json"
+
+
+def read_bandwidth(megabytes: int = 512, repeats: int = 9) -> float:
+    """Bytes per second torch reads summing a `megabytes` float32 array (median of `repeats`, after a warm-up)."""
+    data = torch.ones(megabytes * 2 ** 20 // 4)
+    data.sum()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - started)
+    return data.numel() * 4 / sorted(times)[repeats // 2]
+
+
+def weight_bytes(decoder: Decoder) -> int:
+    """The bytes a one-row step's matmuls read: every packed weight panel, the LM head's included."""
+    model = decoder.model
+    linears = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.head]
+    return sum(lin.panels.numel() * lin.panels.element_size() for lin in linears)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="smollm2-135m")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    bandwidth = read_bandwidth()
+    report = {"base": args.base, "context": args.context, "read_bytes_per_s": bandwidth, "dtypes": {},
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info()}
+    for dtype in ("float32", "bfloat16"):
+        decoder = Decoder.from_base(args.base, dtype=dtype)
+        size = weight_bytes(decoder)
+        latency = {n: measure_latency(decoder.model, n, args.context, repeats=9) for n in ROWS}
+        report["dtypes"][dtype] = {"weight_bytes": size, "read_once_ms": 1000 * size / bandwidth,
+                                   "latency_ms": {str(n): 1000 * s for n, s in latency.items()},
+                                   "x_one_row": {str(n): s / latency[1] for n, s in latency.items()}}
+        del decoder
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; wrote {args.out}")
+    for dtype, figures in report["dtypes"].items():
+        print(f"{dtype}: weights {figures['weight_bytes'] / 1e6:.0f} MB, read once {figures['read_once_ms']:.1f} ms; "
+              + ", ".join(f"{n} rows {ms:.1f} ms" for n, ms in figures["latency_ms"].items()))
+
+
+if __name__ == "__main__":
+    main()
