@@ -140,6 +140,18 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
     weights = dtype_name(decoder.model.weight_dtype)
     llama = llama_runners(decoder.base_name, weights, methods, torch.get_num_threads())
     order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy always runs: the baseline
+    try:
+        return _measure(decoder, others, llama, order, prompts, prompts_source, model, max_new_tokens, repeats,
+                        command)
+    finally:
+        for runner in llama.values():
+            runner.close()
+
+
+def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: list[str], prompts: list[list[int]],
+             prompts_source: str, model: str, max_new_tokens: int, repeats: int, command: str | None) -> dict:
+    """The bench proper: every method on every prompt, in turns, then the report."""
+    weights = dtype_name(decoder.model.weight_dtype)
     for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured
         run_method(decoder, method, prompts[0][:16], 4, llama, others)
     outputs: dict[str, list[list[int]]] = {m: [] for m in order}

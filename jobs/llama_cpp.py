@@ -93,9 +93,15 @@ class LlamaCpp:
                          draft_model=draft, verbose=False)
         self.eos = self.llm.token_eos()
 
+    def close(self) -> None:
+        """Free the model now: llama-cpp-python's own finalizer, run at interpreter exit, can fail noisily."""
+        self.llm.close()
+
     def generate(self, ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy new tokens after the prompt ids, up to max_new_tokens or the end token (kept, as ppdkit keeps it)."""
         out: list[int] = []
+        self.llm.reset()  # else it keeps the KV cache of a prefix shared with the last call, evaluates the prompt in
+        # other batches and, its kernels not being row-invariant, can answer otherwise (seen: a repeat that differed)
         for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
             out.append(token)
             if token == self.eos or len(out) >= max_new_tokens:

@@ -24,7 +24,7 @@ RESULTS = ROOT / "docs" / "results"
 OUT = ROOT / "docs" / "results.md"
 COMMAND = "python docs/tools/results_page.py"
 DIGEST_KEY = "ppdkit-report"
-BASELINES = ("hf-greedy", "hf-pld", "ar")  # the references, listed apart from the methods that draft
+BASELINES = ("hf-greedy", "hf-pld", "ar", "ar@float32", "ar@bfloat16")  # listed apart from the methods that draft
 
 INTRO = f"""# Results
 
@@ -38,9 +38,13 @@ each prompt counts its fastest run per method.
 - **x ar**: tok/s over `ar`, ppdkit's own plain decoding on the same runtime: what the draft itself adds.
   **x greedy**: over `hf-greedy`, transformers' greedy `generate`.
 - **tok/step**: tokens accepted per model step (1 for plain decoding). **rows**: inputs each step fed the model.
-- **identical**: prompts whose output equals transformers' greedy output token for token. Where one differs, the
-  line under the table says where it parts and whether the base model's top two logits are a floating-point
-  near-tie there.
+- **identical**: prompts whose output equals its reference token for token: transformers' greedy output in float32;
+  `ar`'s in bfloat16 (transformers' bfloat16 model rounds its activations too, ppdkit's runtime keeps them float32);
+  for `METHOD@float32` that dtype's `ar@float32`; for llama.cpp's prompt lookup llama.cpp's own plain decoding.
+  Where one of ours differs, the line under the table says where it parts and whether the base model's top two
+  logits are a floating-point near-tie there.
+- **weights**: the runtime's dtype (`--dtype`, [devices.md](devices.md#precision)); `llama.cpp` runs a GGUF of the
+  same weights at that precision, `llama.cpp-q4` the base model's own Q4_1 file.
 
 The figures depend on the machine and how busy it was: compare ratios within one report rather than tok/s across
 reports. To add a report: `ppdkit bench ... --out docs/results/NAME.json`, then `{COMMAND}`.
@@ -76,7 +80,7 @@ def _ratio(row: dict, key: str) -> str:
 def table(report: dict) -> list[str]:
     """The report's methods as Markdown rows: the baselines first, then the drafting methods in the report's order."""
     rows = sorted(report["results"], key=lambda r: r["method"] not in BASELINES)
-    lines = ["| method | tok/s | x ar | x greedy | tok/step | rows | identical |",
+    lines = ["| method | tok/s | x ar | x greedy | tok/step | rows | identical (to) |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         method = f"`{r['method']}` (ran `{r['ran']}`)" if "ran" in r else f"`{r['method']}`"
@@ -84,7 +88,7 @@ def table(report: dict) -> list[str]:
         rows_per_step = f"{r['mean_rows_per_step']:.1f}" if r.get("mean_rows_per_step") else "-"
         lines.append(f"| {method} | {r['tokens_per_s']:.1f} | {_ratio(r, 'speedup_vs_ar')} | "
                      f"{r['speedup_vs_hf_greedy']:.2f} | {r['mean_accepted_per_step']:.2f} | {rows_per_step} | "
-                     f"{same}/{r['prompts']} |")
+                     f"{same}/{r['prompts']} ({r.get('compared_with', 'hf-greedy')}) |")
     return lines
 
 
@@ -105,7 +109,8 @@ def section(name: str, report: dict) -> str:
     lines = [f"## {name}", "",
              f"**{model}** on **{report['prompts_source']}**: {prompts} prompts, {report['max_new_tokens']} new "
              f"tokens, {_runs(report.get('repeats', 1))}"
-             + (f", tree size {report['tree_size']}." if report.get("tree_size") else "."), ""]
+             + (f", tree size {report['tree_size']}" if report.get("tree_size") else "")
+             + f", weights {report.get('dtype', 'float32')}.", ""]
     if "machine" in report:
         machine = report["machine"]
         commit = f", ppdkit commit {machine['ppdkit_commit'][:10]}" if machine.get("ppdkit_commit") else ""
