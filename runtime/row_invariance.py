@@ -18,7 +18,7 @@ from .precision import dtype_name
 
 log = logging.getLogger(__name__)
 CHECK_LAYERS = 2  # every layer runs the same kernels; two cover a layer feeding the next
-CONTEXT = 7  # cached tokens before the step (not a multiple of a vector width)
+CONTEXT = 37  # cached tokens before the step: more than two vectors of keys, not a multiple of their width
 
 
 def first_mismatch(model: LeanLlama, rows: int, seed: int = 0) -> int | None:
@@ -43,7 +43,28 @@ def first_mismatch(model: LeanLlama, rows: int, seed: int = 0) -> int | None:
                                         layers)
             if not torch.equal(step, single[:n]):
                 return n
+            if n >= 2 and not _tree_step_agrees(model, x, single, cache, n, layers):
+                return n
     return None
+
+
+def _tree_step_agrees(model: LeanLlama, x: torch.Tensor, single: torch.Tensor, cache, n: int, layers: int) -> bool:
+    """A tree-shaped step of n rows: a chain of ceil(n/2) rows (what a verified path is) interleaved with rows that
+    see only the context (rejected guesses), so each chain row's keys sit at other cache positions than in the
+    one-row steps. The chain rows must still give the one-row steps' results."""
+    chain = torch.arange(0, n, 2)  # [C] the chain's rows in the step
+    order = torch.full((n,), -1)
+    order[chain] = torch.arange(len(chain))
+    mask = torch.zeros(n, CONTEXT + n, dtype=torch.bool)
+    mask[:, :CONTEXT] = True
+    mask[:, CONTEXT:] = torch.eye(n, dtype=torch.bool)
+    mask[chain[:, None], CONTEXT + chain[None, :]] = chain[None, :] <= chain[:, None]  # the chain sees its prefix
+    inputs = x[CONTEXT + order.clamp(min=0)]  # a guess row repeats the first chain row's input
+    positions = CONTEXT + order.clamp(min=0)
+    cache.rollback(CONTEXT)
+    step = model.forward_layers(inputs.to(model.device), positions.to(model.device), cache, mask.to(model.device), 0,
+                                layers)
+    return torch.equal(step[chain], single[:len(chain)])
 
 
 def _counts(rows: int) -> list[int]:

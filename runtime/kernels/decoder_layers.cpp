@@ -110,12 +110,29 @@ void blocks(float* xs, int64_t n, float pad, F f) {
 // key/value head), keys transposed at k + (head * D + e) * capacity + j, values at v + (head * capacity + j) * D,
 // bias [R, S] or none -> [Hkv, R, D].
 // Each (head, row) is computed whole by one thread, with sums in a fixed order: a score sums q_e k_je over e
-// in order (an FMA chain, vectorized across keys); the softmax's total runs
-// over j in kLanes interleaved partial sums (j mod kLanes) added up in one fixed tree; the output sums
-// p_j v_j over j in order. Masked keys (score -inf) add exact zeros, so a row's result is the same for any
-// number of rows in the step and any number of keys it cannot see.
+// in order (an FMA chain, vectorized across keys); the softmax's total runs over the keys the row sees in
+// kLanes interleaved partial sums (by rank) added up in one fixed tree; the output sums p_j v_j over j in
+// order, masked keys (score -inf) adding exact zeros. So a row's result is the same for any number of rows in
+// the step, any number of keys it cannot see, and wherever in the cache the keys it sees were written.
 constexpr int64_t kLanes = 16;
 constexpr int64_t kChunk = 64;  // scores or outputs a thread keeps in registers at once (4 AVX-512 registers)
+
+// out[c] = the sum over i < n, in order, of a[i] * b[i * stride + c], for c < width <= kChunk: kChunk FMA chains
+// held in registers (a chunk of scores over the head dimension, a chunk of outputs over the keys).
+inline void chained_sums(const float* a, int64_t n, const float* b, int64_t stride, int64_t width, float* out) {
+  float acc[kChunk] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    const float ai = a[i];
+    const float* row = b + i * stride;
+    if (width == kChunk) {
+#pragma omp simd
+      for (int64_t c = 0; c < kChunk; ++c) acc[c] = std::fma(ai, row[c], acc[c]);
+    } else {
+      for (int64_t c = 0; c < width; ++c) acc[c] = std::fma(ai, row[c], acc[c]);
+    }
+  }
+  std::copy_n(acc, width, out);
+}
 
 torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, int64_t capacity, int64_t s,
                         const std::optional<torch::Tensor>& bias, float scale) {
@@ -126,6 +143,8 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
   const float* bs = bias ? bias->data_ptr<float>() : nullptr;
   float* as = attn.data_ptr<float>();
   float* ws = scratch.data_ptr<float>();
+  auto compacted = torch::empty({hkv * rows, s}, q.options());  // a row's weights of the keys it sees, in order
+  float* vis = compacted.data_ptr<float>();
   at::parallel_for(0, hkv * rows, 1, [&](int64_t first, int64_t last) {
     for (int64_t item = first; item < last; ++item) {
       const int64_t head = item / rows, r = item % rows;
@@ -133,21 +152,9 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
       const float* kt = k + head * d * capacity;
       const float* values = v + head * capacity * d;
       float* w = ws + item * s;
-      for (int64_t j0 = 0; j0 < s; j0 += kChunk) {  // kChunk scores at a time, held in registers over e
-        const int64_t width = std::min(kChunk, s - j0);
-        float acc[kChunk] = {};
-        for (int64_t e = 0; e < d; ++e) {
-          const float qe = qr[e];
-          const float* row = kt + e * capacity + j0;
-          if (width == kChunk) {
-#pragma omp simd
-            for (int64_t j = 0; j < kChunk; ++j) acc[j] = std::fma(qe, row[j], acc[j]);
-          } else {
-            for (int64_t j = 0; j < width; ++j) acc[j] = std::fma(qe, row[j], acc[j]);
-          }
-        }
-        std::copy_n(acc, width, w + j0);
-      }
+      float* visible = vis + item * s;
+      for (int64_t j0 = 0; j0 < s; j0 += kChunk)  // scores: sums over the head dimension
+        chained_sums(qr, d, kt + j0, capacity, std::min(kChunk, s - j0), w + j0);
       float top = -INFINITY;
       const float* b = bs ? bs + r * s : nullptr;
       for (int64_t j = 0; j < s; ++j) {
@@ -155,11 +162,17 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
         top = std::max(top, w[j]);
       }
       blocks(w, s, -INFINITY, [top](Floats x) { return exp_block(x - top); });
+      // The total over the keys this row sees, in their order: a tree node's ancestors sit at other cache
+      // positions than in the one-row steps that would have decoded them (masked keys between them), so the
+      // lanes follow the visible keys' ranks, not their positions.
+      int64_t seen = 0;
+      for (int64_t j = 0; j < s; ++j)
+        if (!b || b[j] != -INFINITY) visible[seen++] = w[j];
       float lanes[kLanes] = {};
-      for (int64_t j0 = 0; j0 < s; j0 += kLanes) {
-        const int64_t width = std::min(kLanes, s - j0);
+      for (int64_t j0 = 0; j0 < seen; j0 += kLanes) {
+        const int64_t width = std::min(kLanes, seen - j0);
 #pragma omp simd
-        for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += w[j0 + lane];
+        for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += visible[j0 + lane];
       }
       for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the fixed tree: 16 -> 8 -> 4 -> 2 -> 1
         for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += lanes[lane + width];
@@ -167,21 +180,8 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
 #pragma omp simd
       for (int64_t j = 0; j < s; ++j) w[j] *= inverse;
       float* out = as + item * d;
-      for (int64_t e0 = 0; e0 < d; e0 += kChunk) {  // kChunk outputs at a time, held in registers over j
-        const int64_t width = std::min(kChunk, d - e0);
-        float acc[kChunk] = {};
-        for (int64_t j = 0; j < s; ++j) {
-          const float pj = w[j];
-          const float* vj = values + j * d + e0;
-          if (width == kChunk) {
-#pragma omp simd
-            for (int64_t e = 0; e < kChunk; ++e) acc[e] = std::fma(pj, vj[e], acc[e]);
-          } else {
-            for (int64_t e = 0; e < width; ++e) acc[e] = std::fma(pj, vj[e], acc[e]);
-          }
-        }
-        std::copy_n(acc, width, out + e0);
-      }
+      for (int64_t e0 = 0; e0 < d; e0 += kChunk)  // outputs: sums over the keys
+        chained_sums(w, s, values + e0, d, std::min(kChunk, d - e0), out + e0);
     }
   });
   return attn;
