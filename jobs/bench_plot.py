@@ -37,7 +37,8 @@ def title(report: dict) -> str:
     model = report["model"].rstrip("/").rsplit("/", 1)[-1] if "://" not in report["model"] else report["model"]
     prompts = report["results"][0]["prompts"] if report["results"] else 0
     head = (f"{model} on {Path(report['prompts_source']).name}: {prompts} prompts, "
-            f"{report['max_new_tokens']} new tokens, best of {report.get('repeats', 1)}")
+            f"{report['max_new_tokens']} new tokens, best of {report.get('repeats', 1)}, "
+            f"weights {report.get('dtype', 'float32')}")
     if "machine" not in report:
         return head
     return f"{head}\n{report['date'][:10]}, {describe_machine(report['machine'])}"
@@ -69,7 +70,8 @@ def plot_report(report: dict, path: Path, metadata: dict[str, str] | None = None
     for ax in (speed, per_step):
         ax.grid(alpha=0.3, axis="x")
     if any(r["identical_to_greedy"] < 1 for r in rows):
-        speed.annotate("red: output differed from greedy on some prompts", (0, 0), (0, -32),
+        speed.annotate("red: output differed from its reference on some prompts (float32: transformers' greedy; bfloat16: ar; "
+                      "llama.cpp-lookup: llama.cpp)", (0, 0), (0, -32),
                        xycoords="axes fraction", textcoords="offset points", fontsize=8, color=DIVERGED, va="top")
     fig.suptitle(title(report), fontsize=10)
     fig.tight_layout()

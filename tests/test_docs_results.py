@@ -48,15 +48,16 @@ def test_a_report_becomes_a_section_with_its_table_provenance_and_plot(tool):
     text = tool["section"]("head-humaneval", REPORT)
     lines = text.splitlines()
     assert lines[0] == "## head-humaneval"
-    assert "**some-head** on **humaneval**: 3 prompts, 64 new tokens, each prompt's fastest of 2 runs" in text
+    assert ("**some-head** on **humaneval**: 3 prompts, 64 new tokens, each prompt's fastest of 2 runs, weights "
+            "float32.") in text  # a report from before the runtime had a dtype: float32
     assert ("Measured 2026-11-25T10:00:00+00:00 on Example CPU, 2 cores (2 threads), avx512f, torch 2.13.0+cpu, "
             "ppdkit commit 0123456789.") in lines
     assert "```\nppdkit bench --model some-head\n```" in text
     rows = [line for line in lines if line.startswith("| `")]
     assert [r.split("|")[1].strip() for r in rows] == ["`hf-greedy`", "`ar`", "`feature-head`", "`anpd`",
                                                        "`auto` (ran `feature-head`)"]  # baselines first
-    assert "| `feature-head` | 31.0 | 1.55 | 3.10 | 2.40 | 13.0 | 3/3 |" in rows
-    assert "| `anpd` | 25.0 | 1.25 | 2.50 | 1.60 | - | 2/3 |" in rows
+    assert "| `feature-head` | 31.0 | 1.55 | 3.10 | 2.40 | 13.0 | 3/3 (hf-greedy) |" in rows  # reports before dtypes
+    assert "| `anpd` | 25.0 | 1.25 | 2.50 | 1.60 | - | 2/3 (hf-greedy) |" in rows
     assert "- `anpd`, prompt 1: parts from greedy at token 40, top-2 logit gap 3.0e-05 (a near-tie)" in lines
     assert "Note: measured while other work ran on the machine" in lines
     assert lines[-1] == "![head-humaneval: tokens/s and tokens per step by method](results/head-humaneval.png)"
