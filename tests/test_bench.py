@@ -109,7 +109,7 @@ def test_plot_report_draws_both_panels_at_the_documented_size(tmp_path):
     with Image.open(path) as image:
         assert image.format == "PNG" and image.size == (1200, 500)
         assert len(image.convert("RGB").getcolors(maxcolors=1 << 20)) > 20  # drawn, not a blank canvas
-    assert title(HAND_MADE) == ("some-head on mt-bench: 3 prompts, 64 new tokens, best of 2\n"
+    assert title(HAND_MADE) == ("some-head on mt-bench: 3 prompts, 64 new tokens, best of 2, weights float32\n"
                                 "2026-11-25, Example CPU, 2 cores (2 threads), avx512f")
     old = {k: v for k, v in HAND_MADE.items() if k not in ("date", "machine", "command")}
     assert "\n" not in title(old)  # a report from before these fields still draws

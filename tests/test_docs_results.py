@@ -48,8 +48,8 @@ def test_a_report_becomes_a_section_with_its_table_provenance_and_plot(tool):
     text = tool["section"]("head-humaneval", REPORT)
     lines = text.splitlines()
     assert lines[0] == "## head-humaneval"
-    assert ("**some-head** on **humaneval**: 3 prompts, 64 new tokens, each prompt's fastest of 2 runs, weights "
-            "float32.") in text  # a report from before the runtime had a dtype: float32
+    assert ("**some-head** on **humaneval**: 3 prompts, 64 new tokens, each prompt's fastest of 2 runs per method, "
+            "tree size 12, weights float32.") in text  # a report from before the runtime had a dtype: float32
     assert ("Measured 2026-11-25T10:00:00+00:00 on Example CPU, 2 cores (2 threads), avx512f, torch 2.13.0+cpu, "
             "ppdkit commit 0123456789.") in lines
     assert "```\nppdkit bench --model some-head\n```" in text
