@@ -5,7 +5,7 @@ packed for the native few-rows matmul, or for oneDNN where that cannot be built 
 reading the weights is most of a decoding step's cost, and Python's dispatch of ~40 small operations
 per layer most of the rest, so with the native kernels a step of up to 64 tokens runs every layer in
 one call (runtime/kernels/decoder_layers.cpp); prefill and other dtypes run the PyTorch layers below,
-the same arithmetic. Everything that depends only on the positions and the mask (rotary tables, the
+the same arithmetic. bfloat16 weights (runtime/precision.py) keep everything else in float32. Everything that depends only on the positions and the mask (rotary tables, the
 additive attention bias) is computed once per forward, not once per layer, and grouped-query attention
 multiplies each key/value head by its group of query heads directly instead of repeating keys and
 values. A token tree (any visibility pattern) costs the same code as a single token. No Ray, DeepSpeed
@@ -52,7 +52,7 @@ class LeanLlama:
         unsupported = sorted({k.split(".")[-2] for k in sd if k.endswith("_proj.bias")} - {"q_proj", "k_proj", "v_proj"})
         if unsupported:
             raise ValueError(f"the lean runtime supports query/key/value biases (Qwen2), not biases of {unsupported}")
-        self.weight_dtype = next(hf_model.parameters()).dtype  # the matmuls' weights, held in it once
+        self.weight_dtype = next(hf_model.parameters()).dtype  # the matmuls' weights (runtime/precision.py)
         self.dtype = activation_dtype(self.weight_dtype)  # activations, norms, rotary tables, the KV cache
         self.hidden = cfg.hidden_size
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
