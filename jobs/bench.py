@@ -21,6 +21,7 @@ from ppdkit.data_pipeline.readers import read_conversations
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.methods import HEAD_TREE, METHODS, TREES, get_method
 from ppdkit.runtime.native import cpu_info
+from ppdkit.runtime.dtypes import DTYPES
 from ppdkit.runtime.precision import dtype_name
 
 from .llama_cpp import LLAMA_METHODS, llama_runners
@@ -116,7 +117,7 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     unknown = [m for m in methods if _plain(m) not in ALL_METHODS
                or m.endswith(DYNAMIC) and _plain(m) in ("ar", *HF_METHODS)
-               or AT in m and (m.partition(AT)[2] not in ("float32", "bfloat16") or _plain(m) in HF_METHODS + LLAMA_METHODS)]
+               or AT in m and (m.partition(AT)[2] not in DTYPES[1:] or _plain(m) in (*HF_METHODS, *LLAMA_METHODS))]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; use {', '.join(ALL_METHODS)}, a tree method with "
                          f"{DYNAMIC} for its size picked per step, or one of ours with {AT}float32 or {AT}bfloat16 to "
@@ -130,6 +131,9 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
 
     decoder = load(dtype)
     others = {other: load(other) for other in {m.partition(AT)[2] for m in methods if AT in m}}
+    fell_back = [name for name, other in others.items() if dtype_name(other.model.weight_dtype) != name]
+    if fell_back:  # a bfloat16 decoder where its kernels do not run is float32: its row would be mislabelled
+        raise ValueError(f"{fell_back[0]} cannot run here (the runtime fell back to float32): see docs/devices.md")
     unserved = [m for m in methods if m not in (*HF_METHODS, *LLAMA_METHODS) and _plain(m) not in decoder.methods()]
     if unserved:
         raise ValueError(f"{model} cannot serve {', '.join(unserved)}: it serves {', '.join(decoder.methods())} "

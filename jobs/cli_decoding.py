@@ -72,7 +72,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if decoder.profile is None:
         raise ValueError(f"{args.model} has no trees.json: run the calibrate stage first")
     p = decoder.profile
-    print(f"weights {dtype_name(decoder.model.weight_dtype)}, machine {p['machine']}, context {p['context']} tokens, one-token forward {p['one_token_ms']:.1f} ms")
+    print(f"weights {dtype_name(decoder.model.weight_dtype)}, machine {p['machine']}, context {p['context']} tokens, "
+          f"one-token forward {p['one_token_ms']:.1f} ms")
     print(f"{'size':>5} {'tau':>6} {'latency ms':>11} {'of it draft':>11} {'tokens/s':>9} {'x one-token':>11}")
     for r in p["rows"]:
         mark = "  <- chosen" if r["size"] == p["chosen"] else ""
