@@ -143,8 +143,6 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
   const float* bs = bias ? bias->data_ptr<float>() : nullptr;
   float* as = attn.data_ptr<float>();
   float* ws = scratch.data_ptr<float>();
-  auto compacted = torch::empty({hkv * rows, s}, q.options());  // a row's weights of the keys it sees, in order
-  float* vis = compacted.data_ptr<float>();
   at::parallel_for(0, hkv * rows, 1, [&](int64_t first, int64_t last) {
     for (int64_t item = first; item < last; ++item) {
       const int64_t head = item / rows, r = item % rows;
@@ -152,7 +150,6 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
       const float* kt = k + head * d * capacity;
       const float* values = v + head * capacity * d;
       float* w = ws + item * s;
-      float* visible = vis + item * s;
       for (int64_t j0 = 0; j0 < s; j0 += kChunk)  // scores: sums over the head dimension
         chained_sums(qr, d, kt + j0, capacity, std::min(kChunk, s - j0), w + j0);
       float top = -INFINITY;
@@ -163,17 +160,11 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
       }
       blocks(w, s, -INFINITY, [top](Floats x) { return exp_block(x - top); });
       // The total over the keys this row sees, in their order: a tree node's ancestors sit at other cache
-      // positions than in the one-row steps that would have decoded them (masked keys between them), so the
-      // lanes follow the visible keys' ranks, not their positions.
-      int64_t seen = 0;
-      for (int64_t j = 0; j < s; ++j)
-        if (!b || b[j] != -INFINITY) visible[seen++] = w[j];
+      // positions than in the one-row steps that would have decoded them (masked keys between them), so a key's
+      // lane is its rank among the visible keys, not its position.
       float lanes[kLanes] = {};
-      for (int64_t j0 = 0; j0 < seen; j0 += kLanes) {
-        const int64_t width = std::min(kLanes, seen - j0);
-#pragma omp simd
-        for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += visible[j0 + lane];
-      }
+      for (int64_t j = 0, seen = 0; j < s; ++j)
+        if (!b || b[j] != -INFINITY) lanes[seen++ % kLanes] += w[j];
       for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the fixed tree: 16 -> 8 -> 4 -> 2 -> 1
         for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += lanes[lane + width];
       const float inverse = 1.f / lanes[0];
