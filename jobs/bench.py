@@ -92,9 +92,25 @@ def reference_of(method: str, order: list[str], weights: str) -> str:
     return "ar" if weights != "float32" and "ar" in order else "hf-greedy"
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The index of the first token where a and b part (the shorter one's end when one stops early), None if equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def exact_dtype(decoder: Decoder, asked: str) -> Decoder:
+    """`decoder`, loaded for `asked`, refused where the runtime fell back to another dtype (bfloat16 where its kernels
+    do not run): a figure measured in float32 must not be reported as bfloat16's."""
+    ran = dtype_name(decoder.model.weight_dtype)
+    if ran != asked:
+        raise ValueError(f"{asked} cannot run here (the runtime fell back to {ran}): see docs/devices.md")
+    return decoder
+
+
 def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[int]) -> dict:
     """Where two outputs part, and the base model's top-2 logit gap there (fp32, transformers)."""
-    at = next((i for i, (a, b) in enumerate(zip(ours, greedy)) if a != b), min(len(ours), len(greedy)))
+    at = first_difference(ours, greedy)
     with torch.no_grad():
         logits = decoder.hf_model(torch.tensor([ids + greedy[:at]], device=decoder.device)).logits[0, -1].float()
     top2 = logits.topk(2).values
@@ -130,10 +146,7 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
                                        early_head=early_head, prune_top_k=prune_top_k, device=device, dtype=dtype)
 
     decoder = load(dtype)
-    others = {other: load(other) for other in {m.partition(AT)[2] for m in methods if AT in m}}
-    fell_back = [name for name, other in others.items() if dtype_name(other.model.weight_dtype) != name]
-    if fell_back:  # a bfloat16 decoder where its kernels do not run is float32: its row would be mislabelled
-        raise ValueError(f"{fell_back[0]} cannot run here (the runtime fell back to float32): see docs/devices.md")
+    others = {other: exact_dtype(load(other), other) for other in {m.partition(AT)[2] for m in methods if AT in m}}
     unserved = [m for m in methods if m not in (*HF_METHODS, *LLAMA_METHODS) and _plain(m) not in decoder.methods()]
     if unserved:
         raise ValueError(f"{model} cannot serve {', '.join(unserved)}: it serves {', '.join(decoder.methods())} "
@@ -214,7 +227,7 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
     tree_size = decoder.tree.size if decoder.tree else decoder.head_tree.layout.size if decoder.head_tree else None
     return {"model": str(model), "prompts_source": prompts_source, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "tree_size": tree_size, "profile": decoder.profile, "device": str(decoder.device),
-            "dtype": dtype_name(decoder.model.weight_dtype),
+            "dtype": weights,
             "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": machine_info(), "command": command, "results": results}
 

@@ -17,16 +17,7 @@ from tqdm import tqdm
 
 from ppdkit.data_pipeline.readers import read_conversations
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.precision import dtype_name
-
-from .bench import load_prompts, machine_info
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The index of the first token where a and b part (the shorter one's end when one stops early), None if equal."""
-    if a == b:
-        return None
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+from .bench import exact_dtype, first_difference, load_prompts, machine_info
 
 
 def perplexity(decoder: Decoder, ids: list[int]) -> tuple[float, int]:
@@ -43,11 +34,7 @@ def run_precision(base: str, prompts_source: str, limit: int, max_new_tokens: in
                   texts_limit: int, text_tokens: int, dtypes: tuple[str, str] = ("float32", "bfloat16")) -> dict:
     """The report: per prompt whether the two dtypes' greedy answers are equal and where they first differ, and the
     held-out perplexity under each."""
-    decoders = {dtype: Decoder.from_base(base, dtype=dtype) for dtype in dict.fromkeys(dtypes)}
-    for asked, decoder in decoders.items():
-        if dtype_name(decoder.model.weight_dtype) != asked:
-            raise ValueError(f"{asked} cannot run here (the runtime fell back to "
-                             f"{dtype_name(decoder.model.weight_dtype)}): see docs/devices.md")
+    decoders = {dtype: exact_dtype(Decoder.from_base(base, dtype=dtype), dtype) for dtype in dict.fromkeys(dtypes)}
     reference, other = decoders[dtypes[0]], decoders[dtypes[1]]
     answers = []
     for prompt in tqdm(load_prompts(prompts_source, limit), desc="greedy answers", unit="prompt"):

@@ -162,7 +162,8 @@ def test_the_precision_report_compares_answers_and_perplexity(tiny_dir, monkeypa
     counted answer by answer, with a perplexity near float32's."""
     from pathlib import Path
 
-    from ppdkit.jobs.precision_cost import first_difference, run_precision
+    from ppdkit.jobs.bench import first_difference
+    from ppdkit.jobs.precision_cost import run_precision
 
     monkeypatch.setattr(linear_module, "native_kernels", _bf16_kernels)
     fixture = str(Path(__file__).parent / "fixtures" / "conversations.jsonl")
