@@ -1,8 +1,8 @@
 """The runtime's precision: which dtype the base model's weights are held in, and what `auto` picks here.
 
 - `float32`: weights, activations and sums in float32 (the float32 model's own tokens).
-- `bfloat16`: the weights held once in bfloat16, read by the native AVX512-BF16 kernel (half the bytes of a step,
-  two products per lane and instruction). Activations, norms, the rotary tables and the KV cache stay float32:
+- `bfloat16`: the weights in bfloat16, packed for the native AVX512-BF16 kernel (half the bytes of a step, two
+  products per lane and instruction); transformers' model, kept for the bench's baselines, is loaded in it too. Activations, norms, the rotary tables and the KV cache stay float32:
   each matmul rounds its input to bfloat16 as it reads it, multiplies exactly and sums in float32, and attention
   accumulates in float32 over float32 keys and values. The cache is a few percent of a step's bytes at the
   contexts served here (30 layers x 3 KV heads x 64 x 2 x 4 bytes = 46 KB a token), so keeping it float32 costs
@@ -38,8 +38,7 @@ def activation_dtype(weight_dtype: torch.dtype) -> torch.dtype:
 
 def bf16_kernels_here() -> bool:
     """Whether this CPU runs the native bfloat16 few-rows kernel (AVX512-BF16, built for it)."""
-    native = linear.native_kernels()
-    return native is not None and linear.native_format(torch.bfloat16, native)
+    return linear.native_format(torch.bfloat16, linear.native_kernels())
 
 
 def resolve_dtype(requested: str, device: torch.device | str = "cpu") -> str:

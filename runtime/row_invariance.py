@@ -4,9 +4,9 @@ numbers as the one-row steps that would have followed it, only if every kernel's
 1 to the largest step's rows. The native kernels are written so (runtime/kernels/); library kernels (oneDNN,
 cuBLAS) may pick another kernel or reduction order for another row count, so this is measured, not assumed.
 
-`check_rows(decoder)` runs the first decoder layers of the loaded model on a random causal step of n rows and on n
-one-row steps over the same cache, for n up to the most rows any of the decoder's methods feeds the model, and
-refuses the decoder (naming the largest step that held) where they differ.
+`check_rows(decoder)` runs the first decoder layers of the loaded model on random steps of n rows (causal, and a
+tree-shaped one) and on the one-row steps they stand for, over the same cache, for n up to the most rows any of
+the decoder's methods feeds the model, and refuses the decoder (naming the first n that differed) where they do.
 """
 
 import logging
@@ -22,8 +22,9 @@ CONTEXT = 37  # cached tokens before the step: more than two vectors of keys, no
 
 
 def first_mismatch(model: LeanLlama, rows: int, seed: int = 0) -> int | None:
-    """The smallest n <= rows at which a causal n-row step over CONTEXT cached tokens gives a row other than the
-    one-row steps' (through CHECK_LAYERS layers), or None where none does."""
+    """The smallest n <= rows at which a causal n-row step over CONTEXT cached tokens, or a tree-shaped one
+    (_tree_step_agrees), gives a row other than the one-row steps' (through CHECK_LAYERS layers), or None where
+    none does."""
     layers = min(CHECK_LAYERS, len(model.layers))
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(CONTEXT + rows, model.hidden, generator=g).to(model.device, model.dtype)
@@ -79,7 +80,7 @@ def most_rows(decoder) -> int:
 
 def check_rows(decoder) -> None:
     """Refuse `decoder` where its model's native kernels give a row of a step of up to most_rows(decoder) rows
-    other than one-row steps give it (the check costs milliseconds on the tiny models, ~0.3 s for SmolLM2). The
+    other than one-row steps give it (the check costs milliseconds: 0.06 s for SmolLM2 up to 64 rows). The
     PyTorch layers (a CPU without the native kernels) are checked and only warned about: their library softmax and
     matmuls promise no row invariance, and refusing would leave such a CPU no tree method at all. Other devices
     are not checked (docs/devices.md)."""
