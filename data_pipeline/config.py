@@ -33,11 +33,15 @@ class TeacherConfig(Section):
     top_k: int = Field(64, ge=1, description="log-probabilities kept per position, plus the mass outside them; at most "
                                              "the base model's vocabulary size, checked when it loads")
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="storage of the top-k log-probabilities")
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="dtype of the teacher's forward and of regeneration (auto: bfloat16 where the runtime's "
+                            "auto picks it, this CPU's native AVX512-BF16 kernels or a GPU; else float32)")
     rows_per_shard: int = Field(32, ge=1, description="sequences per shard file (the unit of resume and retry)")
     batch_size: int = Field(4, ge=1, description="sequences per teacher forward")
     regenerate: bool = Field(False, description="self-distillation: the base model rewrites the assistant turns first")
-    generate_batch: int = Field(32, ge=1, description="conversations regenerated together (batched decoding is ~8x "
-                                "faster per token than batches of 4 on CPU)")
+    # at most runtime/linear.py's SKINNY_MAX_ROWS: the native kernels' rows (tests/test_batch.py checks the two agree)
+    generate_batch: int = Field(64, ge=1, le=96, description="sequences decoded together in each regeneration step "
+                                "(continuous batching: a finished one's slot takes the next at once)")
     max_new_tokens: int = Field(256, ge=1, description="tokens per regenerated assistant turn")
     temperature: float = Field(0.0, ge=0.0, description="0: greedy regeneration; > 0: sampled")
     seed: int = Field(0, description="seed of sampled regeneration, mixed with each shard's id")

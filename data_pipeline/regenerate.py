@@ -2,12 +2,27 @@
 
 When the training text was written by another model, the prompt tokens would learn to guess text the
 base model would never produce. Regenerating the assistant turns (Medusa-2, PPD) makes the training
-text the model's own. Conversations are advanced turn by turn, in batches, with left padding.
+text the model's own. Every assistant turn that still fits max_length is rewritten, in order (a later
+turn answers the user's next message after the model's own earlier answer).
+
+Two engines:
+- greedy on the runtime (`runtime` given): continuous batching on the decoder's own model and kernels
+  (runtime/batch.py), a conversation's next turn queued as soon as its previous one ends; every answer is
+  token for token what `ppdkit decode --method ar` gives in the same dtype, whatever its batch neighbours, and
+  a turn stops at the end token or where the conversation reaches max_length (tokens past it would be cut);
+- transformers' generate in fixed batches with left padding: sampled regeneration (temperature > 0), and
+  models the native kernels cannot run. Its rows may depend on their batch neighbours (padding, library
+  kernels that change with the batch), so it is not reproducible across batch sizes.
 """
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from ppdkit.runtime.batch import Request, greedy_many
+from ppdkit.runtime.llama import LeanLlama, end_tokens
 
 from .conversations import Conversation
 
@@ -20,8 +35,8 @@ class _Progress:
     done: bool = False
 
 
-def _advance(state: _Progress, tokenizer, max_length: int) -> bool:
-    """Copy turns up to the next assistant turn; True if one is waiting to be generated."""
+def _advance(state: _Progress, tokenizer, max_length: int) -> list[int] | None:
+    """Copy turns up to the next assistant turn; the prompt's ids if one is waiting to be generated, else None."""
     msgs = state.conv.messages
     while state.next_index < len(msgs) and (msgs[state.next_index]["role"] != "assistant" or not state.messages):
         if msgs[state.next_index]["role"] != "assistant":
@@ -30,25 +45,35 @@ def _advance(state: _Progress, tokenizer, max_length: int) -> bool:
         state.next_index += 1
     if state.next_index >= len(msgs):
         state.done = True
-        return False
-    prompt_len = len(tokenizer.apply_chat_template(state.messages, tokenize=True, add_generation_prompt=True,
-                                                   return_dict=False))
-    if prompt_len >= max_length:  # later turns would be cut by max_length anyway
+        return None
+    ids = tokenizer.apply_chat_template(state.messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+    if len(ids) >= max_length:  # later turns would be cut by max_length anyway
         state.done = True
-        return False
-    return True
+        return None
+    return ids
+
+
+def _answered(state: _Progress, text: str) -> None:
+    state.messages.append({"role": "assistant", "content": text})
+    state.next_index += 1
 
 
 def regenerate_conversations(model, tokenizer, conversations: list[Conversation], *, max_new_tokens: int,
-                             max_length: int, temperature: float, seed: int, batch_size: int) -> list[Conversation]:
-    """Each conversation with its assistant turns replaced by the model's own (greedy when temperature == 0)."""
+                             max_length: int, temperature: float, seed: int, batch_size: int,
+                             runtime: LeanLlama | None = None,
+                             on_tokens: Callable[[int], None] | None = None) -> list[Conversation]:
+    """Each conversation with its assistant turns replaced by the model's own (greedy when temperature == 0):
+    on `runtime` with `batch_size` slots when given and greedy, else through `model.generate`. `on_tokens(n)` is
+    told of every n tokens generated."""
+    if runtime is not None and temperature == 0:
+        return _regenerate_batched(runtime, tokenizer, conversations, max_new_tokens, max_length, batch_size, on_tokens)
     states = [_Progress(c) for c in conversations]
     generator_seed = seed
     pad_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
         while True:
-            waiting = [s for s in states if not s.done and _advance(s, tokenizer, max_length)]
+            waiting = [s for s in states if not s.done and _advance(s, tokenizer, max_length) is not None]
             if not waiting:
                 break
             for i in range(0, len(waiting), batch_size):
@@ -62,10 +87,32 @@ def regenerate_conversations(model, tokenizer, conversations: list[Conversation]
                     out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                                          temperature=temperature if temperature > 0 else None, top_p=None, top_k=None,
                                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-                for state, new in zip(batch, out[:, enc["input_ids"].shape[1]:]):
-                    text = tokenizer.decode(new, skip_special_tokens=True)
-                    state.messages.append({"role": "assistant", "content": text})
-                    state.next_index += 1
+                new_tokens = out[:, enc["input_ids"].shape[1]:]
+                for state, new in zip(batch, new_tokens):
+                    _answered(state, tokenizer.decode(new, skip_special_tokens=True))
+                if on_tokens:
+                    on_tokens(int((new_tokens != tokenizer.pad_token_id).sum()))
     finally:
         tokenizer.padding_side = pad_side
+    return [Conversation(s.conv.id, tuple(s.messages)) for s in states]
+
+
+def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conversation], max_new_tokens: int,
+                        max_length: int, slots: int, on_tokens: Callable[[int], None] | None) -> list[Conversation]:
+    states = [_Progress(c) for c in conversations]
+    waiting = deque((i, ids) for i, s in enumerate(states) if (ids := _advance(s, tokenizer, max_length)) is not None)
+
+    def next_request() -> Request | None:
+        if not waiting:
+            return None
+        i, ids = waiting.popleft()
+        return Request(i, ids, min(max_new_tokens, max_length - len(ids)))
+
+    with torch.inference_mode():
+        for request, tokens in greedy_many(runtime, next_request, end_tokens(runtime, tokenizer), slots, max_length,
+                                           on_step=(lambda _, n: on_tokens(n)) if on_tokens else None):
+            state = states[request.key]
+            _answered(state, tokenizer.decode(tokens, skip_special_tokens=True))
+            if (ids := _advance(state, tokenizer, max_length)) is not None:
+                waiting.append((request.key, ids))
     return [Conversation(s.conv.id, tuple(s.messages)) for s in states]

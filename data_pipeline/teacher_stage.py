@@ -20,6 +20,7 @@ import shutil
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
@@ -30,6 +31,8 @@ from tqdm import tqdm
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.paths import write_json_atomic
+from ppdkit.runtime.llama import LeanLlama
+from ppdkit.runtime.precision import resolve_dtype
 
 from .config import DataConfig, TeacherConfig
 from .conversations import Conversation, MalformedRow, ReadReport
@@ -89,17 +92,21 @@ def teacher_sequences(model, rows: list[dict], k: int, batch_size: int) -> list[
 class TeacherWorker:
     """Holds one frozen base model; turns shards of rows into shard files."""
 
-    def __init__(self, base: BaseModelConfig, threads: int, log_file: str):
+    def __init__(self, base: BaseModelConfig, cfg: TeacherConfig, max_length: int, threads: int, log_file: str):
         torch.set_num_threads(threads)
         log_to_file(Path(log_file))
         started = time.time()
-        self.base = load_base_model(base.name, base.quantization, base.dtype)
-        log.info("teacher worker (pid %d): %s (%s) loaded in %.1f s on %d threads", os.getpid(), base.name,
-                 base.quantization, time.time() - started, threads)
+        self.dtype = resolve_dtype(cfg.compute_dtype)  # on the actor: its own CPU decides what auto means
+        self.base = load_base_model(base.name, base.quantization, self.dtype)
+        self.runtime = regeneration_runtime(self.base, base, self.dtype, max_length) if cfg.regenerate else None
+        log.info("teacher worker (pid %d): %s (%s, %s) loaded in %.1f s on %d threads; regeneration on %s", os.getpid(),
+                 base.name, base.quantization, self.dtype, time.time() - started, threads,
+                 "no" if not cfg.regenerate else "the runtime (batched)" if self.runtime else "transformers' generate")
 
     def ready(self) -> dict:
         vocab = sorted(self.base.tokenizer.get_vocab().items())
-        return {"pid": os.getpid(), "fingerprint": self.base.fingerprint,
+        return {"pid": os.getpid(), "fingerprint": self.base.fingerprint, "compute_dtype": self.dtype,
+                "regeneration_engine": regeneration_engine(self.runtime),
                 "vocab_size": self.base.model.config.vocab_size,
                 "tokenizer": {"class": type(self.base.tokenizer).__name__, "size": len(vocab),
                               "vocab_sha256": hashlib.sha256(json.dumps(vocab).encode()).hexdigest()}}
@@ -108,8 +115,10 @@ class TeacherWorker:
         cfg: TeacherConfig = job["cfg"]
         report = ReadReport(source=f"teacher {job['shard_id']}")
         rows = job["rows"]
+        generated, started = [0], time.time()
         if cfg.regenerate:
-            rows = self._regenerate(rows, cfg, job["max_length"], job["seed"], report)
+            rows = self._regenerate(rows, cfg, job["max_length"], job["seed"], report, generated)
+        generate_seconds = time.time() - started
         good = []
         for r in rows:
             try:
@@ -118,16 +127,20 @@ class TeacherWorker:
                 report.keep()
             except MalformedRow as e:
                 report.skip(f"row {r['row']}", str(e))
+        started = time.time()
         sequences = teacher_sequences(self.base.model, good, cfg.top_k, cfg.batch_size)
         record = write_shard(Path(job["path"]), sequences, self.base.model.config.vocab_size, cfg.dtype)
-        log.info("shard %s: %d sequences, %d positions, %d rows skipped", job["shard_id"], len(sequences),
-                 record["positions"], sum(report.skipped.values()))
+        teacher_seconds = time.time() - started
+        log.info("shard %s: %d sequences, %d positions (%.0f/s), %d tokens generated (%.0f/s), %d rows skipped",
+                 job["shard_id"], len(sequences), record["positions"], record["positions"] / max(teacher_seconds, 1e-9),
+                 generated[0], generated[0] / max(generate_seconds, 1e-9), sum(report.skipped.values()))
         record.update(split=job["split"], index=job["index"], rows=job["row_range"], skipped=dict(report.skipped),
-                      skipped_examples=report.examples)
+                      skipped_examples=report.examples, worker=os.getpid(), generated_tokens=generated[0],
+                      generate_seconds=round(generate_seconds, 3), teacher_seconds=round(teacher_seconds, 3))
         return record
 
     def _regenerate(self, rows: list[dict], cfg: TeacherConfig, max_length: int, seed: int,
-                    report: ReadReport) -> list[dict]:
+                    report: ReadReport, generated: list[int]) -> list[dict]:
         convs, usable = [], []
         for r in rows:
             try:
@@ -137,7 +150,8 @@ class TeacherWorker:
                 report.skip(f"row {r.get('row')}", f"no usable messages to regenerate from ({e.__class__.__name__})")
         new = regenerate_conversations(self.base.model, self.base.tokenizer, convs, max_new_tokens=cfg.max_new_tokens,
                                        max_length=max_length, temperature=cfg.temperature, seed=seed,
-                                       batch_size=cfg.generate_batch)
+                                       batch_size=cfg.generate_batch, runtime=self.runtime,
+                                       on_tokens=lambda n: generated.__setitem__(0, generated[0] + n))
         out = []
         for r, conv in zip(usable, new):
             try:
@@ -148,6 +162,21 @@ class TeacherWorker:
             out.append({**r, "input_ids": enc.input_ids, "loss_mask": enc.loss_mask,
                         "messages": json.dumps(list(conv.messages))})
         return out
+
+
+def regeneration_runtime(loaded, base: BaseModelConfig, dtype: str, max_length: int) -> LeanLlama | None:
+    """The model greedy regeneration decodes on: the decoder's own (runtime/llama.py on the unquantized base in
+    `dtype`, what `ppdkit decode` verifies with), so the regenerated text is what the decoder would write. A 4-bit
+    teacher loads that model beside it. None where the native kernels cannot run it (transformers' generate then)."""
+    model = loaded.model if base.quantization == "none" else load_base_model(base.name, "none", dtype).model
+    if next(model.parameters()).device.type != "cpu":
+        return None
+    runtime = LeanLlama(model, max_length + 1)
+    return runtime if runtime.native is not None else None
+
+
+def regeneration_engine(runtime: LeanLlama | None) -> str:
+    return "runtime" if runtime is not None else "transformers"
 
 
 def plan_shards(split_sizes: dict[str, int], rows_per_shard: int) -> list[dict]:
@@ -163,12 +192,15 @@ def plan_shards(split_sizes: dict[str, int], rows_per_shard: int) -> list[dict]:
 
 def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_info: dict) -> dict:
     # What makes two caches interchangeable: a shard from a cache with another header is never reused.
-    return {"format": FORMAT, "base_model": base.name, "quantization": base.quantization, "dtype_model": base.dtype,
+    return {"format": FORMAT, "base_model": base.name, "quantization": base.quantization,
+            "dtype_model": worker_info["compute_dtype"],
             "fingerprint": worker_info["fingerprint"], "vocab_size": worker_info["vocab_size"], "tokenizer": worker_info["tokenizer"],
             "top_k": cfg.top_k, "dtype": cfg.dtype, "rows_per_shard": cfg.rows_per_shard,
             "batch_size": cfg.batch_size, "regenerate": cfg.regenerate,
             "generation": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": cfg.seed,
-                           "batch": cfg.generate_batch}
+                           "engine": worker_info["regeneration_engine"],
+                           # fixed batches of transformers' generate may change a row with its neighbours
+                           **({"batch": cfg.generate_batch} if worker_info["regeneration_engine"] != "runtime" else {})}
             if cfg.regenerate else None, "max_length": data.max_length}
 
 
@@ -191,17 +223,47 @@ def _resume_manifest(path: Path, header: dict, out_dir: Path) -> dict:
     return manifest
 
 
+@dataclass
+class _Throughput:
+    """What the shards finished so far in this attempt did: the live figures a user watches (tqdm, MLflow)."""
+
+    started: float = field(default_factory=time.time)
+    shards: int = 0
+    positions: int = 0
+    generated: int = 0
+    by_worker: dict[int, list[float]] = field(default_factory=dict)  # pid -> [generated tokens, seconds generating]
+
+    def add(self, record: dict) -> None:
+        self.shards += 1
+        self.positions += record["positions"]
+        self.generated += record.get("generated_tokens", 0)
+        mine = self.by_worker.setdefault(record.get("worker", 0), [0, 0.0])
+        mine[0] += record.get("generated_tokens", 0)
+        mine[1] += record.get("generate_seconds", 0.0)
+
+    def figures(self, remaining_shards: int) -> dict[str, float]:
+        seconds = max(time.time() - self.started, 1e-9)
+        out = {"shards_done": self.shards, "shards_left": remaining_shards, "positions_per_s": self.positions / seconds,
+               "eta_s": remaining_shards * seconds / max(self.shards, 1)}
+        if self.generated:
+            out["generated_tokens"] = self.generated
+            out["generated_tokens_per_s"] = self.generated / seconds
+            for i, (tokens, busy) in enumerate(self.by_worker.values()):  # each worker while it was generating
+                out[f"worker_{i}_generated_tokens_per_s"] = tokens / max(busy, 1e-9)
+        return out
+
+
 def _compute(workers: list, jobs: list[dict], manifest: dict, manifest_path: Path, expected: int | None,
-             on_done: Callable[[dict], None]) -> tuple[int, float]:
-    """Run `jobs` on the actors, recording each finished shard; returns (positions, seconds)."""
-    queue, in_flight, positions = list(jobs), {}, 0
-    started = time.time()
+             on_done: Callable[[dict], None], progress: Callable[[dict[str, float], int], None] | None) -> _Throughput:
+    """Run `jobs` on the actors, recording each finished shard; returns what they did."""
+    queue, in_flight, done = list(jobs), {}, _Throughput()
 
     def submit(worker) -> None:
         if queue:
             in_flight[worker.process.remote(queue.pop(0))] = worker
 
-    with tqdm(total=expected, desc="teacher pass", unit="pos", unit_scale=True) as bar:
+    unit, total = ("pos", expected) if expected is not None else ("shard", len(jobs))
+    with tqdm(total=total, desc="teacher pass", unit=unit, unit_scale=True) as bar:
         for worker in workers:  # two shards queued per actor, so a restarted actor has work waiting
             submit(worker)
             submit(worker)
@@ -211,20 +273,26 @@ def _compute(workers: list, jobs: list[dict], manifest: dict, manifest_path: Pat
             record = ray.get(ready[0])
             manifest["shards"][f"{record['split']}-{record['index']:05d}"] = record
             write_json_atomic(manifest_path, manifest)
-            positions += record["positions"]
-            bar.update(record["positions"])
-            bar.set_postfix(pos_per_s=f"{positions / max(time.time() - started, 1e-9):.0f}")
+            done.add(record)
+            figures = done.figures(len(queue) + len(in_flight))
+            bar.update(record["positions"] if expected is not None else 1)
+            bar.set_postfix({k: f"{figures[k]:.0f}" for k in ("positions_per_s", "generated_tokens_per_s") if k in figures})
+            if progress:
+                progress(figures, len(manifest["shards"]))  # the step counts the resumed shards too
             on_done(record)
             submit(worker)
-    return positions, time.time() - started
+    return done
 
 
 def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfig, data_dir: Path, out_dir: Path,
-                      on_shard_done: Callable[[dict, list[int]], None] | None = None) -> dict:
+                      on_shard_done: Callable[[dict, list[int]], None] | None = None,
+                      progress: Callable[[dict[str, float], int], None] | None = None) -> dict:
     """Compute every shard the manifest lacks; returns the stage's figures.
 
     `on_shard_done(record, worker_pids)` is called after each shard is recorded (tests use it to kill
-    a worker process or to stop the driver mid-run).
+    a worker process or to stop the driver mid-run). `progress(figures, shards_done)` gets the live figures
+    (positions and generated tokens per second, per worker, the ETA) after each shard: the pipeline logs them
+    to MLflow while the stage runs.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / "manifest.json"
@@ -238,7 +306,8 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
                 "path": str(out_dir / p["split"] / f"{p['shard_id']}.safetensors"),
                 "rows": [{**r, "row": p["row_range"][0] + i} for i, r in enumerate(rows)]}
 
-    workers = [TeacherWorker.options(num_cpus=cfg.cpus_per_worker).remote(base, cfg.cpus_per_worker,
+    workers = [TeacherWorker.options(num_cpus=cfg.cpus_per_worker).remote(base, cfg, data.max_length,
+                                                                          cfg.cpus_per_worker,
                                                                           str(out_dir / f"worker-{i}.log"))
                for i in range(cfg.workers)]
     try:
@@ -252,8 +321,8 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
         expected = None if cfg.regenerate else sum(
             len(supervised_positions(m)) for p in todo for m in splits[p["split"]].select(range(*p["row_range"]))["loss_mask"])
         pids = [info["pid"] for info in infos]
-        computed, seconds = _compute(workers, [job(p) for p in todo], manifest, manifest_path, expected,
-                                     lambda record: on_shard_done and on_shard_done(record, pids))
+        done = _compute(workers, [job(p) for p in todo], manifest, manifest_path, expected,
+                        lambda record: on_shard_done and on_shard_done(record, pids), progress)
     finally:
         for w in workers:
             ray.kill(w)
@@ -268,8 +337,17 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
     return {**figures, "shards": len(manifest["shards"]), "shards_computed_now": len(todo), "workers": cfg.workers,
             "fingerprint": manifest["fingerprint"], "top_k": cfg.top_k, "regenerate": cfg.regenerate,
             "skipped_rows": sum(skipped.values()), "skipped_by_reason": skipped,
-            "worker_startup_seconds": round(startup_seconds, 2), "compute_seconds": round(seconds, 2),
-            "positions_per_second": computed / seconds if todo and seconds > 0 else None}
+            "worker_startup_seconds": round(startup_seconds, 2), **_rates(done, bool(todo)),
+            "compute_dtype": manifest["dtype_model"], "regeneration_engine": (manifest["generation"] or {}).get("engine")}
+
+
+def _rates(done: _Throughput, computed: bool) -> dict:
+    """This attempt's throughput (None for the rates when every shard was already there)."""
+    seconds = time.time() - done.started
+    figures = done.figures(0) if computed else {}
+    return {"compute_seconds": round(seconds, 2), "positions_per_second": figures.get("positions_per_s"),
+            "generated_tokens_per_second": figures.get("generated_tokens_per_s"),
+            "generated_tokens_per_second_by_worker": [v for k, v in figures.items() if k.startswith("worker_")] or None}
 
 
 def cache_figures(out_dir: Path, manifest: dict) -> dict:

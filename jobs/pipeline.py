@@ -65,7 +65,10 @@ def _log_data_sets(ctx: StageContext, summary: dict[str, Any]) -> None:
 def _run_teacher(ctx: StageContext) -> dict[str, Any]:
     from ppdkit.data_pipeline.teacher_stage import run_teacher_stage
 
-    return run_teacher_stage(ctx.spec.base_model, ctx.spec.data, ctx.spec.teacher, ctx.output / "data", ctx.stage_dir)
+    # live figures while it runs (hours for a large regenerated set): positions and tokens per second, the ETA
+    return run_teacher_stage(ctx.spec.base_model, ctx.spec.data, ctx.spec.teacher, ctx.output / "data", ctx.stage_dir,
+                             progress=lambda figures, step: ctx.tracker.log_metrics(
+                                 {f"teacher.progress.{k}": v for k, v in figures.items()}, step=step))
 
 
 def _run_train(ctx: StageContext) -> dict[str, Any]:

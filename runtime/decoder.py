@@ -18,7 +18,7 @@ from .acceptance import Sampling
 from .auto import AUTO, fastest_method
 from .devices import on_device
 from .draft_heads import DraftHeadSet, HeadTree, draft_seconds
-from .llama import LeanLlama
+from .llama import LeanLlama, end_tokens
 from .lookup import root_only, with_lookup_chains
 from .layer_skip import SkipDraft
 from .methods import (EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, SKIP_DRAFT,
@@ -297,8 +297,4 @@ class Decoder:
         return largest + (lookup_rows(self.lookup_chains) if get_method(method).lookup else 0)
 
     def _eos_ids(self) -> set[int]:
-        eos = self.model.eos_token_id
-        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return ids
+        return end_tokens(self.model, self.tokenizer)

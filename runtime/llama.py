@@ -121,6 +121,20 @@ class LeanLlama:
         """
         return self.final_norm(self.forward_layers(x, positions, cache, mask, 0, len(self.layers), skip))
 
+    def forward_sequences(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                          window: torch.Tensor) -> torch.Tensor:
+        """One new token of each of T sequences sharing `cache` (runtime/batch.py): x [T, H] at `positions` [T]
+        -> final hidden states [T, H]. window [T, 2]: row r's key/value goes to cache slot window[r, 1], and the
+        row sees slots window[r, 0] .. window[r, 1], its own sequence. Each row's arithmetic is that of a one-row
+        step of its sequence alone (native kernels only: their rows never depend on each other)."""
+        if self.native is None or x.shape[0] > SKINNY_MAX_ROWS:
+            raise ValueError("decoding several sequences in one step needs the native kernels and at most "
+                             f"{SKINNY_MAX_ROWS} sequences")
+        cos, sin = self.cos[positions], self.sin[positions]  # [T, D]
+        hidden = self.native.decoder_layers(x.to(self.dtype), self.native_weights, self.native_shape, self.eps, cos,
+                                            sin, None, cache.k, cache.v, 0, [], window)
+        return self.final_norm(hidden)
+
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self._rms(x, self.norm)
 
@@ -143,7 +157,7 @@ class LeanLlama:
         if self.native is not None and t <= SKINNY_MAX_ROWS:
             return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps,
                                               cos[:, 0], sin[:, 0], bias, cache.k[start:stop], cache.v[start:stop],
-                                              cache.length, list(skip[start:stop]) if skip else [])
+                                              cache.length, list(skip[start:stop]) if skip else [], None)
         return self._layers(x, cos, sin, bias, cache, start, stop, skip)
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
@@ -189,6 +203,15 @@ class LeanLlama:
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed[ids.to(self.device)].to(self.dtype)
+
+
+def end_tokens(model: LeanLlama, tokenizer) -> set[int]:
+    """The ids that end an answer: the model config's end token(s) and the tokenizer's."""
+    eos = model.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
 
 
 def _native_weights(layers: list[_Layer]) -> list[torch.Tensor]:

@@ -178,7 +178,7 @@ def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatc
         cos, sin = lean.cos[positions][:, None], lean.sin[positions][:, None]
         bias = _attention_bias(mask, 20, t, lean.group, lean.dtype, lean.device)
         native = lean.native.decoder_layers(x, lean.native_weights, lean.native_shape, lean.eps, cos[:, 0], sin[:, 0],
-                                            bias, caches[0].k, caches[0].v, 20, skip)
+                                            bias, caches[0].k, caches[0].v, 20, skip, None)
         ours = lean._layers(x, cos, sin, bias, caches[1], 0, layers, tuple(skip))
         if skip:
             assert not torch.allclose(native, lean._layers(x, cos, sin, bias, caches[2], 0, layers)), t
@@ -188,7 +188,7 @@ def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatc
             assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
     with pytest.raises(RuntimeError, match="float32 tensors only"):  # a clear error, not bad memory reads
         lean.native.decoder_layers(x.double(), lean.native_weights, lean.native_shape, lean.eps, cos[:, 0], sin[:, 0],
-                                   bias, caches[0].k, caches[0].v, 20, [])
+                                   bias, caches[0].k, caches[0].v, 20, [], None)
 
 
 def test_float32_forward_agrees_with_transformers():

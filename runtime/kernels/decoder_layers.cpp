@@ -134,8 +134,10 @@ inline void chained_sums(const float* a, int64_t n, const float* b, int64_t stri
   std::copy_n(acc, width, out);
 }
 
+// window: none (every row sees the cache slots [0, s)), or per token r of the step the slots [window[2 r],
+// window[2 r + 1]] it sees: its own sequence's keys, when several sequences share the cache (runtime/batch.py).
 torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, int64_t capacity, int64_t s,
-                        const std::optional<torch::Tensor>& bias, float scale) {
+                        const std::optional<torch::Tensor>& bias, float scale, int64_t tokens, const int64_t* window) {
   const int64_t hkv = q.size(0), rows = q.size(1), d = q.size(2);
   auto attn = torch::zeros({hkv, rows, d}, q.options());
   auto scratch = torch::empty({hkv * rows, s}, q.options());  // a row's scores, then its weights
@@ -146,33 +148,35 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
   at::parallel_for(0, hkv * rows, 1, [&](int64_t first, int64_t last) {
     for (int64_t item = first; item < last; ++item) {
       const int64_t head = item / rows, r = item % rows;
+      const int64_t token = r % tokens;  // grouped rows: query head (h % g) of token r sits at (h % g) T + r
+      const int64_t lo = window ? window[2 * token] : 0, n = window ? window[2 * token + 1] + 1 - lo : s;
       const float* qr = qs + item * d;
-      const float* kt = k + head * d * capacity;
-      const float* values = v + head * capacity * d;
+      const float* kt = k + head * d * capacity + lo;
+      const float* values = v + (head * capacity + lo) * d;
       float* w = ws + item * s;
-      for (int64_t j0 = 0; j0 < s; j0 += kChunk)  // scores: sums over the head dimension
-        chained_sums(qr, d, kt + j0, capacity, std::min(kChunk, s - j0), w + j0);
+      for (int64_t j0 = 0; j0 < n; j0 += kChunk)  // scores: sums over the head dimension
+        chained_sums(qr, d, kt + j0, capacity, std::min(kChunk, n - j0), w + j0);
       float top = -INFINITY;
       const float* b = bs ? bs + r * s : nullptr;
-      for (int64_t j = 0; j < s; ++j) {
+      for (int64_t j = 0; j < n; ++j) {
         w[j] = b ? std::fma(w[j], scale, b[j]) : w[j] * scale;
         top = std::max(top, w[j]);
       }
-      blocks(w, s, -INFINITY, [top](Floats x) { return exp_block(x - top); });
+      blocks(w, n, -INFINITY, [top](Floats x) { return exp_block(x - top); });
       // The total over the keys this row sees, in their order: a tree node's ancestors sit at other cache
       // positions than in the one-row steps that would have decoded them (masked keys between them), so a key's
       // lane is its rank among the visible keys, not its position.
       float lanes[kLanes] = {};
-      for (int64_t j = 0, seen = 0; j < s; ++j)
+      for (int64_t j = 0, seen = 0; j < n; ++j)
         if (!b || b[j] != -INFINITY) lanes[seen++ % kLanes] += w[j];
       for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the fixed tree: 16 -> 8 -> 4 -> 2 -> 1
         for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += lanes[lane + width];
       const float inverse = 1.f / lanes[0];
 #pragma omp simd
-      for (int64_t j = 0; j < s; ++j) w[j] *= inverse;
+      for (int64_t j = 0; j < n; ++j) w[j] *= inverse;
       float* out = as + item * d;
       for (int64_t e0 = 0; e0 < d; e0 += kChunk)  // outputs: sums over the keys
-        chained_sums(w, s, values + e0, d, std::min(kChunk, d - e0), out + e0);
+        chained_sums(w, n, values + e0, d, std::min(kChunk, d - e0), out + e0);
     }
   });
   return attn;
@@ -207,17 +211,33 @@ torch::Tensor swiglu(const torch::Tensor& gate_up, int64_t inter) {
 // keys/values are written at positions [length, length + T).
 // skip: empty, or per layer a bit mask of the sub-layers left out (1 attention: no keys/values written,
 // 2 MLP), a layer-skip draft's (runtime/layer_skip.py).
+// window: none, or [T, 2] int64 for rows of several sequences sharing the cache (runtime/batch.py): row r's
+// key/value is written at slot window[r][1], and the row sees slots window[r][0] .. window[r][1] (its own
+// sequence, causally; bias must be none). A row's arithmetic is then that of its sequence decoded alone.
 torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
                              const std::vector<int64_t>& shape, double eps_d, const torch::Tensor& cos,
                              const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
                              const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length,
-                             const std::vector<int64_t>& skip) {
+                             const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window) {
   TORCH_CHECK(shape.size() == 5 && weights.size() % 6 == 0, "decoder_layers: 5 shape values, 6 weights a layer");
   const int64_t hq = shape[0], hkv = shape[1], d = shape[2], inter = shape[3], hidden = shape[4];
-  const int64_t g = hq / hkv, t = x_in.size(0), s = length + t, capacity = cache_v.size(2);
+  const int64_t g = hq / hkv, t = x_in.size(0), capacity = cache_v.size(2);
+  const int64_t* slots = nullptr;  // window's pairs, row by row
+  int64_t s = length + t;  // the most keys a row sees
+  if (window) {
+    TORCH_CHECK(!bias && window->scalar_type() == torch::kInt64 && window->is_contiguous() && window->dim() == 2 &&
+                window->size(0) == t && window->size(1) == 2, "decoder_layers: window [T, 2] int64, without bias");
+    slots = window->data_ptr<int64_t>();
+    s = 1;
+    for (int64_t r = 0; r < t; ++r) {
+      TORCH_CHECK(0 <= slots[2 * r] && slots[2 * r] <= slots[2 * r + 1] && slots[2 * r + 1] < capacity,
+                  "decoder_layers: window row ", r, " outside the cache");
+      s = std::max(s, slots[2 * r + 1] + 1 - slots[2 * r]);
+    }
+  }
   const int64_t qkv_width = (hq + 2 * hkv) * d;
   const float eps = static_cast<float>(eps_d), scale = 1.f / std::sqrt(static_cast<float>(d));
-  TORCH_CHECK(s <= capacity, "KV cache full: ", s, " tokens > capacity ", capacity);
+  TORCH_CHECK(slots || s <= capacity, "KV cache full: ", s, " tokens > capacity ", capacity);
   for (const auto* tensor : {&x_in, &cos, &sin, &cache_k, &cache_v})
     TORCH_CHECK(tensor->scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only");
   for (size_t i = 0; i < weights.size(); i += 3)  // the norms (ln1, ln2 of each layer) in float32 too
@@ -252,12 +272,13 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
       for (int64_t r = 0; r < t; ++r) {
         const float* row = qkvs + r * qkv_width;
         for (int64_t head = 0; head < hq; ++head) std::copy_n(row + head * d, d, qs + grouped_row(head, r) * d);
+        const int64_t slot = slots ? slots[2 * r + 1] : length + r;
         for (int64_t kv = 0; kv < hkv; ++kv) {
-          copy_finite(row + (hq + kv) * d, d, ks + kv * d * capacity + length + r, capacity);
-          copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + length + r) * d, 1);
+          copy_finite(row + (hq + kv) * d, d, ks + kv * d * capacity + slot, capacity);
+          copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + slot) * d, 1);
         }
       }
-      auto attn = attention(q, ks, vs, capacity, s, bias, scale);  // [Hkv, g T, D]
+      auto attn = attention(q, ks, vs, capacity, s, bias, scale, t, slots);  // [Hkv, g T, D]
       const float* as = attn.data_ptr<float>();
       float* ms = merged.data_ptr<float>();
       for (int64_t head = 0; head < hq; ++head)

@@ -1,0 +1,120 @@
+"""Greedy decoding of many sequences at once with continuous batching, each one token for token its `ar` decoding.
+
+Self-distillation (data_pipeline/regenerate.py) asks the base model for hundreds of thousands of answers. One
+sequence at a time, every step reads all the weights for a single row; here up to `slots` sequences share each
+step, so the weights are read once for all of them. A finished sequence's slot takes the next request at once
+(continuous batching): answers end at very different lengths (an end token after 20 tokens, or the cap after
+256), and fixed batches would keep stepping for their longest member while the others wait finished.
+
+The cache is one preallocated KVCache cut into `slots` segments of `segment` positions. A request is prefilled
+alone, exactly as `ar` prefills (runtime/ar.py), and its keys/values are copied into its segment. Then each step
+feeds one token of every active sequence through the native kernels with a window per row (the row's key/value
+goes to its own segment; it attends to that segment only), so a row's arithmetic is that of its sequence decoded
+alone: the kernels' rows never depend on each other, and attention sums the keys a row sees in their order
+(runtime/kernels/decoder_layers.cpp). Every answer equals `Decoder.generate(method="ar")`, whatever its batch
+neighbours (tests/test_batch.py checks this on many prompts).
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .kv_cache import KVCache
+from .linear import SKINNY_MAX_ROWS
+from .llama import LeanLlama
+
+
+@dataclass(frozen=True)
+class Request:
+    key: Any  # the caller's handle, returned with the answer
+    ids: list[int]  # the prompt's token ids
+    max_new_tokens: int
+
+
+@dataclass
+class _Sequence:
+    request: Request
+    start: int  # the first cache slot of its segment
+    length: int  # tokens in its segment (the prompt, then every token fed back)
+    tokens: list[int] = field(default_factory=list)  # generated so far
+
+    def finished(self, eos: set[int]) -> bool:
+        return self.tokens[-1] in eos or len(self.tokens) >= self.request.max_new_tokens
+
+
+def check_batching(model: LeanLlama, slots: int) -> None:
+    """A clear error before any work where the model cannot decode `slots` sequences per step."""
+    if model.native is None:
+        raise ValueError("batched decoding runs on the native CPU kernels, which this model does not use (another "
+                         "device, a model with biases, or no C++ compiler): decode one sequence at a time instead")
+    if not 1 <= slots <= SKINNY_MAX_ROWS:
+        raise ValueError(f"slots must be between 1 and {SKINNY_MAX_ROWS} (the native kernels' rows), not {slots}")
+
+
+def greedy_many(model: LeanLlama, next_request: Callable[[], Request | None], eos: set[int], slots: int,
+                segment: int, on_step: Callable[[int, int], None] | None = None) -> Iterator[tuple[Request, list[int]]]:
+    """Yield (request, generated ids) as each answer ends (the end token included, as `ar` gives it), in the
+    order they end. `next_request()` gives the next request or None when there is none for now; it is asked
+    again whenever a slot is free, so the caller may add work as answers come back (the next turn of a
+    conversation). A request needs len(ids) + max_new_tokens <= segment. `on_step(active, new_tokens)` is told
+    each step's batch size and the tokens it produced (for progress bars and throughput)."""
+    check_batching(model, slots)
+    cache = model.new_cache(slots * segment)
+    scratch = model.new_cache(segment)  # one prompt's prefill, copied into its segment
+    free = list(range(slots - 1, -1, -1))
+    active: list[_Sequence] = []
+    while True:
+        while free:
+            request = next_request()
+            if request is None:
+                break
+            sequence = _prefill(model, cache, scratch, request, free.pop() * segment, segment)
+            if on_step:
+                on_step(1, 1)
+            if sequence.finished(eos):
+                free.append(sequence.start // segment)
+                yield request, sequence.tokens
+            else:
+                active.append(sequence)
+        if not active:
+            return
+        _step(model, cache, active)
+        if on_step:
+            on_step(len(active), len(active))
+        still = []
+        for sequence in active:
+            if sequence.finished(eos):
+                free.append(sequence.start // segment)
+                yield sequence.request, sequence.tokens
+            else:
+                still.append(sequence)
+        active = still
+
+
+def _prefill(model: LeanLlama, cache: KVCache, scratch: KVCache, request: Request, start: int,
+             segment: int) -> _Sequence:
+    """Read the prompt as `ar` does (a fresh cache, causal), keep its keys/values in the segment at `start`."""
+    n = len(request.ids)
+    if n < 1 or n + request.max_new_tokens > segment:
+        raise ValueError(f"request {request.key!r}: {n} prompt tokens and {request.max_new_tokens} new ones do not "
+                         f"fit a segment of {segment} positions")
+    scratch.rollback(0)
+    hidden = model.forward(model.embed_ids(torch.tensor(request.ids)), torch.arange(n), scratch, None)  # [P, H]
+    cache.k[..., start:start + n] = scratch.k[..., :n]
+    cache.v[:, :, start:start + n] = scratch.v[:, :, :n]
+    first = int(model.logits(hidden[-1]).argmax())
+    return _Sequence(request, start, n, [first])
+
+
+def _step(model: LeanLlama, cache: KVCache, active: list[_Sequence]) -> None:
+    """Feed every active sequence's last token; append each one's next greedy token."""
+    tokens = torch.tensor([s.tokens[-1] for s in active])  # [B]
+    positions = torch.tensor([s.length for s in active])  # [B]
+    window = torch.tensor([[s.start, s.start + s.length] for s in active], dtype=torch.int64)  # [B, 2]
+    hidden = model.forward_sequences(model.embed_ids(tokens), positions, cache, window)  # [B, H]
+    nexts = model.logits(hidden).argmax(-1).tolist()  # [B]: the first maximum, as ar's pick
+    for sequence, token in zip(active, nexts):
+        sequence.length += 1
+        sequence.tokens.append(token)
