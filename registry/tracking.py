@@ -193,6 +193,7 @@ class MlflowTracker:
         self.client, self.run_id, self.uri = client, run_id, uri
         self.best_effort = best_effort
         self._off = False  # best effort: the server stopped answering once, nothing more is sent
+        self._system = None  # MLflow's system metrics monitor, while the job runs
 
     @classmethod
     def start(cls, cfg: TrackingConfig, run_name: str, run_file: Path) -> "MlflowTracker":
@@ -284,7 +285,19 @@ class MlflowTracker:
         if inputs:  # the store keeps one input per dataset and run: logging them again on a rerun adds nothing
             self._call("logging the datasets", self.client.log_inputs, self.run_id, datasets=inputs)
 
+    def watch_system(self, every: float) -> None:
+        """Log this machine's CPU, memory, disk and network use every `every` seconds as system/ metrics (MLflow's
+        monitor, in a thread), so a user watching a long job sees what it costs; a resumed run continues its steps."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._system = SystemMetricsMonitor(self.run_id, sampling_interval=every, resume_logging=True,
+                                            tracking_uri=self.uri)
+        self._system.start()
+
     def finish(self, status: str = "FINISHED") -> None:
+        if self._system is not None:  # its last samples go out while the run is still RUNNING
+            self._system.finish()
+            self._system = None
         # finish also runs on the way out of a job that failed, perhaps because the server went away: it
         # must neither replace that reason nor wait through the retries again to learn the server is gone
         if is_server(self.uri) and not server_answers(self.uri):
@@ -330,4 +343,9 @@ def _read_run_file(run_file: Path) -> dict:
 
 
 def start_tracker(cfg: TrackingConfig, run_name: str, run_file: Path) -> Tracker:
-    return MlflowTracker.start(cfg, run_name, run_file) if cfg.enabled else NullTracker()
+    if not cfg.enabled:
+        return NullTracker()
+    tracker = MlflowTracker.start(cfg, run_name, run_file)
+    if cfg.system_metrics_every:
+        tracker.watch_system(cfg.system_metrics_every)
+    return tracker

@@ -236,3 +236,23 @@ def test_the_experiment_carries_the_key_figures_view_and_keeps_a_users_edit(regi
     client.delete_experiment_tag(experiment.experiment_id, VIEW_TAG)
     MlflowTracker.start(cfg, "run", tmp_path / "c" / "run.json")
     assert json.loads(client.get_experiment(experiment.experiment_id).tags[VIEW_TAG])["name"] == "ppdkit key figures"
+
+
+def test_a_run_logs_system_metrics_while_it_runs(registry_uri, tmp_path):
+    """start_tracker starts MLflow's system metrics monitor on the run; finish flushes its samples and stops it."""
+    import time
+
+    from ppdkit.registry.config import TrackingConfig
+    from ppdkit.registry.tracking import start_tracker
+
+    uri, _ = registry_uri
+    tracker = start_tracker(TrackingConfig(uri=uri, experiment="system", system_metrics_every=0.5), "run",
+                            tmp_path / "run.json")
+    time.sleep(2.0)
+    tracker.finish()
+    metrics = MlflowClient(uri).get_run(tracker.run_id).data.metrics
+    assert "system/cpu_utilization_percentage" in metrics and "system/system_memory_usage_megabytes" in metrics
+    quiet = start_tracker(TrackingConfig(uri=uri, experiment="system", system_metrics_every=None), "quiet",
+                          tmp_path / "quiet.json")
+    quiet.finish()
+    assert not [k for k in MlflowClient(uri).get_run(quiet.run_id).data.metrics if k.startswith("system/")]

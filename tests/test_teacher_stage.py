@@ -117,6 +117,24 @@ def test_killed_worker_is_retried_and_changes_nothing(undisturbed, data_dir, tmp
     assert _manifest(out) == _manifest(undisturbed[0])
 
 
+def test_regeneration_resumes_after_a_killed_actor_with_the_same_shards(data_dir, tmp_path):
+    """Greedy regeneration on the runtime is a function of the shard alone (batched answers equal ar's), so a shard
+    retried on a restarted actor is byte-identical to the undisturbed run's."""
+    cfg = TEACHER.model_copy(update={"workers": 1, "rows_per_shard": 3, "regenerate": True, "max_new_tokens": 8,
+                                     "generate_batch": 2})
+    undisturbed = run_teacher_stage(BASE, DATA, cfg, data_dir, tmp_path / "a")
+    assert undisturbed["regeneration_engine"] == "runtime" and undisturbed["generated_tokens_per_second"] > 0
+    killed = []
+
+    def kill_first(record, pids):
+        if not killed:
+            killed.append(pids[0])
+            os.kill(pids[0], signal.SIGKILL)  # its next shard is queued: Ray restarts it and retries the shard
+
+    run_teacher_stage(BASE, DATA, cfg, data_dir, tmp_path / "b", on_shard_done=kill_first)
+    assert killed and _manifest(tmp_path / "b") == _manifest(tmp_path / "a")
+
+
 def test_driver_crash_then_rerun_writes_only_missing_shards(undisturbed, data_dir, tmp_path):
     class Crash(Exception):
         pass
