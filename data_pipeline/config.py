@@ -36,6 +36,8 @@ class TeacherConfig(Section):
     compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="dtype of the teacher's forward and of regeneration (auto: bfloat16 where the runtime's "
                             "auto picks it, this CPU's native AVX512-BF16 kernels or a GPU; else float32)")
+    features: bool = Field(False, description="also keep the final hidden states at every token (float16, 2 H bytes a "
+                                              "token), which draft heads train on instead of running the base again")
     rows_per_shard: int = Field(32, ge=1, description="sequences per shard file (the unit of resume and retry)")
     batch_size: int = Field(4, ge=1, description="sequences per teacher forward")
     regenerate: bool = Field(False, description="self-distillation: the base model rewrites the assistant turns first")

@@ -14,6 +14,11 @@ costs about k*(2+2) + 4 bytes. One shard file (safetensors) holds a run of seque
     rest_mass        [P]       float32  probability mass outside the top-k
 
 `teacher/manifest.json` lists the shards with their row counts and sha256, and the cache's figures.
+
+With `teacher.features: true` each shard has a companion `<shard>.features.safetensors`, checksummed in the
+manifest too: `features [N, H] float16`, the teacher's final hidden states (after the final norm, what the LM
+head reads) at every token of input_ids, in the same order (token_offsets index both). Draft heads train on
+them (trainer/features.py) instead of running the base model again over millions of positions.
 """
 
 import json
@@ -31,6 +36,7 @@ from safetensors.torch import save_file
 from ppdkit.models.paths import file_sha256
 
 FORMAT = "ppdkit-teacher/1"
+FEATURES_SUFFIX = ".features.safetensors"
 STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -65,6 +71,7 @@ class ShardSequence:
     topk_ids: torch.Tensor  # [P, k] int64
     topk_logprobs: torch.Tensor  # [P, k] float32
     rest_mass: torch.Tensor  # [P] float32
+    features: torch.Tensor | None = None  # [T, H] float16: final hidden states, when the cache keeps them
 
 
 def write_shard(path: Path, sequences: list[ShardSequence], vocab_size: int, dtype: str) -> dict:
@@ -83,21 +90,37 @@ def write_shard(path: Path, sequences: list[ShardSequence], vocab_size: int, dty
         "topk_logprobs": cat([s.topk_logprobs for s in sequences], STORAGE_DTYPES[dtype], (0, k)),
         "rest_mass": cat([s.rest_mass for s in sequences], torch.float32, (0,)),
     }
+    record = {"file": path.name, "sequences": len(sequences), "positions": int(tensors["positions"].numel()),
+              "tokens": int(tensors["input_ids"].numel())}
+    if sequences and sequences[0].features is not None:  # first, so a shard never stands without its features
+        companion = features_path(path)
+        record["features"] = {"file": companion.name, **_save_atomic(
+            {"features": cat([s.features for s in sequences], torch.float16, (0, 0))}, companion)}
+    return {**record, **_save_atomic(tensors, path)}
+
+
+def features_path(shard: Path) -> Path:
+    return shard.with_name(shard.name.removesuffix(".safetensors") + FEATURES_SUFFIX)
+
+
+def _save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> dict:
+    """Write through a temporary file and a rename; the file's size and sha256."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file(tensors, str(tmp), metadata={"format": FORMAT})
     digest = file_sha256(tmp)
     os.replace(tmp, path)
-    return {"file": path.name, "sequences": len(sequences), "positions": int(tensors["positions"].numel()),
-            "tokens": int(tensors["input_ids"].numel()), "bytes": path.stat().st_size, "sha256": digest}
+    return {"bytes": path.stat().st_size, "sha256": digest}
 
 
 def _offsets(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
 
 
-def read_shard(path: Path) -> Iterator[ShardSequence]:
+def read_shard(path: Path, features: bool = False) -> Iterator[ShardSequence]:
+    """The shard's sequences; with `features` also their final hidden states (the shard's companion file)."""
     with safe_open(str(path), framework="pt") as f:
         t = {name: f.get_tensor(name) for name in f.keys()}
+    hidden = _mapped(features_path(path), "features") if features else None  # [N, H] float16
     tok, pos = t["token_offsets"].tolist(), t["position_offsets"].tolist()
     for s, row in enumerate(t["row"].tolist()):
         a, b = pos[s], pos[s + 1]
@@ -108,7 +131,22 @@ def read_shard(path: Path) -> Iterator[ShardSequence]:
             topk_ids=t["topk_ids"][a:b].to(torch.int64),
             topk_logprobs=t["topk_logprobs"][a:b].float(),
             rest_mass=t["rest_mass"][a:b],
+            features=hidden[tok[s]:tok[s + 1]] if hidden is not None else None,
         )
+
+
+def _mapped(path: Path, name: str) -> torch.Tensor:
+    """Tensor `name` of a safetensors file, memory-mapped, not read: millions of positions of features (gigabytes)
+    stay on disk and in the page cache, shared by every training worker on the machine, until a batch reads them.
+    Copy-on-write, so nothing can change the file."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")  # the safetensors layout: header length, JSON header, data
+        info = json.loads(f.read(size))[name]
+    if info["dtype"] != "F16":
+        raise TeacherCacheError(f"{path}: {name} is {info['dtype']}, not F16")
+    start, _ = info["data_offsets"]
+    return torch.from_numpy(np.memmap(path, dtype=np.float16, mode="c", offset=8 + size + start,
+                                      shape=tuple(info["shape"])))
 
 
 def read_rest_mass(path: Path) -> torch.Tensor:
@@ -137,8 +175,9 @@ class TeacherCache:
                 f"({self.manifest['fingerprint'][:19]}), not by the model in use ({expect_fingerprint[:19]})")
         if verify:
             for record in self.shards():
-                if file_sha256(self.dir / record["split"] / record["file"]) != record["sha256"]:
-                    raise TeacherCacheError(f"shard {record['file']} does not match its manifest checksum")
+                for entry in (record, record.get("features")):
+                    if entry and file_sha256(self.dir / record["split"] / entry["file"]) != entry["sha256"]:
+                        raise TeacherCacheError(f"shard {entry['file']} does not match its manifest checksum")
 
     @property
     def top_k(self) -> int:
@@ -152,9 +191,17 @@ class TeacherCache:
         records = sorted(self.manifest["shards"].values(), key=lambda r: (r["split"], r["index"]))
         return [r for r in records if split is None or r["split"] == split]
 
-    def sequences(self, split: str) -> Iterator[ShardSequence]:
+    @property
+    def has_features(self) -> bool:
+        """Whether every shard keeps the final hidden states (teacher.features)."""
+        return bool(self.manifest.get("features")) and all("features" in r for r in self.shards())
+
+    def sequences(self, split: str, features: bool = False) -> Iterator[ShardSequence]:
+        """The split's sequences in order; `features` also reads their final hidden states (has_features)."""
+        if features and not self.has_features:
+            raise TeacherCacheError(f"{self.dir} keeps no features: rerun the teacher stage with teacher.features=true")
         for record in self.shards(split):
-            yield from read_shard(self.dir / split / record["file"])
+            yield from read_shard(self.dir / split / record["file"], features)
 
 
 def mass_figures(rest: torch.Tensor) -> dict[str, float]:

@@ -63,10 +63,11 @@ def check_row(row: dict, vocab_size: int) -> None:
         raise MalformedRow("no assistant token to predict")
 
 
-def teacher_sequences(model, rows: list[dict], k: int, batch_size: int) -> list[ShardSequence]:
+def teacher_sequences(model, rows: list[dict], k: int, batch_size: int, features: bool = False) -> list[ShardSequence]:
     """Forward `rows` in fixed batches (right padding, so real positions are unaffected) and compress.
 
-    The LM head runs only on the supervised positions: user turns cost no vocabulary projection.
+    The LM head runs only on the supervised positions: user turns cost no vocabulary projection. `features`
+    keeps each sequence's final hidden states [T, H] too (in float16), which the forward computed anyway.
     """
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     out = []
@@ -83,8 +84,10 @@ def teacher_sequences(model, rows: list[dict], k: int, batch_size: int) -> list[
             for b, r in enumerate(batch):
                 positions = torch.tensor(supervised_positions(r["loss_mask"]), dtype=torch.long)  # [P]
                 topk_ids, topk_logprobs, rest = compress_logits(head(hidden[b, positions]), k)  # [P, V] -> top-k
-                out.append(ShardSequence(row=r["row"], input_ids=ids[b, :len(r["input_ids"])], positions=positions,
-                                         topk_ids=topk_ids, topk_logprobs=topk_logprobs, rest_mass=rest))
+                n = len(r["input_ids"])
+                out.append(ShardSequence(row=r["row"], input_ids=ids[b, :n], positions=positions,
+                                         topk_ids=topk_ids, topk_logprobs=topk_logprobs, rest_mass=rest,
+                                         features=hidden[b, :n].to(torch.float16) if features else None))
     return out
 
 
@@ -128,7 +131,7 @@ class TeacherWorker:
             except MalformedRow as e:
                 report.skip(f"row {r['row']}", str(e))
         started = time.time()
-        sequences = teacher_sequences(self.base.model, good, cfg.top_k, cfg.batch_size)
+        sequences = teacher_sequences(self.base.model, good, cfg.top_k, cfg.batch_size, cfg.features)
         record = write_shard(Path(job["path"]), sequences, self.base.model.config.vocab_size, cfg.dtype)
         teacher_seconds = time.time() - started
         log.info("shard %s: %d sequences, %d positions (%.0f/s), %d tokens generated (%.0f/s), %d rows skipped",
@@ -195,7 +198,7 @@ def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_
     return {"format": FORMAT, "base_model": base.name, "quantization": base.quantization,
             "dtype_model": worker_info["compute_dtype"],
             "fingerprint": worker_info["fingerprint"], "vocab_size": worker_info["vocab_size"], "tokenizer": worker_info["tokenizer"],
-            "top_k": cfg.top_k, "dtype": cfg.dtype, "rows_per_shard": cfg.rows_per_shard,
+            "top_k": cfg.top_k, "dtype": cfg.dtype, "rows_per_shard": cfg.rows_per_shard, "features": cfg.features,
             "batch_size": cfg.batch_size, "regenerate": cfg.regenerate,
             "generation": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": cfg.seed,
                            "engine": worker_info["regeneration_engine"],
@@ -219,7 +222,8 @@ def _resume_manifest(path: Path, header: dict, out_dir: Path) -> dict:
             partial.unlink(missing_ok=True)
     # A recorded shard counts only while its file is there.
     manifest["shards"] = {sid: rec for sid, rec in manifest["shards"].items()
-                          if (out_dir / rec["split"] / rec["file"]).is_file()}
+                          if all((out_dir / rec["split"] / entry["file"]).is_file()
+                                 for entry in (rec, rec.get("features")) if entry)}
     return manifest
 
 
@@ -354,10 +358,13 @@ def cache_figures(out_dir: Path, manifest: dict) -> dict:
     records = list(manifest["shards"].values())
     positions = sum(r["positions"] for r in records)
     size = sum(r["bytes"] for r in records)
+    feature_bytes = sum(r["features"]["bytes"] for r in records if "features" in r)
     full = manifest["vocab_size"] * 2
     rest = torch.cat([read_rest_mass(out_dir / r["split"] / r["file"]) for r in records]) if records else torch.zeros(0)
     per_split = {split: {"sequences": sum(r["sequences"] for r in records if r["split"] == split),
                          "positions": sum(r["positions"] for r in records if r["split"] == split)} for split in SPLITS}
     return {"positions": positions, "bytes": size, "bytes_per_position": size / max(positions, 1),
             "full_vocab_fp16_bytes_per_position": full,
-            "fraction_of_full_vocab": size / max(positions, 1) / full, **mass_figures(rest), "splits": per_split}
+            "fraction_of_full_vocab": size / max(positions, 1) / full, **mass_figures(rest), "splits": per_split,
+            **({"feature_bytes": feature_bytes, "feature_bytes_per_position": feature_bytes / max(positions, 1)}
+               if feature_bytes else {})}

@@ -12,7 +12,7 @@ from datasets import Dataset, load_from_disk
 from conftest import FIXTURES
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.data_pipeline.data_stage import run_data_stage
-from ppdkit.data_pipeline.teacher_cache import TeacherCache, file_sha256
+from ppdkit.data_pipeline.teacher_cache import TeacherCache, TeacherCacheError, file_sha256
 from ppdkit.data_pipeline.teacher_stage import run_teacher_stage, supervised_positions
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
@@ -92,6 +92,30 @@ def test_a_bfloat16_teacher_stays_close_to_the_float32_one(undisturbed, data_dir
         kls.append((p.exp() * (p - q)).sum(-1))
     kl = torch.cat(kls)
     assert kl.mean() < 0.01 and kl.max() < 0.05, (kl.mean(), kl.max())
+
+
+def test_kept_features_are_the_final_hidden_states_and_heads_read_them(undisturbed, data_dir, tmp_path):
+    """teacher.features keeps every token's final hidden state (float16) in a checksummed companion file per shard,
+    memory-mapped on reading; trainer/features.py then reads them instead of running the base model."""
+    from ppdkit.trainer.features import FeatureCache
+
+    summary = run_teacher_stage(BASE, DATA, TEACHER.model_copy(update={"features": True}), data_dir, tmp_path)
+    assert summary["feature_bytes_per_position"] > summary["bytes_per_position"]
+    cache = TeacherCache(tmp_path, verify=True)
+    assert cache.has_features and all(r["features"]["sha256"] for r in cache.shards())
+    base = load_base_model("tiny-llama")
+    never = FeatureCache(None)  # a cache with no model: it can only answer from the kept features
+    for seq in cache.sequences("train", features=True):
+        with torch.no_grad():
+            hidden = base.model.get_decoder()(input_ids=seq.input_ids[None]).last_hidden_state[0]  # [T, H]
+        assert seq.features.shape == hidden.shape and seq.features.dtype == torch.float16
+        assert torch.allclose(never(seq, "train"), hidden, atol=2e-2, rtol=1e-2)
+    shard = next(tmp_path.glob("train/*.features.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-2] + b"\0\0")
+    with pytest.raises(TeacherCacheError, match="does not match its manifest checksum"):
+        TeacherCache(tmp_path, verify=True)
+    with pytest.raises(TeacherCacheError, match="keeps no features"):
+        next(TeacherCache(undisturbed[0]).sequences("train", features=True))
 
 
 def test_cache_refuses_another_base_model(undisturbed):

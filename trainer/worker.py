@@ -97,8 +97,9 @@ def train_loop_per_worker(config: dict) -> None:
 
     base = load_base_model(base_cfg.name, base_cfg.quantization, base_cfg.dtype, for_training=True)
     cache = TeacherCache(Path(config["teacher_dir"]), expect_fingerprint=base.fingerprint)
-    train_seqs = [s for s in cache.sequences("train") if len(s.positions) > 1]
-    holdout = [s for s in cache.sequences("holdout") if len(s.positions) > 1][: cfg.eval_sequences]
+    # kept features (teacher.features) are memory-mapped, read only by the methods that train on them
+    train_seqs = [s for s in cache.sequences("train", cache.has_features) if len(s.positions) > 1]
+    holdout = [s for s in cache.sequences("holdout", cache.has_features) if len(s.positions) > 1][: cfg.eval_sequences]
     if not train_seqs:
         raise ValueError(f"the teacher cache {cache.dir} has no training sequence with targets")
     run = TRAINING_METHODS[cfg.method].start(cfg, base, train_seqs)  # trainer/prompt_run.py, head_run.py
