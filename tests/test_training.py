@@ -162,3 +162,18 @@ def test_a_head_step_changes_only_the_drafts(teacher_dir):
     after = base.model.state_dict()
     assert all(torch.equal(before[name], after[name]) for name in before)
     assert all(p.grad is None for p in base.model.parameters())
+
+
+def test_training_subsets_are_nested_and_hold_the_positions_asked_for():
+    from types import SimpleNamespace
+
+    from ppdkit.trainer.worker import subset_of_positions
+
+    seqs = [SimpleNamespace(positions=list(range(n))) for n in [5, 50, 7, 300, 12, 80, 33, 1, 64, 9] * 10]
+    small, large = (subset_of_positions(seqs, n, seed=0) for n in (500, 2000))
+    assert 500 <= sum(len(s.positions) for s in small) < 500 + 300  # stops at the first sequence past the mark
+    assert {id(s) for s in small} < {id(s) for s in large}  # nested: the larger set holds the smaller
+    where = {id(s): i for i, s in enumerate(seqs)}
+    assert [where[id(s)] for s in large] == sorted(where[id(s)] for s in large)  # in cache order
+    assert subset_of_positions(seqs, 10**9, seed=0) == seqs
+    assert subset_of_positions(seqs, 500, seed=1) != small  # the seed picks the subset

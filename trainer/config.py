@@ -64,6 +64,9 @@ class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="passes over the training sequences, insertion points redrawn each; "
                                              "max_steps stops sooner")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
+    train_positions: int | None = Field(None, ge=1, description="train on a seeded random subset of the cache's "
+                                        "sequences holding about this many supervised positions, nested for "
+                                        "growing values (data-scaling studies); null: all")
     micro_batch: int = Field(4, ge=1, description="sequences per worker per micro-step")
     grad_accum: int = Field(1, ge=1, description="micro-steps per optimizer step (DeepSpeed gradient accumulation)")
     zero_stage: int = Field(0, ge=0, le=2, description="DeepSpeed ZeRO stage")

@@ -59,6 +59,21 @@ def _mean_across_ranks(value: float, world: int) -> float:
     return t.item() / world
 
 
+def subset_of_positions(sequences: list, positions: int, seed: int) -> list:
+    """The sequences of a seeded shuffle up to the first whose positions reach `positions` (all, if they hold
+    fewer), in cache order. A prefix of one shuffle: a smaller subset is inside every larger one, so a data-scaling
+    table compares more data with the same data plus more."""
+    order = list(range(len(sequences)))
+    random.Random(f"subset-{seed}").shuffle(order)
+    kept, total = [], 0
+    for i in order:
+        if total >= positions:
+            break
+        kept.append(i)
+        total += len(sequences[i].positions)
+    return [sequences[i] for i in sorted(kept)]
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     order = list(range(n))
     random.Random(f"order-{seed}-{epoch}").shuffle(order)
@@ -102,6 +117,10 @@ def train_loop_per_worker(config: dict) -> None:
     holdout = [s for s in cache.sequences("holdout", cache.has_features) if len(s.positions) > 1][: cfg.eval_sequences]
     if not train_seqs:
         raise ValueError(f"the teacher cache {cache.dir} has no training sequence with targets")
+    if cfg.train_positions is not None:
+        train_seqs = subset_of_positions(train_seqs, cfg.train_positions, cfg.seed)
+        log.info("training on %d sequences, %d supervised positions (train.train_positions=%d)", len(train_seqs),
+                 sum(len(s.positions) for s in train_seqs), cfg.train_positions)
     run = TRAINING_METHODS[cfg.method].start(cfg, base, train_seqs)  # trainer/prompt_run.py, head_run.py
     steps_per_epoch = max(1, len(train_seqs) // (cfg.micro_batch * cfg.grad_accum * world))
     total_steps = min(cfg.max_steps or 10**12, steps_per_epoch * cfg.epochs)
