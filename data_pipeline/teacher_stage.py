@@ -19,8 +19,8 @@ import os
 import shutil
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
@@ -39,6 +39,7 @@ from .conversations import Conversation, MalformedRow, ReadReport
 from .regenerate import regenerate_conversations
 from .teacher_cache import (FORMAT, ShardSequence, compress_logits, mass_figures, read_rest_mass, write_shard)
 from .templating import encode_conversation
+from .throughput import Throughput
 from .worker_log import log_to_file
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class TeacherWorker:
         cfg: TeacherConfig = job["cfg"]
         report = ReadReport(source=f"teacher {job['shard_id']}")
         rows = job["rows"]
-        generated, started = [0], time.time()
+        generated, started = Counter(), time.time()
         if cfg.regenerate:
             rows = self._regenerate(rows, cfg, job["max_length"], job["seed"], report, generated)
         generate_seconds = time.time() - started
@@ -136,14 +137,14 @@ class TeacherWorker:
         teacher_seconds = time.time() - started
         log.info("shard %s: %d sequences, %d positions (%.0f/s), %d tokens generated (%.0f/s), %d rows skipped",
                  job["shard_id"], len(sequences), record["positions"], record["positions"] / max(teacher_seconds, 1e-9),
-                 generated[0], generated[0] / max(generate_seconds, 1e-9), sum(report.skipped.values()))
+                 generated.total(), generated.total() / max(generate_seconds, 1e-9), sum(report.skipped.values()))
         record.update(split=job["split"], index=job["index"], rows=job["row_range"], skipped=dict(report.skipped),
-                      skipped_examples=report.examples, worker=os.getpid(), generated_tokens=generated[0],
+                      skipped_examples=report.examples, worker=os.getpid(), generated_tokens=generated.total(),
                       generate_seconds=round(generate_seconds, 3), teacher_seconds=round(teacher_seconds, 3))
         return record
 
     def _regenerate(self, rows: list[dict], cfg: TeacherConfig, max_length: int, seed: int,
-                    report: ReadReport, generated: list[int]) -> list[dict]:
+                    report: ReadReport, generated: Counter) -> list[dict]:
         convs, usable = [], []
         for r in rows:
             try:
@@ -154,7 +155,7 @@ class TeacherWorker:
         new = regenerate_conversations(self.base.model, self.base.tokenizer, convs, max_new_tokens=cfg.max_new_tokens,
                                        max_length=max_length, temperature=cfg.temperature, seed=seed,
                                        batch_size=cfg.generate_batch, runtime=self.runtime,
-                                       on_tokens=lambda n: generated.__setitem__(0, generated[0] + n))
+                                       on_tokens=lambda n: generated.update(tokens=n))
         out = []
         for r, conv in zip(usable, new):
             try:
@@ -227,40 +228,10 @@ def _resume_manifest(path: Path, header: dict, out_dir: Path) -> dict:
     return manifest
 
 
-@dataclass
-class _Throughput:
-    """What the shards finished so far in this attempt did: the live figures a user watches (tqdm, MLflow)."""
-
-    started: float = field(default_factory=time.time)
-    shards: int = 0
-    positions: int = 0
-    generated: int = 0
-    by_worker: dict[int, list[float]] = field(default_factory=dict)  # pid -> [generated tokens, seconds generating]
-
-    def add(self, record: dict) -> None:
-        self.shards += 1
-        self.positions += record["positions"]
-        self.generated += record.get("generated_tokens", 0)
-        mine = self.by_worker.setdefault(record.get("worker", 0), [0, 0.0])
-        mine[0] += record.get("generated_tokens", 0)
-        mine[1] += record.get("generate_seconds", 0.0)
-
-    def figures(self, remaining_shards: int) -> dict[str, float]:
-        seconds = max(time.time() - self.started, 1e-9)
-        out = {"shards_done": self.shards, "shards_left": remaining_shards, "positions_per_s": self.positions / seconds,
-               "eta_s": remaining_shards * seconds / max(self.shards, 1)}
-        if self.generated:
-            out["generated_tokens"] = self.generated
-            out["generated_tokens_per_s"] = self.generated / seconds
-            for i, (tokens, busy) in enumerate(self.by_worker.values()):  # each worker while it was generating
-                out[f"worker_{i}_generated_tokens_per_s"] = tokens / max(busy, 1e-9)
-        return out
-
-
 def _compute(workers: list, jobs: list[dict], manifest: dict, manifest_path: Path, expected: int | None,
-             on_done: Callable[[dict], None], progress: Callable[[dict[str, float], int], None] | None) -> _Throughput:
+             on_done: Callable[[dict], None], progress: Callable[[dict[str, float], int], None] | None) -> Throughput:
     """Run `jobs` on the actors, recording each finished shard; returns what they did."""
-    queue, in_flight, done = list(jobs), {}, _Throughput()
+    queue, in_flight, done = list(jobs), {}, Throughput()
 
     def submit(worker) -> None:
         if queue:
@@ -341,17 +312,8 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
     return {**figures, "shards": len(manifest["shards"]), "shards_computed_now": len(todo), "workers": cfg.workers,
             "fingerprint": manifest["fingerprint"], "top_k": cfg.top_k, "regenerate": cfg.regenerate,
             "skipped_rows": sum(skipped.values()), "skipped_by_reason": skipped,
-            "worker_startup_seconds": round(startup_seconds, 2), **_rates(done, bool(todo)),
+            "worker_startup_seconds": round(startup_seconds, 2), **done.summary(computed=bool(todo)),
             "compute_dtype": manifest["dtype_model"], "regeneration_engine": (manifest["generation"] or {}).get("engine")}
-
-
-def _rates(done: _Throughput, computed: bool) -> dict:
-    """This attempt's throughput (None for the rates when every shard was already there)."""
-    seconds = time.time() - done.started
-    figures = done.figures(0) if computed else {}
-    return {"compute_seconds": round(seconds, 2), "positions_per_second": figures.get("positions_per_s"),
-            "generated_tokens_per_second": figures.get("generated_tokens_per_s"),
-            "generated_tokens_per_second_by_worker": [v for k, v in figures.items() if k.startswith("worker_")] or None}
 
 
 def cache_figures(out_dir: Path, manifest: dict) -> dict:
