@@ -41,6 +41,28 @@ def _heads(kind: str, depth: int, g: torch.Generator, model, vocab: torch.Tensor
     return DraftHeadSet(kind, tensors, vocab, model.get_output_embeddings().weight.detach()[vocab].to(dtype), depth)
 
 
+def test_heads_train_on_the_features_the_teacher_kept(teacher_dir, tmp_path):  # noqa: F811
+    """The same cache with teacher.features: the feature head's first losses are the recorded ones (the kept
+    float16 states are those it computed itself), and they change when the kept states are zeroed: it read them."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    features_dir = teacher_dir.parent / "features"  # test_training's fixture made it beside the plain cache
+    assert TeacherCache(features_dir).has_features and not TeacherCache(teacher_dir).has_features
+    cfg = HEAD_TRAIN.model_copy(update={"method": "feature-head"})
+    result = run_training(BASE, cfg, features_dir, tmp_path / "train", TrackerRef())
+    assert [loss for _, loss in result["history"]] == pytest.approx(RECORDED_LOSSES["feature-head"], rel=1e-3)
+    zeroed = shutil.copytree(features_dir, tmp_path / "zeroed")
+    for path in zeroed.glob("*/*.features.safetensors"):
+        with safe_open(str(path), framework="pt") as f:
+            shape = f.get_slice("features").get_shape()
+        save_file({"features": torch.zeros(shape, dtype=torch.float16)}, str(path))
+    result = run_training(BASE, cfg, zeroed, tmp_path / "train-zeroed", TrackerRef())
+    assert [loss for _, loss in result["history"]] != pytest.approx(RECORDED_LOSSES["feature-head"], rel=1e-3)
+
+
 def _random_tree(rng: random.Random, depth: int, size: int):
     table = [sorted((rng.random() * 0.5 for _ in range(4)), reverse=True) for _ in range(depth)]
     parents, depths, ranks, _ = candidate_tree(table, depth, size - 1)

@@ -35,7 +35,10 @@ RECORDED_LOSSES = [0.00433059, 0.00363564]
 def teacher_dir(ray_local, tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline")
     run_data_stage(BASE, DATA, root / "data")
-    run_teacher_stage(BASE, DATA, TeacherConfig(workers=1, top_k=16), root / "data", root / "teacher")
+    # float32: the recorded losses below (and test_draft_heads') were made with the float32 teacher
+    teacher = TeacherConfig(workers=1, top_k=16, compute_dtype="float32")
+    run_teacher_stage(BASE, DATA, teacher, root / "data", root / "teacher")
+    run_teacher_stage(BASE, DATA, teacher.model_copy(update={"features": True}), root / "data", root / "features")
     return root / "teacher"
 
 
