@@ -74,8 +74,10 @@ class ShardSequence:
     features: torch.Tensor | None = None  # [T, H] float16: final hidden states, when the cache keeps them
 
 
-def write_shard(path: Path, sequences: list[ShardSequence], vocab_size: int, dtype: str) -> dict:
-    """Write atomically (temporary file, then rename); returns the shard's record for the manifest."""
+def write_shard(path: Path, sequences: list[ShardSequence], vocab_size: int, dtype: str,
+                features: bool = False) -> dict:
+    """Write atomically (temporary file, then rename); returns the shard's record for the manifest. `features`:
+    the sequences' hidden states go to the companion file (an empty one for a shard whose rows were all skipped)."""
     def cat(parts, dtype, empty_shape):
         return torch.cat(parts).to(dtype) if parts else torch.zeros(empty_shape, dtype=dtype)
 
@@ -92,7 +94,7 @@ def write_shard(path: Path, sequences: list[ShardSequence], vocab_size: int, dty
     }
     record = {"file": path.name, "sequences": len(sequences), "positions": int(tensors["positions"].numel()),
               "tokens": int(tensors["input_ids"].numel())}
-    if sequences and sequences[0].features is not None:  # first, so a shard never stands without its features
+    if features:  # first, so a shard never stands without its features
         companion = features_path(path)
         record["features"] = {"file": companion.name, **_save_atomic(
             {"features": cat([s.features for s in sequences], torch.float16, (0, 0))}, companion)}
@@ -144,7 +146,9 @@ def _mapped(path: Path, name: str) -> torch.Tensor:
         info = json.loads(f.read(size))[name]
     if info["dtype"] != "F16":
         raise TeacherCacheError(f"{path}: {name} is {info['dtype']}, not F16")
-    start, _ = info["data_offsets"]
+    start, end = info["data_offsets"]
+    if start == end:  # a shard whose rows were all skipped: nothing to map
+        return torch.zeros(info["shape"], dtype=torch.float16)
     return torch.from_numpy(np.memmap(path, dtype=np.float16, mode="c", offset=8 + size + start,
                                       shape=tuple(info["shape"])))
 

@@ -133,7 +133,7 @@ class TeacherWorker:
                 report.skip(f"row {r['row']}", str(e))
         started = time.time()
         sequences = teacher_sequences(self.base.model, good, cfg.top_k, cfg.batch_size, cfg.features)
-        record = write_shard(Path(job["path"]), sequences, self.base.model.config.vocab_size, cfg.dtype)
+        record = write_shard(Path(job["path"]), sequences, self.base.model.config.vocab_size, cfg.dtype, cfg.features)
         teacher_seconds = time.time() - started
         log.info("shard %s: %d sequences, %d positions (%.0f/s), %d tokens generated (%.0f/s), %d rows skipped",
                  job["shard_id"], len(sequences), record["positions"], record["positions"] / max(teacher_seconds, 1e-9),
