@@ -139,8 +139,10 @@ class TeacherWorker:
                  job["shard_id"], len(sequences), record["positions"], record["positions"] / max(teacher_seconds, 1e-9),
                  generated.total(), generated.total() / max(generate_seconds, 1e-9), sum(report.skipped.values()))
         record.update(split=job["split"], index=job["index"], rows=job["row_range"], skipped=dict(report.skipped),
-                      skipped_examples=report.examples, worker=os.getpid(), generated_tokens=generated.total(),
-                      generate_seconds=round(generate_seconds, 3), teacher_seconds=round(teacher_seconds, 3))
+                      skipped_examples=report.examples, generated_tokens=generated.total(),
+                      # who computed it and how fast: the one part of a record that differs between two runs
+                      timing={"worker": os.getpid(), "generate_seconds": round(generate_seconds, 3),
+                              "teacher_seconds": round(teacher_seconds, 3)})
         return record
 
     def _regenerate(self, rows: list[dict], cfg: TeacherConfig, max_length: int, seed: int,

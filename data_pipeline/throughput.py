@@ -17,10 +17,10 @@ class Throughput:
     def add(self, record: dict) -> None:
         self.shards += 1
         self.positions += record["positions"]
-        self.generated += record.get("generated_tokens", 0)
-        mine = self.by_worker.setdefault(record.get("worker", 0), [0, 0.0])
-        mine[0] += record.get("generated_tokens", 0)
-        mine[1] += record.get("generate_seconds", 0.0)
+        self.generated += record["generated_tokens"]
+        mine = self.by_worker.setdefault(record["timing"]["worker"], [0, 0.0])
+        mine[0] += record["generated_tokens"]
+        mine[1] += record["timing"]["generate_seconds"]
 
     def figures(self, remaining_shards: int) -> dict[str, float]:
         seconds = max(time.time() - self.started, 1e-9)

@@ -207,10 +207,12 @@ def _spec(tmp_path: Path, tracking_uri: str) -> Path:
 
 
 def _shards(out: Path) -> dict:
+    """The teacher's shard records without their timing (which worker, how fast): what two runs must agree on."""
     try:
-        return json.loads((out / "teacher" / "manifest.json").read_text())["shards"]
+        shards = json.loads((out / "teacher" / "manifest.json").read_text())["shards"]
     except (FileNotFoundError, ValueError):
         return {}
+    return {name: {k: v for k, v in record.items() if k != "timing"} for name, record in shards.items()}
 
 
 def _positions(out: Path) -> list[tuple]:

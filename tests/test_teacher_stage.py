@@ -42,8 +42,7 @@ def _manifest(out):
     """The manifest without what differs between two runs of the same shards: who computed each and how fast."""
     manifest = json.loads((out / "manifest.json").read_text())
     for record in manifest["shards"].values():
-        for key in ("worker", "generate_seconds", "teacher_seconds"):
-            record.pop(key)
+        record.pop("timing")
     return manifest
 
 
