@@ -110,7 +110,7 @@ def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conve
 
     with torch.inference_mode():
         for request, tokens in greedy_many(runtime, next_request, end_tokens(runtime, tokenizer), slots, max_length,
-                                           on_step=(lambda _, n: on_tokens(n)) if on_tokens else None):
+                                           on_tokens=on_tokens):
             state = states[request.key]
             _answered(state, tokenizer.decode(tokens, skip_special_tokens=True))
             if (ids := _advance(state, tokenizer, max_length)) is not None:

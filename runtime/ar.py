@@ -8,11 +8,17 @@ from .acceptance import Sampling, pick
 from .kv_cache import KVCache
 
 
+def read_prompt(model, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """ar's prefill: the prompt ids [P] into an empty cache, causal -> final hidden states [P, H]. Batched
+    decoding (runtime/batch.py) reads each prompt with it too, so its answers start from exactly ar's cache."""
+    return model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)
+
+
 def decode_ar(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
               generator: torch.Generator | None, sizer=None) -> None:
     """Read the prompt ids [P], then one token per forward until `emit` says stop (no tree: `sizer` is None)."""
     model = decoder.model
-    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)
+    hidden = read_prompt(model, ids, cache)
     cache.commit(None, len(ids))
     token = pick(model.logits(hidden[-1]), sampling, generator)
     done = emit([token])

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .ar import read_prompt
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS
 from .llama import LeanLlama
@@ -54,12 +55,12 @@ def check_batching(model: LeanLlama, slots: int) -> None:
 
 
 def greedy_many(model: LeanLlama, next_request: Callable[[], Request | None], eos: set[int], slots: int,
-                segment: int, on_step: Callable[[int, int], None] | None = None) -> Iterator[tuple[Request, list[int]]]:
+                segment: int, on_tokens: Callable[[int], None] | None = None) -> Iterator[tuple[Request, list[int]]]:
     """Yield (request, generated ids) as each answer ends (the end token included, as `ar` gives it), in the
     order they end. `next_request()` gives the next request or None when there is none for now; it is asked
     again whenever a slot is free, so the caller may add work as answers come back (the next turn of a
-    conversation). A request needs len(ids) + max_new_tokens <= segment. `on_step(active, new_tokens)` is told
-    each step's batch size and the tokens it produced (for progress bars and throughput)."""
+    conversation). A request needs len(ids) + max_new_tokens <= segment. `on_tokens(n)` is told of every n tokens
+    produced (a prompt's first token, then each step's: for progress bars and throughput)."""
     check_batching(model, slots)
     cache = model.new_cache(slots * segment)
     scratch = model.new_cache(segment)  # one prompt's prefill, copied into its segment
@@ -71,8 +72,8 @@ def greedy_many(model: LeanLlama, next_request: Callable[[], Request | None], eo
             if request is None:
                 break
             sequence = _prefill(model, cache, scratch, request, free.pop() * segment, segment)
-            if on_step:
-                on_step(1, 1)
+            if on_tokens:
+                on_tokens(1)
             if sequence.finished(eos):
                 free.append(sequence.start // segment)
                 yield request, sequence.tokens
@@ -81,8 +82,8 @@ def greedy_many(model: LeanLlama, next_request: Callable[[], Request | None], eo
         if not active:
             return
         _step(model, cache, active)
-        if on_step:
-            on_step(len(active), len(active))
+        if on_tokens:
+            on_tokens(len(active))
         still = []
         for sequence in active:
             if sequence.finished(eos):
@@ -101,7 +102,7 @@ def _prefill(model: LeanLlama, cache: KVCache, scratch: KVCache, request: Reques
         raise ValueError(f"request {request.key!r}: {n} prompt tokens and {request.max_new_tokens} new ones do not "
                          f"fit a segment of {segment} positions")
     scratch.rollback(0)
-    hidden = model.forward(model.embed_ids(torch.tensor(request.ids)), torch.arange(n), scratch, None)  # [P, H]
+    hidden = read_prompt(model, torch.tensor(request.ids), scratch)  # [P, H]
     cache.k[..., start:start + n] = scratch.k[..., :n]
     cache.v[:, :, start:start + n] = scratch.v[:, :, :n]
     first = int(model.logits(hidden[-1]).argmax())
