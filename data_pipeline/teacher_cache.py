@@ -173,15 +173,26 @@ class TeacherCache:
         self.manifest = json.loads(path.read_text())
         if self.manifest.get("format") != FORMAT or not self.manifest.get("complete"):
             raise TeacherCacheError(f"{path} is not a complete {FORMAT} cache (rerun the teacher stage to finish it)")
-        if expect_fingerprint and self.manifest["fingerprint"] != expect_fingerprint:
-            raise TeacherCacheError(
-                f"teacher cache {self.dir} was made by base model {self.manifest['base_model']} "
-                f"({self.manifest['fingerprint'][:19]}), not by the model in use ({expect_fingerprint[:19]})")
+        if expect_fingerprint:
+            self.check_base(expect_fingerprint)
         if verify:
             for record in self.shards():
                 for entry in (record, record.get("features")):
                     if entry and file_sha256(self.dir / record["split"] / entry["file"]) != entry["sha256"]:
                         raise TeacherCacheError(f"shard {entry['file']} does not match its manifest checksum")
+
+    def check_base(self, fingerprint: str) -> None:
+        """Refuse a base model other than the one that made the cache."""
+        if self.manifest["fingerprint"] != fingerprint:
+            raise TeacherCacheError(
+                f"teacher cache {self.dir} was made by base model {self.manifest['base_model']} "
+                f"({self.manifest['fingerprint'][:19]}), not by the model in use ({fingerprint[:19]})")
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the teacher computed in (teacher.compute_dtype as its workers resolved it): the passes that
+        must see the teacher's model (features for heads, calibration) compute in it too."""
+        return self.manifest["dtype_model"]
 
     @property
     def top_k(self) -> int:

@@ -128,7 +128,7 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
         return {"component": str(component), "calibrated": 0}
     cfg = ctx.spec.calibrate
     result = calibrate(ctx.spec.base_model.name, ctx.output / "train" / "component", ctx.output / "teacher", cfg.sizes,
-                       cfg.max_rank, cfg.sequences, cfg.groups_per_sequence, cfg.micro_batch, ctx.spec.base_model.dtype)
+                       cfg.max_rank, cfg.sequences, cfg.groups_per_sequence, cfg.micro_batch)
     add_files(component, json_files={"trees": result})
     ngram_figures = _write_ngram_table(ctx, component) if cfg.ngram_branches and result["kind"] == "ppd" else {}
     # the whole directory again: component.json now lists (and checksums) the trees and the n-gram table
@@ -145,7 +145,8 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     k = len(result["acceptance"])
     figures = {f"p_top1_d{d + 1}": result["acceptance"][d][0] for d in range(k)}
     figures.update({f"tau_size{size}": tree["tau"] for size, tree in result["trees"].items()})
-    return {**figures, **ngram_figures, "insertions": result["insertions"], "component": str(component)}
+    return {**figures, **ngram_figures, "insertions": result["insertions"], "dtype": result["dtype"],
+            "component": str(component)}
 
 
 def _one_state(tree: dict):

@@ -12,10 +12,12 @@ import pytest
 import torch
 from conftest import hf_greedy, tiny_model_on
 from test_lossless import _random_early_head
-from test_training import BASE, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
+from test_training import BASE, DATA, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
 
 import ppdkit.runtime.draft_heads as draft_heads_module
+from ppdkit.data_pipeline.config import TeacherConfig
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
+from ppdkit.data_pipeline.teacher_stage import run_teacher_stage
 from ppdkit.models.artifact import ArtifactError, read_component
 from ppdkit.models.draft_heads import DraftHeads, frequent_tokens
 from ppdkit.models.loading import load_base_model
@@ -61,6 +63,25 @@ def test_heads_train_on_the_features_the_teacher_kept(teacher_dir, tmp_path):  #
         save_file({"features": torch.zeros(shape, dtype=torch.float16)}, str(path))
     result = run_training(BASE, cfg, zeroed, tmp_path / "train-zeroed", TrackerRef())
     assert [loss for _, loss in result["history"]] != pytest.approx(RECORDED_LOSSES["feature-head"], rel=1e-3)
+
+
+def test_features_computed_in_training_are_the_teachers(teacher_dir, tmp_path):  # noqa: F811
+    """A bfloat16 teacher that kept no features: the workers compute them from the base in bfloat16, as the teacher
+    did, so the feature head's losses are those on the same cache with the features kept; calibration too
+    computes in the teacher's dtype (its targets are the greedy tokens of the model the decoder verifies with)."""
+    teacher = TeacherConfig(workers=1, top_k=16, compute_dtype="bfloat16")
+    for name, kept in (("computed", False), ("kept", True)):
+        run_teacher_stage(BASE, DATA, teacher.model_copy(update={"features": kept}), teacher_dir.parent / "data",
+                          tmp_path / name / "teacher")
+    assert TeacherCache(tmp_path / "computed" / "teacher").compute_dtype == "bfloat16"
+    cfg = HEAD_TRAIN.model_copy(update={"method": "feature-head"})
+    losses = {name: [loss for _, loss in run_training(BASE, cfg, tmp_path / name / "teacher", tmp_path / name / "train",
+                                                      TrackerRef())["history"]] for name in ("computed", "kept")}
+    # measured: 3e-6 apart (the teacher's padded batches); float32 features instead of the teacher's were 1.3e-4
+    assert losses["computed"] == pytest.approx(losses["kept"], rel=2e-5)
+    trees = calibrate("tiny-llama", tmp_path / "computed" / "train" / "component", tmp_path / "computed" / "teacher",
+                      [4], 4, 4, 8, 2)
+    assert trees["dtype"] == "bfloat16" and trees["trees"]["4"]["tau"] >= 1.0
 
 
 def _random_tree(rng: random.Random, depth: int, size: int):

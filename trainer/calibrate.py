@@ -59,12 +59,13 @@ def head_guess_ranks(base_model, component, sequences, groups: int, seed: int = 
     the held-out text (0 = top-1; OUTSIDE when the draft vocabulary lacks it; -1 where there is no target)."""
     h, tensors = component.hyperparameters, component.tensors
     kind, depth = h["head_kind"], h["head_depth"]
-    embed = base_model.get_input_embeddings().weight.detach()  # [V, H]
+    # the heads compute in float32 on the base's features, whatever dtype the base computes in (as in training)
+    embed = base_model.get_input_embeddings().weight.detach().float()  # [V, H]
     vocab = tensors["draft_vocab"].long()
     vocab_index = inverse_index(vocab, embed.shape[0])
-    heads = tuple(tensors[name].to(embed.dtype) for name in TENSORS[kind])
+    heads = tuple(tensors[name].float() for name in TENSORS[kind])
     lm_head = base_model.get_output_embeddings()
-    readout = lm_head.weight.detach()[vocab]  # [V', H] the LM head's rows of the draft vocabulary
+    readout = lm_head.weight.detach()[vocab].float()  # [V', H] the LM head's rows of the draft vocabulary
     rng = random.Random(seed)
     out = []
     with torch.no_grad():
@@ -72,7 +73,8 @@ def head_guess_ranks(base_model, component, sequences, groups: int, seed: int = 
             features = base_model.get_decoder()(input_ids=seq.input_ids[None]).last_hidden_state[0]  # [T, H]
             batch = head_batch([seq], [features], depth, vocab_index, [path_starts(seq, groups, rng)])
             logits = draft_logits(path_states(kind, heads, batch.start, batch.path_tokens, embed), readout)
-            greedy = vocab_index[lm_head(batch.features).argmax(-1)]  # [N, D] the base's token after x_{t+j}
+            # [N, D] the base's greedy token after x_{t+j} (its own features, back in its dtype: exact)
+            greedy = vocab_index[lm_head(batch.features.to(lm_head.weight.dtype)).argmax(-1)]
             rank = (logits > logits.gather(-1, greedy.clamp_min(0)[..., None])).sum(-1)  # [N, D]
             rank = torch.where(greedy >= 0, rank, torch.full_like(rank, OUTSIDE))
             out.append(torch.where(batch.valid, rank, torch.full_like(rank, -1)))
@@ -104,10 +106,13 @@ def acceptance_table(ranks: torch.Tensor, max_rank: int) -> list[list[float]]:
 
 
 def calibrate(base_name: str, component_dir: Path, teacher_dir: Path, sizes: list[int], max_rank: int,
-              max_sequences: int, groups: int, micro_batch: int, dtype: str = "float32") -> dict:
+              max_sequences: int, groups: int, micro_batch: int, dtype: str | None = None) -> dict:
+    """`dtype` None: the one the teacher computed in, the model the decoder verifies with (the targets are its
+    greedy tokens)."""
+    cache = TeacherCache(teacher_dir)
+    dtype = dtype or cache.compute_dtype
     base = load_base_model(base_name, quantization="none", dtype=dtype)
     component = read_component(component_dir, expect_fingerprint=base.fingerprint)
-    cache = TeacherCache(teacher_dir)
     split = "holdout" if cache.shards("holdout") else "train"
     sequences = [s for s in cache.sequences(split) if len(s.positions) > 1][:max_sequences]
     if "early_weight" in component.tensors:
@@ -122,5 +127,5 @@ def calibrate(base_name: str, component_dir: Path, teacher_dir: Path, sizes: lis
         table = acceptance_table(ranks, max_rank)
         n = component.hyperparameters["num_epts"]
         kind, trees = "ppd", {str(size): best_tree_for_size(table, size, n).to_json() for size in sizes}
-    return {"kind": kind, "split": split, "sequences": len(sequences), "insertions": len(ranks),
+    return {"kind": kind, "dtype": dtype, "split": split, "sequences": len(sequences), "insertions": len(ranks),
             "max_rank": max_rank, "acceptance": table, "trees": trees}

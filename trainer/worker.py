@@ -93,6 +93,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     from ppdkit.data_pipeline.teacher_cache import TeacherCache
     from ppdkit.models.config import BaseModelConfig
+    from ppdkit.models.draft_heads import HEAD_KINDS
     from ppdkit.models.loading import load_base_model
 
     from .checkpoint import keep_as_best, latest_checkpoint, load_checkpoint, prune, restore_best, save_checkpoint
@@ -110,8 +111,13 @@ def train_loop_per_worker(config: dict) -> None:
     # best effort: a tracking server that stops answering costs the metrics from then on, not the training
     tracker = config["tracker"].open(best_effort=True) if rank == 0 else None
 
-    base = load_base_model(base_cfg.name, base_cfg.quantization, base_cfg.dtype, for_training=True)
-    cache = TeacherCache(Path(config["teacher_dir"]), expect_fingerprint=base.fingerprint)
+    cache = TeacherCache(Path(config["teacher_dir"]))
+    method = TRAINING_METHODS[cfg.method]
+    # heads over the frozen base's features train on the teacher's own forward: features computed here (a cache
+    # without teacher.features) come from the base in the dtype the teacher computed in, as kept ones did
+    dtype = cache.compute_dtype if method.head_kind in HEAD_KINDS else base_cfg.dtype
+    base = load_base_model(base_cfg.name, base_cfg.quantization, dtype, for_training=True)
+    cache.check_base(base.fingerprint)
     # kept features (teacher.features) are memory-mapped, read only by the methods that train on them
     train_seqs = [s for s in cache.sequences("train", cache.has_features) if len(s.positions) > 1]
     holdout = [s for s in cache.sequences("holdout", cache.has_features) if len(s.positions) > 1][: cfg.eval_sequences]
@@ -121,7 +127,7 @@ def train_loop_per_worker(config: dict) -> None:
         train_seqs = subset_of_positions(train_seqs, cfg.train_positions, cfg.seed)
         log.info("training on %d sequences, %d supervised positions (train.train_positions=%d)", len(train_seqs),
                  sum(len(s.positions) for s in train_seqs), cfg.train_positions)
-    run = TRAINING_METHODS[cfg.method].start(cfg, base, train_seqs)  # trainer/prompt_run.py, head_run.py
+    run = method.start(cfg, base, train_seqs)  # trainer/prompt_run.py, head_run.py
     steps_per_epoch = max(1, len(train_seqs) // (cfg.micro_batch * cfg.grad_accum * world))
     total_steps = min(cfg.max_steps or 10**12, steps_per_epoch * cfg.epochs)
     groups, lr_factors = run.param_groups(total_steps)  # cosine, no warm-up (6.1.2)
