@@ -1,5 +1,5 @@
 """The `ppdkit` command: its parser and `main` (logging, quiet libraries, one-line errors). The commands live by
-what they do: cli_pipeline.py (run, demo, bench-insertion), cli_decoding.py (decode, serve, profile, bench) and
+what they do: cli_pipeline.py (run, demo, bench-insertion, bench-features), cli_decoding.py (decode, serve, profile, bench) and
 cli_services.py (promote, submit, jobs, ui); cli_errors.py finds a refused write in any error."""
 
 import argparse

@@ -1,5 +1,5 @@
 """The pipeline commands: `ppdkit run` (a job spec's stages on an embedded or given Ray), `demo` (the packaged demo
-job, end to end) and `bench-insertion` (training throughput)."""
+job, end to end), `bench-insertion` and `bench-features` (training throughput)."""
 
 import argparse
 import logging
@@ -70,10 +70,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return cmd_run(args)
 
 
-def cmd_bench_insertion(args: argparse.Namespace) -> int:
+def _training_benchmark(args: argparse.Namespace, benchmark, what: str) -> dict:
+    """Run a training-throughput benchmark on the job's teacher cache; print its table and write its report."""
     import json
-
-    from ppdkit.trainer.bench import insertion_benchmark
 
     from .spec import load_spec
 
@@ -82,19 +81,34 @@ def cmd_bench_insertion(args: argparse.Namespace) -> int:
     if not (output / "teacher" / "manifest.json").is_file():
         raise FileNotFoundError(f"{output}/teacher has no teacher cache: first run "
                                 f"`ppdkit run {args.spec} --stages data,teacher --output {output}`")
-    report = insertion_benchmark(spec.base_model, spec.train, output / "teacher", batches=args.batches,
-                                 threads=args.threads)
+    report = benchmark(spec.base_model, spec.train, output / "teacher", batches=args.batches, threads=args.threads)
     print(f"\n{'mode':<32} {'positions':>10} {'seconds':>9} {'positions/s':>12}")
     for row in report["results"]:
         print(f"{row['mode']:<32} {row['positions']:>10} {row['seconds']:>9.2f} {row['positions_per_second']:>12.1f}")
-    print(f"multi-insertion speedup: {report['speedup']:.2f}x (same sequences, same process)")
+    print(f"{what}: {report['speedup']:.2f}x (same sequences, same process)")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def cmd_bench_insertion(args: argparse.Namespace) -> int:
+    from ppdkit.trainer.bench import insertion_benchmark
+
+    _training_benchmark(args, insertion_benchmark, "multi-insertion speedup")
+    return 0
+
+
+def cmd_bench_features(args: argparse.Namespace) -> int:
+    from ppdkit.trainer.bench_features import features_benchmark
+
+    report = _training_benchmark(args, features_benchmark, "kept features speedup")
+    print(f"feature cache: {report['feature_bytes'] / 1e9:.2f} GB, {report['feature_bytes_per_position']:.0f} bytes "
+          f"per position ({report['compute_dtype']} teacher, float16 on disk)")
     return 0
 
 
 def add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
-    """run, demo and bench-insertion."""
+    """run, demo, bench-insertion and bench-features."""
 
     def add_run_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("overrides", nargs="*", metavar="key=value", help="spec overrides, e.g. data.limit=64")
@@ -111,11 +125,16 @@ def add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     add_run_args(demo)
     demo.set_defaults(func=cmd_demo)
 
-    bench = sub.add_parser("bench-insertion", help="training throughput: multi-insertion vs one insertion per sequence")
-    bench.add_argument("spec", help="job spec YAML (its base_model and train sections are used)")
-    bench.add_argument("overrides", nargs="*", metavar="key=value")
-    bench.add_argument("--output", help="the job's output directory, holding teacher/ (default: the cache's runs/<name>)")
-    bench.add_argument("--batches", type=int, default=4)
-    bench.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    bench.add_argument("--out", help="write the report as JSON here")
-    bench.set_defaults(func=cmd_bench_insertion)
+    for name, func, what in (
+            ("bench-insertion", cmd_bench_insertion, "training throughput: multi-insertion vs one insertion per sequence"),
+            ("bench-features", cmd_bench_features, "head-training throughput: features kept in the teacher cache vs "
+                                                   "computed by the base model")):
+        bench = sub.add_parser(name, help=what)
+        bench.add_argument("spec", help="job spec YAML (its base_model and train sections are used)")
+        bench.add_argument("overrides", nargs="*", metavar="key=value")
+        bench.add_argument("--output", help="the job's output directory, holding teacher/ (default: the cache's "
+                                            "runs/<name>)")
+        bench.add_argument("--batches", type=int, default=4)
+        bench.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+        bench.add_argument("--out", help="write the report as JSON here")
+        bench.set_defaults(func=func)

@@ -16,7 +16,7 @@ from test_training import BASE, DATA, TRAIN, teacher_dir  # noqa: F401  (the mod
 
 import ppdkit.runtime.draft_heads as draft_heads_module
 from ppdkit.data_pipeline.config import TeacherConfig
-from ppdkit.data_pipeline.teacher_cache import TeacherCache
+from ppdkit.data_pipeline.teacher_cache import TeacherCache, TeacherCacheError
 from ppdkit.data_pipeline.teacher_stage import run_teacher_stage
 from ppdkit.models.artifact import ArtifactError, read_component
 from ppdkit.models.draft_heads import DraftHeads, frequent_tokens
@@ -25,6 +25,7 @@ from ppdkit.registry.tracking import TrackerRef
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.draft_heads import DraftHeadSet, head_tree
 from ppdkit.runtime.tree import candidate_tree
+from ppdkit.trainer.bench_features import features_benchmark
 from ppdkit.trainer.calibrate import calibrate
 from ppdkit.trainer.launch import run_training
 from ppdkit.trainer.methods import TRAINING_METHODS
@@ -82,6 +83,23 @@ def test_features_computed_in_training_are_the_teachers(teacher_dir, tmp_path): 
     trees = calibrate("tiny-llama", tmp_path / "computed" / "train" / "component", tmp_path / "computed" / "teacher",
                       [4], 4, 4, 8, 2)
     assert trees["dtype"] == "bfloat16" and trees["trees"]["4"]["tau"] >= 1.0
+
+
+def test_the_features_benchmark_times_kept_against_computed_features(teacher_dir):  # noqa: F811
+    features_dir = teacher_dir.parent / "features"
+    cfg = HEAD_TRAIN.model_copy(update={"method": "feature-head", "micro_batch": 2})
+    report = features_benchmark(BASE, cfg, features_dir, batches=2, threads=1)
+    kept, computed = report["results"]
+    assert report["batches"] == 2 and kept["positions"] == computed["positions"] > 0  # the same paths in both modes
+    assert report["speedup"] == pytest.approx(kept["positions_per_second"] / computed["positions_per_second"])
+    on_disk = sum(p.stat().st_size for p in features_dir.glob("*/*.features.safetensors"))
+    assert report["feature_bytes"] == on_disk and report["compute_dtype"] == "float32"
+    with pytest.raises(TeacherCacheError, match="keeps no features to compare with"):
+        features_benchmark(BASE, cfg, teacher_dir)
+    with pytest.raises(ValueError, match="train.method ept trains no head"):
+        features_benchmark(BASE, cfg.model_copy(update={"method": "ept"}), features_dir)
+    with pytest.raises(ValueError, match="the benchmark needs a warm-up batch"):
+        features_benchmark(BASE, cfg.model_copy(update={"micro_batch": 8}), features_dir)
 
 
 def _random_tree(rng: random.Random, depth: int, size: int):
