@@ -53,7 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # the workers' output stays in Ray's logs and the stages' log files unless --verbose: this terminal
         # shows our own lines and one bar per long loop
         with lazy_ray_session(spec.ray, log_to_driver=args.verbose) as start_ray:
-            results = run_pipeline(spec, output, tracker, stages=stages, force=args.force, start_ray=start_ray)
+            results = run_pipeline(spec, output, tracker, stages=stages, force=args.force, start_ray=start_ray,
+                                   reuse=Path(args.reuse) if args.reuse else None)
     except BaseException:
         tracker.finish("FAILED")
         raise
@@ -115,6 +116,9 @@ def add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--output", help="output directory (default: the cache's runs/<job name>)")
         p.add_argument("--stages", help="comma-separated stages to run (default: all available), e.g. data,teacher")
         p.add_argument("--force", action="store_true", help="redo selected stages even if their output is complete")
+        p.add_argument("--reuse", metavar="RUN_DIR", help="link the complete stages of another run's output made from "
+                                                          "the same inputs (e.g. its data and teacher cache) instead of "
+                                                          "redoing them")
 
     run = sub.add_parser("run", help="run a job spec's pipeline on an embedded local Ray (or ray.address)")
     run.add_argument("spec", help="job spec YAML")

@@ -308,6 +308,38 @@ def _is_done(spec: JobSpec, stage: Stage, stage_dir: Path, force: bool) -> bool:
     return False
 
 
+def link_reused_stages(spec: JobSpec, output: Path, source: Path) -> list[str]:
+    """Link output/<stage> to source/<stage> for each complete stage of another run's output made from this spec's
+    inputs, where output has none: one teacher cache, many trainings. Returns the linked stages' names."""
+    if not (source / STAGE_ORDER[0]).is_dir():
+        raise PipelineError(f"--reuse {source}: no stage outputs there (a `ppdkit run --output` directory has data/, "
+                            f"teacher/, ...)")
+    linked, refused = [], []
+    for name in STAGE_ORDER:
+        made, target = read_summary(source / name), output / name
+        if made is None or name not in STAGES or target.exists() or target.is_symlink():
+            continue
+        inputs = stage_inputs(spec, STAGES[name])
+        if made.get("inputs_digest") != _digest(inputs):
+            refused.append(f"{name} ({'; '.join(_changes(made.get('inputs', {}), inputs)) or 'unknown'})")
+            continue
+        target.symlink_to((source / name).resolve(), target_is_directory=True)
+        linked.append(name)
+    if not linked:
+        raise PipelineError(f"--reuse {source}: no complete stage there was made from this spec's inputs"
+                            + (f": {', '.join(refused)}" if refused else ""))
+    log.info("reused from %s: %s", source, ", ".join(linked))
+    return linked
+
+
+def _record_reused(ctx: StageContext, stage: Stage, summary: dict[str, Any]) -> None:
+    """A linked stage's figures (and records, the data stage's datasets) go to this run too: its runs-table row shows
+    what it was made from."""
+    ctx.tracker.log_metrics(numeric_leaves({stage.name: {k: v for k, v in summary.items() if k != "inputs"}}))
+    if stage.after is not None:
+        stage.after(ctx, summary)
+
+
 def _write_spec(path: Path, spec: JobSpec) -> None:
     tmp = path.with_name(path.name + ".tmp")  # a rename: never a half-written spec next to the outputs
     tmp.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
@@ -330,11 +362,15 @@ def _publish_summary(stage_dir: Path, summary: dict[str, Any], tracker: Tracker)
 
 
 def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str] | None = None,
-                 force: bool = False, start_ray: Callable[[], None] = lambda: None) -> dict[str, dict[str, Any]]:
+                 force: bool = False, start_ray: Callable[[], None] = lambda: None,
+                 reuse: Path | None = None) -> dict[str, dict[str, Any]]:
     """Run the selected stages in order; returns {stage: summary}. `start_ray()` is called before each
-    stage that uses Ray (ray_session.lazy_ray_session's): Ray starts only if a stage needs it."""
+    stage that uses Ray (ray_session.lazy_ray_session's): Ray starts only if a stage needs it. `reuse`: another
+    run's output directory whose complete stages made from the same inputs are linked, not redone."""
     selected = select_stages(stages)
     output.mkdir(parents=True, exist_ok=True)
+    for name in link_reused_stages(spec, output, reuse) if reuse is not None else []:
+        _record_reused(StageContext(spec, output, output / name, tracker), STAGES[name], read_summary(output / name))
     _write_spec(output / "spec.yaml", spec)
     tracker.log_artifact(output / "spec.yaml")
     results: dict[str, dict[str, Any]] = {}
@@ -358,7 +394,9 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
             if made is None or made.get("inputs_digest") != _digest(stage_inputs(spec, STAGES[name])):
                 raise PipelineError(f"stage {stage.name} needs stage {name} done for this spec first: "
                                     f"add it to --stages")
-        if force:
+        if force and stage_dir.is_symlink():  # a reused stage is redone here, never in the run it was linked from
+            stage_dir.unlink()
+        elif force:
             shutil.rmtree(stage_dir, ignore_errors=True)
         # An interrupted attempt's files stay: a stage may resume from them (the teacher's shards do).
         (stage_dir / "summary.json").unlink(missing_ok=True)

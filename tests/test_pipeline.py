@@ -88,6 +88,29 @@ def test_rerun_skips_complete_stages_and_refuses_changed_inputs(ray_local, track
     assert json.loads((out / "data" / "summary.json").read_text())["max_length"] == 32
 
 
+def test_a_run_reuses_the_stages_another_run_made_from_the_same_inputs(ray_local, tracking_uri, spec_file, tmp_path,
+                                                                       capsys):
+    """--reuse links the other run's stages (one data stage, two outputs) and logs their figures and datasets to the
+    new run; a run made from other inputs is refused with what differs; --force redoes a linked stage in the new
+    output, leaving the other run's untouched."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(["run", str(spec_file), "--stages", "data", "--output", str(first)]) == 0
+    made = (first / "data" / "summary.json").stat().st_mtime_ns
+    assert main(["run", str(spec_file), "--stages", "data", "--output", str(second), "--reuse", str(first)]) == 0
+    assert (second / "data").is_symlink() and (second / "data" / "summary.json").stat().st_mtime_ns == made
+    run = MlflowClient(tracking_uri).get_run(json.loads((second / "run.json").read_text())["run_id"])
+    assert run.data.metrics["data.train_sequences"] == 5
+    assert {i.tags[0].value for i in run.inputs.dataset_inputs} == {"training", "validation"}
+    assert main(["run", str(spec_file), "data.seed=3", "--stages", "data", "--output", str(tmp_path / "third"),
+                 "--reuse", str(first)]) == 2
+    assert "no complete stage there was made from this spec's inputs: data (data.seed: 0 -> 3)" in capsys.readouterr().err
+    assert main(["run", str(spec_file), "--stages", "data", "--output", str(tmp_path / "fourth"),
+                 "--reuse", str(tmp_path)]) == 2
+    assert "no stage outputs there" in capsys.readouterr().err
+    assert main(["run", str(spec_file), "--stages", "data", "--output", str(second), "--force"]) == 0
+    assert not (second / "data").is_symlink() and (first / "data" / "summary.json").stat().st_mtime_ns == made
+
+
 def test_changed_inputs_message_names_the_key(ray_local, tracking_uri, spec_file, tmp_path, capsys):
     out = tmp_path / "out"
     main(["run", str(spec_file), "--stages", "data", "--output", str(out), "tracking.enabled=false"])
