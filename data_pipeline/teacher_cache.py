@@ -68,8 +68,10 @@ class ShardSequence:
     row: int
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [P] int64
-    topk_ids: torch.Tensor  # [P, k] int64
-    topk_logprobs: torch.Tensor  # [P, k] float32
+    # read from a cache: memory-mapped, in the dtypes stored (uint16 or int32 ids, float16 log-probs): a batch converts
+    # the entries it takes, so millions of positions never sit in a worker's memory as int64 and float32
+    topk_ids: torch.Tensor  # [P, k] integer
+    topk_logprobs: torch.Tensor  # [P, k] floating
     rest_mass: torch.Tensor  # [P] float32
     features: torch.Tensor | None = None  # [T, H] float16: final hidden states, when the cache keeps them
 
@@ -119,10 +121,10 @@ def _offsets(lengths: list[int]) -> torch.Tensor:
 
 
 def read_shard(path: Path, features: bool = False) -> Iterator[ShardSequence]:
-    """The shard's sequences; with `features` also their final hidden states (the shard's companion file)."""
-    with safe_open(str(path), framework="pt") as f:
-        t = {name: f.get_tensor(name) for name in f.keys()}
-    hidden = _mapped(features_path(path), "features") if features else None  # [N, H] float16
+    """The shard's sequences; with `features` also their final hidden states (the shard's companion file). The
+    teacher's distributions and the features are memory-mapped views in their stored dtypes (see ShardSequence)."""
+    t = _mapped(path)
+    hidden = _mapped(features_path(path))["features"] if features else None  # [N, H] float16
     tok, pos = t["token_offsets"].tolist(), t["position_offsets"].tolist()
     for s, row in enumerate(t["row"].tolist()):
         a, b = pos[s], pos[s + 1]
@@ -130,27 +132,40 @@ def read_shard(path: Path, features: bool = False) -> Iterator[ShardSequence]:
             row=row,
             input_ids=t["input_ids"][tok[s]:tok[s + 1]].long(),
             positions=t["positions"][a:b].long(),
-            topk_ids=t["topk_ids"][a:b].to(torch.int64),
-            topk_logprobs=t["topk_logprobs"][a:b].float(),
+            topk_ids=t["topk_ids"][a:b],
+            topk_logprobs=t["topk_logprobs"][a:b],
             rest_mass=t["rest_mass"][a:b],
             features=hidden[tok[s]:tok[s + 1]] if hidden is not None else None,
         )
 
 
-def _mapped(path: Path, name: str) -> torch.Tensor:
-    """Tensor `name` of a safetensors file, memory-mapped, not read: millions of positions of features (gigabytes)
-    stay on disk and in the page cache, shared by every training worker on the machine, until a batch reads them.
-    Copy-on-write, so nothing can change the file."""
+# safetensors dtypes -> numpy's (bfloat16, which numpy lacks, is mapped as int16 and viewed as bfloat16)
+_NUMPY_DTYPES = {"F16": np.float16, "F32": np.float32, "BF16": np.int16, "I32": np.int32, "I64": np.int64,
+                 "U16": np.uint16}
+
+
+def _mapped(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, memory-mapped, not read: millions of positions (gigabytes) stay on disk and in
+    the page cache, shared by every training worker on the machine, until a batch reads them. Copy-on-write, so
+    nothing can change the file."""
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")  # the safetensors layout: header length, JSON header, data
-        info = json.loads(f.read(size))[name]
-    if info["dtype"] != "F16":
-        raise TeacherCacheError(f"{path}: {name} is {info['dtype']}, not F16")
-    start, end = info["data_offsets"]
-    if start == end:  # a shard whose rows were all skipped: nothing to map
-        return torch.zeros(info["shape"], dtype=torch.float16)
-    return torch.from_numpy(np.memmap(path, dtype=np.float16, mode="c", offset=8 + size + start,
-                                      shape=tuple(info["shape"])))
+        header = json.loads(f.read(size))
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _NUMPY_DTYPES:
+            raise TeacherCacheError(f"{path}: {name} is {info['dtype']}, which a teacher cache does not hold")
+        start, end = info["data_offsets"]
+        dtype = _NUMPY_DTYPES[info["dtype"]]
+        if start == end:  # a shard whose rows were all skipped: nothing to map
+            tensor = torch.from_numpy(np.zeros(info["shape"], dtype=dtype))
+        else:
+            tensor = torch.from_numpy(np.memmap(path, dtype=dtype, mode="c", offset=8 + size + start,
+                                                shape=tuple(info["shape"])))
+        out[name] = tensor.view(torch.bfloat16) if info["dtype"] == "BF16" else tensor
+    return out
 
 
 def read_rest_mass(path: Path) -> torch.Tensor:

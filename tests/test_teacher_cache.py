@@ -1,9 +1,10 @@
 """The compressed teacher form: what it keeps, what it loses (reported as a KL), and its files."""
 
+import pytest
 import torch
 
-from ppdkit.data_pipeline.teacher_cache import (ShardSequence, compress_logits, read_shard, reconstruct_logprobs,
-                                                write_shard)
+from ppdkit.data_pipeline.teacher_cache import (STORAGE_DTYPES, ShardSequence, compress_logits, id_dtype, read_shard,
+                                                reconstruct_logprobs, write_shard)
 from ppdkit.models.tiny import build_tiny_llama
 
 
@@ -44,18 +45,21 @@ def test_kl_of_reconstruction_on_a_real_model_shrinks_with_k(capsys):
     assert kls[64] < 0.05
 
 
-def test_shard_round_trip(tmp_path):
+@pytest.mark.parametrize("dtype,vocab", [("float16", 300), ("bfloat16", 300), ("float32", 70000)])
+def test_shard_round_trip(tmp_path, dtype, vocab):
     torch.manual_seed(1)
     seqs = []
     for row, (n_tok, n_pos) in enumerate([(7, 3), (5, 0), (9, 6)]):
-        ids, logp, rest = compress_logits(torch.randn(n_pos, 300), k=4)
-        seqs.append(ShardSequence(row=10 + row, input_ids=torch.randint(0, 300, (n_tok,)),
+        ids, logp, rest = compress_logits(torch.randn(n_pos, vocab), k=4)
+        seqs.append(ShardSequence(row=10 + row, input_ids=torch.randint(0, vocab, (n_tok,)),
                                   positions=torch.arange(n_pos), topk_ids=ids, topk_logprobs=logp, rest_mass=rest))
-    record = write_shard(tmp_path / "s.safetensors", seqs, vocab_size=300, dtype="float16")
+    record = write_shard(tmp_path / "s.safetensors", seqs, vocab_size=vocab, dtype=dtype)
     assert record["sequences"] == 3 and record["positions"] == 9 and record["tokens"] == 21
     assert not list(tmp_path.glob(".*tmp"))  # the temporary file was renamed, not left behind
     back = list(read_shard(tmp_path / "s.safetensors"))
-    for a, b in zip(seqs, back):
-        assert a.row == b.row and torch.equal(a.input_ids, b.input_ids) and torch.equal(a.topk_ids, b.topk_ids)
-        assert torch.equal(a.positions, b.positions) and torch.allclose(a.topk_logprobs, b.topk_logprobs, atol=1e-2)
+    for a, b in zip(seqs, back):  # the distributions come back memory-mapped, in the dtypes stored
+        assert b.topk_ids.dtype == id_dtype(vocab) and b.topk_logprobs.dtype == STORAGE_DTYPES[dtype]
+        assert a.row == b.row and torch.equal(a.input_ids, b.input_ids) and torch.equal(a.topk_ids, b.topk_ids.long())
+        assert torch.equal(a.positions, b.positions)
+        assert torch.allclose(a.topk_logprobs, b.topk_logprobs.float(), atol=1e-2)
         assert torch.equal(a.rest_mass, b.rest_mass)

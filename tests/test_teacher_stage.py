@@ -68,8 +68,8 @@ def test_cache_is_complete_and_matches_a_direct_forward(undisturbed, data_dir):
         assert seq.positions.tolist() == supervised_positions(row["loss_mask"])
         with torch.no_grad():
             logp = torch.log_softmax(base.model(seq.input_ids[None]).logits[0].float(), -1)[seq.positions]
-        assert torch.allclose(logp.gather(1, seq.topk_ids), seq.topk_logprobs, atol=2e-3)
-        assert torch.allclose(1 - logp.gather(1, seq.topk_ids).exp().sum(-1), seq.rest_mass, atol=1e-4)
+        assert torch.allclose(logp.gather(1, seq.topk_ids.long()), seq.topk_logprobs.float(), atol=2e-3)
+        assert torch.allclose(1 - logp.gather(1, seq.topk_ids.long()).exp().sum(-1), seq.rest_mass, atol=1e-4)
         seen += 1
     assert seen == len(train) == figures["splits"]["train"]["sequences"]
 
@@ -209,7 +209,7 @@ def test_4bit_teacher_with_self_distillation(data_dir, tmp_path):
         # The end-of-turn marker after max_new_tokens, and the newline after it, come from the template.
         generated = (seq.input_ids[seq.positions + 1] != end) & (seq.input_ids[seq.positions] != end)
         nxt = seq.input_ids[seq.positions + 1][generated]
-        agree += (seq.topk_ids[generated, 0] == nxt).sum().item()
+        agree += (seq.topk_ids[generated, 0].long() == nxt).sum().item()
         total += len(nxt)
     assert changed > 0 and total >= 20
     assert agree / total > 0.95, (agree, total)

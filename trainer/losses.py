@@ -65,7 +65,7 @@ def on_draft_vocab(vocab_index: torch.Tensor, topk_ids: torch.Tensor, topk_logpr
     """The teacher's top-K at N positions (ids, log-probs [N, K]) on a draft vocabulary (vocab_index [V]: a
     token's index there, -1 outside): (index [N, 1, K], probabilities renormalised on the draft vocabulary
     [N, 1, K], valid [N, 1]: some of the teacher's mass falls inside)."""
-    index = vocab_index[topk_ids][:, None]
-    probs = torch.where(index >= 0, topk_logprobs.exp()[:, None], torch.zeros(()))
+    index = vocab_index[topk_ids.long()][:, None]
+    probs = torch.where(index >= 0, topk_logprobs.float().exp()[:, None], torch.zeros(()))
     kept = probs.sum(-1)  # [N, 1]
     return index, probs / kept.clamp_min(1e-12)[..., None], kept > 0
