@@ -178,9 +178,10 @@ def _run_evaluate(ctx: StageContext) -> dict[str, Any]:
     cfg = ctx.spec.evaluate
     # what made the report, without the output directory's path (a machine path means nothing in the run)
     made_by = (f"ppdkit run, evaluate stage: train.method={ctx.spec.train.method} evaluate.prompts={cfg.prompts} "
-               f"evaluate.limit={cfg.limit} evaluate.max_new_tokens={cfg.max_new_tokens}")
+               f"evaluate.limit={cfg.limit} evaluate.max_new_tokens={cfg.max_new_tokens}"
+               + (f" evaluate.tree_size={cfg.tree_size}" if cfg.tree_size else ""))
     report = run_bench(str(ctx.output / "calibrate" / "component"), cfg.prompts, cfg.limit, cfg.max_new_tokens,
-                       cfg.methods, dtype=cfg.dtype, command=made_by)
+                       cfg.methods, tree_size=cfg.tree_size, dtype=cfg.dtype, command=made_by)
     write_report(report, ctx.stage_dir / "bench.json")
     ctx.tracker.log_artifact(ctx.stage_dir / "bench.json", "evaluate")
     ctx.tracker.log_artifact(plot_report(report, ctx.stage_dir / "bench.png"), "evaluate")

@@ -38,6 +38,9 @@ class EvaluateConfig(Section):
     dtype: Literal[DTYPES] = Field(
         "auto", description="the decoder's weight precision: auto is bfloat16 where the CPU has AVX512-BF16 "
                             "(docs/devices.md), float32 elsewhere")
+    tree_size: int | None = Field(
+        None, ge=1, description="the tree size the tree methods decode with, one of calibrate.sizes (a fixed size "
+                                "compares runs by their drafts alone); null: the size profiled as fastest here")
     methods: list[EvalMethod] | None = Field(
         None, min_length=1, description="the methods benchmarked, each named once (hf-*: transformers' generate); "
                                         "those needing a component must be ones train.method's component serves. "
@@ -95,6 +98,13 @@ class JobSpec(Section):
     @model_validator(mode="after")
     def _trees_fit_the_prompt_tokens(self) -> "JobSpec":
         self.calibrate.check_epts(self.train.num_epts)
+        return self
+
+    @model_validator(mode="after")
+    def _evaluated_tree_is_calibrated(self) -> "JobSpec":
+        if self.evaluate.tree_size is not None and self.evaluate.tree_size not in self.calibrate.sizes:
+            raise ValueError(f"evaluate.tree_size {self.evaluate.tree_size} is not one of calibrate.sizes "
+                             f"{self.calibrate.sizes}: only calibrated trees exist")
         return self
 
 

@@ -91,6 +91,12 @@ def test_tree_sizes_must_hold_the_root_and_one_prompt_tokens_epts(job):
     assert spec.calibrate.sizes == [4, 8]
 
 
+def test_the_evaluated_tree_size_must_be_a_calibrated_one(job):
+    with pytest.raises(SpecError, match=r"evaluate.tree_size 12 is not one of calibrate.sizes \[4, 8\]"):
+        load_spec(job, ["calibrate.sizes=[4,8]", "evaluate.tree_size=12"])
+    assert load_spec(job, ["calibrate.sizes=[4,8]", "evaluate.tree_size=8"]).evaluate.tree_size == 8
+
+
 @pytest.mark.parametrize("epts", [1, 2, 5])
 def test_the_size_check_is_exactly_what_the_tree_builder_needs(epts):
     acceptance = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]  # 3 distances x 3 ranks

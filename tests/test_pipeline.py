@@ -217,7 +217,7 @@ def test_a_feature_head_runs_through_every_stage_and_decodes_from_the_registry(r
                                                                               tmp_path):
     out = tmp_path / "out"
     assert main(["run", str(spec_file), "--output", str(out), "train.method=feature-head", "train.head_depth=3",
-                 "train.draft_vocab=128", "train.head_inner=32", "train.lr=0.001"]) == 0
+                 "train.draft_vocab=128", "train.head_inner=32", "train.lr=0.001", "evaluate.tree_size=6"]) == 0
     run = MlflowClient(tracking_uri).get_run(json.loads((out / "run.json").read_text())["run_id"])
     for key in ("train.loss", "eval.acc_top1_d3", "eval.draft_vocab_coverage", "calibrate.tau_size12",
                 "evaluate.feature_head_tokens_per_s", "evaluate.feature_head_identical_to_greedy"):
@@ -226,6 +226,8 @@ def test_a_feature_head_runs_through_every_stage_and_decodes_from_the_registry(r
     assert trees["kind"] == "heads" and set(trees["trees"]) == {"6", "12"}
     assert not (out / "calibrate" / "component" / "ngrams.safetensors").exists()  # no lookup for head components
     bench = json.loads((out / "evaluate" / "bench.json").read_text())
+    # the tree of evaluate.tree_size, not the profiled choice (a calibrated tree may hold fewer nodes than its size)
+    assert bench["tree_size"] == trees["trees"]["6"]["size"] and bench["command"].endswith("evaluate.tree_size=6")
     assert {r["method"] for r in bench["results"]} == {"hf-greedy", "ar", "feature-head", "feature-grown",
                                                        "feature-grown-anpd", "auto"}
     assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
