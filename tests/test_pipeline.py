@@ -160,7 +160,8 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     assert teacher["positions"] == manifest["figures"]["positions"] > 0
     run = MlflowClient(tracking_uri).get_run(json.loads((out / "run.json").read_text())["run_id"])
     for key in ("teacher.positions", "teacher.bytes_per_position", "teacher.mass_kept_mean", "teacher.mass_kept_p5",
-                "teacher.full_vocab_fp16_bytes_per_position", "train.loss", "eval.acc_top1_d1", "eval.acc_top10_d3",
+                "teacher.full_vocab_fp16_bytes_per_position", "train.loss", "train.positions_per_second",
+                "train.eta_s", "eval.acc_top1_d1", "eval.acc_top10_d3",
                 "train.best_acc_top1_mean"):
         assert key in run.data.metrics, key
     artifacts = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run.info.run_id)}

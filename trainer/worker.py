@@ -154,6 +154,7 @@ def train_loop_per_worker(config: dict) -> None:
             tracker.log_metrics({f"eval.{key}": v for key, v in evals[-1].items() if key != "step"}, step=0)
         barrier()
     window_positions, window_start = 0, time.time()
+    session_start, session_first_step = time.time(), step  # the ETA: this attempt's steps, not a resumed run's
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
         order = epoch_order(len(train_seqs), cfg.seed, epoch)
@@ -179,10 +180,12 @@ def train_loop_per_worker(config: dict) -> None:
             write_json_atomic(out / PROGRESS_FILE, {"step": step, "total": total_steps, "loss": step_loss})
         if rank == 0 and (step % cfg.log_every == 0 or step == total_steps):
             rate = window_positions / max(time.time() - window_start, 1e-9)
+            eta = (total_steps - step) * (time.time() - session_start) / (step - session_first_step)
             tracker.log_metrics({"train.loss": step_loss, **run.lr_metrics(engine.get_lr()),
                                  "train.positions_per_second": rate, "train.epoch": epoch,
-                                 "train.positions_trained": trained}, step=step)
-            log.info("step %d/%d loss %.4f  %.0f supervised positions/s", step, total_steps, step_loss, rate)
+                                 "train.positions_trained": trained, "train.eta_s": eta}, step=step)
+            log.info("step %d/%d loss %.4f  %.0f supervised positions/s  ETA %.0f s", step, total_steps, step_loss,
+                     rate, eta)
             window_positions, window_start = 0, time.time()
         evaluated = None
         checkpointing = step % cfg.checkpoint_every == 0 or step == total_steps
