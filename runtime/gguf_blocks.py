@@ -1,0 +1,105 @@
+"""A GGUF file's quantized weights as the file stores them: its blocks read exactly, never re-quantized.
+
+The runtime's 4-bit format (the 4-bit runtime issue) multiplies these blocks directly, so the weights it decodes
+with are bit for bit the ones llama.cpp decodes the same file with. Two block types, llama.cpp's layouts:
+
+    Q4_1  32 weights in 20 bytes: scale d (float16), minimum m (float16), 16 bytes of 4-bit codes q (weight j < 16
+          in the low nibble of byte j, weight j >= 16 in the high nibble of byte j - 16); w = d * q + m
+    Q8_0  32 weights in 34 bytes: scale d (float16), 32 int8 codes q; w = d * q
+
+Dequantized in float32 (d * q, rounded, then + m, rounded: the order of the gguf package's dequantize, which
+transformers' GGUF loader uses), they equal the weights of the safetensors model converted from the same file
+(models/smollm2.py). Names are mapped to the Hugging Face model's, and the query and key rows are put back in its
+order: llama.cpp's converter interleaves each head's rotary halves, a permutation of whole rows (blocks run
+along a row, so a row permutation moves whole blocks).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+BLOCK = 32  # weights per block, both types
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A [N, K] weight as blocks of 32 along K: w[n, b * 32 + j] = scale[n, b] * codes[n, b, j] + minimum[n, b]."""
+
+    kind: str  # "Q4_1" or "Q8_0"
+    scale: torch.Tensor  # [N, K / 32] float32 (from float16: exact)
+    codes: torch.Tensor  # [N, K / 32, 32] uint8 in 0..15 (Q4_1) or int8 (Q8_0), in weight order
+    minimum: torch.Tensor | None  # [N, K / 32] float32 (Q4_1), None (Q8_0)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape[0], self.codes.shape[1] * BLOCK
+
+    def dequantize(self) -> torch.Tensor:
+        """[N, K] float32, rounded as the gguf package rounds: the product d * q, then the sum with m."""
+        w = self.scale[..., None] * self.codes.float()  # [N, K / 32, 32]
+        if self.minimum is not None:
+            w = w + self.minimum[..., None]
+        return w.reshape(self.shape)
+
+    def take_rows(self, index: torch.Tensor) -> "QuantizedWeight":
+        """The rows `index` [N'] of the weight, blocks unchanged."""
+        return QuantizedWeight(self.kind, self.scale[index], self.codes[index],
+                               None if self.minimum is None else self.minimum[index])
+
+
+def _blocks(kind: str, raw: np.ndarray) -> QuantizedWeight:
+    """raw [N, bytes per row] uint8, as GGUFReader gives a quantized tensor."""
+    n = raw.shape[0]
+    size = {"Q4_1": 20, "Q8_0": 34}[kind]
+    b = raw.reshape(n, -1, size)  # [N, K / 32, bytes per block]
+    scale = torch.from_numpy(np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32))
+    if kind == "Q8_0":
+        codes = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8))
+        return QuantizedWeight(kind, scale, codes, None)
+    minimum = torch.from_numpy(np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32))
+    packed = b[..., 4:]  # [N, K / 32, 16]
+    codes = torch.from_numpy(np.concatenate([packed & 0x0F, packed >> 4], axis=-1))  # weights 0-15, then 16-31
+    return QuantizedWeight(kind, scale, codes, minimum)
+
+
+def unpermute_rotary_rows(rows: int, heads: int) -> torch.Tensor:
+    """[rows]: for each row of the Hugging Face query (or key) weight, its row in the GGUF. llama.cpp's converter
+    reorders each head's rows from (half, pair) to (pair, half): Hugging Face row h * D + s * D / 2 + i sits at
+    GGUF row h * D + 2 i + s."""
+    d = rows // heads
+    h, s, i = torch.meshgrid(torch.arange(heads), torch.arange(2), torch.arange(d // 2), indexing="ij")
+    return (h * d + 2 * i + s).reshape(-1)
+
+
+# GGUF tensor name (per layer: blk.{i}.<name>) -> the Hugging Face model's
+_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+
+
+def read_quantized_weights(path: Path, heads: int, kv_heads: int) -> dict[str, QuantizedWeight]:
+    """The quantized matrices of a Llama-family GGUF, by their Hugging Face names (model.layers.{i}.self_attn.q_proj
+    .weight, ..., model.embed_tokens.weight), in the Hugging Face rows' order. Unquantized tensors (norms) are left
+    to the Hugging Face model."""
+    from gguf import GGUFReader
+
+    out = {}
+    for tensor in GGUFReader(str(path)).tensors:
+        kind = tensor.tensor_type.name
+        if kind not in ("Q4_1", "Q8_0"):
+            continue
+        name = tensor.name
+        if name == "token_embd.weight":
+            hf = "model.embed_tokens.weight"
+        elif name.startswith("blk.") and name.split(".")[2] in _LAYER_NAMES:
+            layer, short = name.split(".")[1:3]
+            hf = f"model.layers.{layer}.{_LAYER_NAMES[short]}.weight"
+        else:
+            raise ValueError(f"{path}: quantized tensor {name} has no place in a Llama-family model")
+        weight = _blocks(kind, np.asarray(tensor.data))
+        if name.endswith(("attn_q.weight", "attn_k.weight")):
+            weight = weight.take_rows(unpermute_rotary_rows(weight.shape[0], heads if "attn_q" in name else kv_heads))
+        out[hf] = weight
+    return out

@@ -1,0 +1,84 @@
+"""The 4-bit format's weights and arithmetic: SmolLM2's GGUF blocks read exactly (equal to the gguf package's
+dequantization and to the converted model's weights), and the PyTorch twin of the kernels' block arithmetic."""
+
+import numpy as np
+import pytest
+import torch
+
+from ppdkit.models.loading import load_base_model
+from ppdkit.models.smollm2 import GGUF_FILE, gguf_dir
+from ppdkit.runtime.gguf_blocks import QuantizedWeight, _blocks, read_quantized_weights, unpermute_rotary_rows
+from ppdkit.runtime.kernels_twin import q8_rows, quantized_linear_twin
+
+
+@pytest.fixture(scope="module")
+def gguf_tensors():
+    from gguf import GGUFReader
+
+    return {t.name: t for t in GGUFReader(str(gguf_dir() / GGUF_FILE)).tensors}
+
+
+@pytest.mark.parametrize("name", ["blk.0.ffn_down.weight", "blk.29.attn_q.weight", "token_embd.weight"])
+def test_blocks_dequantize_as_the_gguf_package_does(gguf_tensors, name):
+    from gguf.quants import dequantize
+
+    tensor = gguf_tensors[name]
+    weight = _blocks(tensor.tensor_type.name, np.asarray(tensor.data))
+    assert weight.kind == ("Q8_0" if name == "token_embd.weight" else "Q4_1")
+    assert torch.equal(weight.dequantize(), torch.from_numpy(dequantize(tensor.data, tensor.tensor_type)))
+    if weight.kind == "Q4_1":
+        assert weight.codes.dtype == torch.uint8 and int(weight.codes.max()) <= 15
+
+
+def test_every_quantized_weight_is_the_converted_models_weight_bit_for_bit():
+    """Names mapped and the query/key rows put back in Hugging Face's order: the 4-bit format decodes with exactly
+    the weights the float32 model was converted from."""
+    model = load_base_model("smollm2-135m").model
+    cfg, state = model.config, model.state_dict()
+    weights = read_quantized_weights(gguf_dir() / GGUF_FILE, cfg.num_attention_heads, cfg.num_key_value_heads)
+    assert len(weights) == 7 * cfg.num_hidden_layers + 1
+    mismatched = [name for name, w in weights.items() if not torch.equal(w.dequantize(), state[name])]
+    assert mismatched == []
+
+
+def test_the_rotary_row_order_is_a_permutation_of_whole_heads():
+    index = unpermute_rotary_rows(3 * 64, 3)
+    assert sorted(index.tolist()) == list(range(192))
+    assert all(set(index[h * 64:(h + 1) * 64].tolist()) == set(range(h * 64, (h + 1) * 64)) for h in range(3))
+    assert index[:4].tolist() == [0, 2, 4, 6] and index[32:34].tolist() == [1, 3]
+
+
+def _random_q4_1(n: int, k: int, g: torch.Generator) -> QuantizedWeight:
+    return QuantizedWeight("Q4_1", torch.rand(n, k // 32, generator=g) * 0.02,
+                           torch.randint(0, 16, (n, k // 32, 32), generator=g, dtype=torch.uint8),
+                           (torch.rand(n, k // 32, generator=g) - 0.5) * 0.2)
+
+
+def test_activation_blocks_keep_their_largest_value_and_zero_blocks_stay_zero():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 96, generator=g)
+    x[2, 32:64] = 0.0
+    codes, scale, scaled_sum = q8_rows(x)
+    assert codes.abs().amax(-1)[0].tolist() == [127, 127, 127] and int(codes.abs().max()) == 127
+    assert scale[2, 1] == 0 and not codes[2, 1].any() and scaled_sum[2, 1] == 0
+    back = (scale[..., None] * codes.float()).reshape(5, 96)
+    assert ((back - x).abs() <= scale.repeat_interleave(32, dim=1) / 2 + 1e-7).all()  # round to nearest
+    assert torch.equal(scaled_sum, scale * codes.sum(-1).float())
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_the_twin_is_the_product_of_the_dequantized_operands(kind):
+    """Integer block sums, scales and minimums put together: the float64 product of the dequantized activations and
+    weights, to float32 rounding; and a row's result is the same whatever rows are beside it."""
+    g = torch.Generator().manual_seed(1)
+    weight = _random_q4_1(40, 128, g)
+    if kind == "Q8_0":
+        weight = QuantizedWeight("Q8_0", weight.scale, torch.randint(-127, 128, (40, 4, 32), generator=g,
+                                                                     dtype=torch.int8), None)
+    x = torch.randn(7, 128, generator=g)
+    codes, scale, _ = q8_rows(x)
+    exact = (scale[..., None] * codes.float()).reshape(7, 128).double() @ weight.dequantize().double().T
+    y = quantized_linear_twin(x, weight)
+    assert torch.allclose(y.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    for rows in ([3], [6, 0], [1, 2, 4]):
+        assert torch.equal(quantized_linear_twin(x[rows], weight), y[rows])
