@@ -1,9 +1,11 @@
 """The 4-bit format's weights and arithmetic: SmolLM2's GGUF blocks read exactly (equal to the gguf package's
-dequantization and to the converted model's weights), and the PyTorch twin of the kernels' block arithmetic."""
+dequantization and to the converted model's weights), the PyTorch twin of the kernels' block arithmetic, and the
+native AVX512-VNNI kernel equal to the twin bit for bit, for 1 to 80 rows."""
 
 import numpy as np
 import pytest
 import torch
+from conftest import kernels_or_skip
 
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.smollm2 import GGUF_FILE, gguf_dir
@@ -82,3 +84,48 @@ def test_the_twin_is_the_product_of_the_dequantized_operands(kind):
     assert torch.allclose(y.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
     for rows in ([3], [6, 0], [1, 2, 4]):
         assert torch.equal(quantized_linear_twin(x[rows], weight), y[rows])
+
+
+def _vnni_kernels():
+    module = kernels_or_skip("native")
+    if not module.quantized_available():
+        pytest.skip("this CPU has no AVX512-VNNI: the 4-bit format's kernel is not built here")
+    return module
+
+
+def _random_q8_0(n: int, k: int, g: torch.Generator) -> QuantizedWeight:
+    return QuantizedWeight("Q8_0", torch.rand(n, k // 32, generator=g) * 0.02,
+                           torch.randint(-128, 128, (n, k // 32, 32), generator=g, dtype=torch.int8), None)
+
+
+def _packed(module, weight: QuantizedWeight):
+    return module.quantized_pack(weight.codes, weight.scale,
+                                 weight.minimum if weight.minimum is not None else torch.empty(0))
+
+
+@pytest.mark.parametrize("make", [_random_q4_1, _random_q8_0], ids=["Q4_1", "Q8_0"])
+def test_the_vnni_kernel_equals_its_twin_for_1_to_80_rows(make):
+    """Bit for bit the twin's arithmetic, and every row its one-row result whatever the rows in the call (panels
+    padded where N is not a multiple of 16, passes of up to 12 rows balanced)."""
+    module = _vnni_kernels()
+    g = torch.Generator().manual_seed(2)
+    for n, k in ((40, 128), (192, 576), (7, 32)):
+        weight = make(n, k, g)
+        packed = _packed(module, weight)
+        x = torch.randn(80, k, generator=g)
+        x[3, :32] = 0.0  # a block of zeros: scale 0
+        twin = quantized_linear_twin(x, weight)
+        assert torch.equal(module.quantized_linear(x, packed, n), twin), (n, k)
+        for rows in (1, 2, 11, 12, 13, 25, 64, 79):
+            assert torch.equal(module.quantized_linear(x[:rows], packed, n), twin[:rows]), (n, k, rows)
+
+
+def test_the_vnni_kernel_on_smollm2s_own_blocks(gguf_tensors):
+    module = _vnni_kernels()
+    g = torch.Generator().manual_seed(3)
+    for name in ("blk.3.ffn_down.weight", "blk.3.attn_k.weight"):
+        tensor = gguf_tensors[name]
+        weight = _blocks(tensor.tensor_type.name, np.asarray(tensor.data))
+        x = torch.randn(5, weight.shape[1], generator=g)
+        assert torch.equal(module.quantized_linear(x, _packed(module, weight), weight.shape[0]),
+                           quantized_linear_twin(x, weight)), name

@@ -1,5 +1,6 @@
 // The Python module of the runtime's native kernels (built by runtime/native.py).
 #include "decoder_layers.h"
+#include "quantized_linear.h"
 #include "skinny_linear.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -8,4 +9,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &skinny_pack);
   m.def("linear", &skinny_linear);
   m.def("decoder_layers", &decoder_layers);
+  m.def("quantized_available", &quantized_available);
+  m.def("quantized_pack", &quantized_pack);
+  m.def("quantized_linear", &quantized_linear);
 }

@@ -1,0 +1,198 @@
+// y = x W^T for a few rows x [M, K] and a weight given as GGUF blocks of 32 (runtime/gguf_blocks.py): Q4_1
+// (w = d q + m, q in 0..15) or Q8_0 (w = d q, q int8). The arithmetic is runtime/kernels_twin.py's
+// quantized_linear_twin, bit for bit:
+// - x is quantized per row and block: amax / 127 its scale dx, round-half-even(x * (127 / amax)) its int8 codes;
+// - per output and block, AVX512-VNNI's VPDPBUSD sums the products of the weight's unsigned codes and x's signed
+//   codes exactly in int32 (Q8_0's signed codes are stored plus 128, and 128 * sum(x codes) taken off after);
+// - per block in order, the float32 sum gains (dw * dx) * s, then for Q4_1 mw * (dx * sum(x codes)), each product
+//   and sum rounded once (-ffp-contract=off: no FMA).
+// Panels hold 16 outputs (one vector of lanes); a Q4_1 block of a panel is 256 bytes (two codes a byte), a Q8_0
+// block 512. Each row's operations are the same whatever the number of rows, so a row's result never depends on
+// the rows beside it. Rows share the weight loads: a pass of up to 12 rows reads W once.
+#include "quantized_linear.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#ifdef __AVX512VNNI__
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t kLanes = 16;  // outputs per panel
+constexpr int64_t kBlock = 32;  // weights per block
+constexpr int kMaxRows = 12;    // rows per pass: 12 sums, 8 weight vectors and the scales fit in 32 registers
+
+struct Activations {
+  torch::Tensor codes;       // [M, K] int8
+  torch::Tensor scale;       // [M, B] float32: amax / 127
+  torch::Tensor scaled_sum;  // [M, B] float32: scale * sum of the block's codes
+  torch::Tensor code_sum;    // [M, B] int32: sum of the block's codes
+};
+
+Activations quantize_rows(const torch::Tensor& x) {
+  const int64_t m = x.size(0), k = x.size(1), blocks = k / kBlock;
+  Activations a{torch::empty({m, k}, x.options().dtype(torch::kInt8)), torch::empty({m, blocks}, x.options()),
+                torch::empty({m, blocks}, x.options()), torch::empty({m, blocks}, x.options().dtype(torch::kInt32))};
+  const float* src = x.data_ptr<float>();
+  int8_t* codes = a.codes.data_ptr<int8_t>();
+  float *scale = a.scale.data_ptr<float>(), *scaled = a.scaled_sum.data_ptr<float>();
+  int32_t* sums = a.code_sum.data_ptr<int32_t>();
+  for (int64_t i = 0; i < m * blocks; ++i) {
+    const float* v = src + i * kBlock;
+    float amax = 0.0f;
+    for (int j = 0; j < kBlock; ++j) amax = std::fmax(amax, std::fabs(v[j]));
+    const float inverse = amax == 0.0f ? 0.0f : 127.0f / amax;
+    int32_t sum = 0;
+    for (int j = 0; j < kBlock; ++j) {
+      const int32_t q = static_cast<int32_t>(std::nearbyint(v[j] * inverse));  // to nearest even
+      codes[i * kBlock + j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    scale[i] = amax / 127.0f;
+    sums[i] = sum;
+    scaled[i] = scale[i] * static_cast<float>(sum);
+  }
+  return a;
+}
+
+inline __m512i broadcast4(const int8_t* p) {  // x's codes k .. k + 3 in every lane
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+// Panels [p0, p1) of W for `Rows` rows of x.
+template <bool Q4, int Rows>
+void panels(const Activations& a, int64_t row0, const uint8_t* __restrict w, const float* __restrict ws,
+            const float* __restrict wm, float* __restrict y, int64_t blocks, int64_t n_dim, int64_t p0, int64_t p1) {
+  constexpr int64_t block_bytes = Q4 ? kLanes * kBlock / 2 : kLanes * kBlock;
+  const int64_t k = blocks * kBlock;
+  const int8_t* xq = a.codes.data_ptr<int8_t>() + row0 * k;
+  const float* dx = a.scale.data_ptr<float>() + row0 * blocks;
+  const float* dxs = a.scaled_sum.data_ptr<float>() + row0 * blocks;
+  const int32_t* xs = a.code_sum.data_ptr<int32_t>() + row0 * blocks;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t p = p0; p < p1; ++p) {
+    __m512 acc[Rows];
+#pragma GCC unroll 12
+    for (int r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
+    const uint8_t* panel = w + p * blocks * block_bytes;
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m512i wv[8];  // wv[g]: the 16 outputs' codes k = 4g .. 4g + 3
+      if constexpr (Q4) {  // 4 vectors: low nibbles k = 4h + j, high nibbles k = 16 + 4h + j
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; ++h) {
+          const __m512i v = _mm512_loadu_si512(panel + b * block_bytes + h * 64);
+          wv[h] = _mm512_and_si512(v, low);
+          wv[h + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+      } else {
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) wv[g] = _mm512_loadu_si512(panel + b * block_bytes + g * 64);
+      }
+      const __m512 scale = _mm512_loadu_ps(ws + (p * blocks + b) * kLanes);
+      const __m512 minimum = Q4 ? _mm512_loadu_ps(wm + (p * blocks + b) * kLanes) : _mm512_setzero_ps();
+#pragma GCC unroll 12
+      for (int r = 0; r < Rows; ++r) {
+        const int8_t* xr = xq + r * k + b * kBlock;
+        __m512i s = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) s = _mm512_dpbusd_epi32(s, wv[g], broadcast4(xr + 4 * g));
+        if constexpr (!Q4) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * xs[r * blocks + b]));
+        const __m512 term = _mm512_mul_ps(_mm512_mul_ps(scale, _mm512_set1_ps(dx[r * blocks + b])),
+                                          _mm512_cvtepi32_ps(s));
+        acc[r] = _mm512_add_ps(acc[r], term);
+        if constexpr (Q4) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(minimum, _mm512_set1_ps(dxs[r * blocks + b])));
+      }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < Rows; ++r) _mm512_storeu_ps(y + r * n_dim + p * kLanes, acc[r]);
+  }
+}
+
+template <bool Q4, int Rows>
+void dispatch(int64_t rows, const Activations& a, int64_t row0, const uint8_t* w, const float* ws, const float* wm,
+              float* y, int64_t blocks, int64_t n_dim) {
+  if constexpr (Rows > kMaxRows) {
+    TORCH_CHECK(false, "quantized_linear takes at most ", kMaxRows, " rows per pass, got ", rows);
+  } else if (rows == Rows) {
+    at::parallel_for(0, n_dim / kLanes, 4, [&](int64_t p0, int64_t p1) {
+      panels<Q4, Rows>(a, row0, w, ws, wm, y + row0 * n_dim, blocks, n_dim, p0, p1);
+    });
+  } else {
+    dispatch<Q4, Rows + 1>(rows, a, row0, w, ws, wm, y, blocks, n_dim);
+  }
+}
+
+}  // namespace
+
+bool quantized_available() { return true; }
+
+std::vector<torch::Tensor> quantized_pack(const torch::Tensor& codes, const torch::Tensor& scale,
+                                          const torch::Tensor& minimum) {
+  TORCH_CHECK(codes.dim() == 3 && codes.size(2) == kBlock, "quantized_pack takes codes [N, B, 32]");
+  const bool q4 = codes.scalar_type() == torch::kUInt8;
+  TORCH_CHECK(q4 ? minimum.numel() == scale.numel() : codes.scalar_type() == torch::kInt8 && minimum.numel() == 0,
+              "quantized_pack: Q4_1 codes are uint8 with a minimum, Q8_0 codes int8 without");
+  const int64_t n = codes.size(0), blocks = codes.size(1), padded = (n + kLanes - 1) / kLanes * kLanes;
+  const int64_t panels = padded / kLanes;
+  auto pad = [&](const torch::Tensor& t) {  // rows past N: zero codes and scales, so zero outputs
+    auto out = torch::zeros({padded, blocks}, t.options());
+    out.narrow(0, 0, n).copy_(t);
+    return out.view({panels, kLanes, blocks}).transpose(1, 2).contiguous();  // [P, B, 16]
+  };
+  auto wide = codes.to(torch::kInt16);
+  if (!q4) wide = wide + 128;  // unsigned for VPDPBUSD
+  auto all = torch::zeros({padded, blocks, kBlock}, wide.options());
+  all.narrow(0, 0, n).copy_(wide);
+  torch::Tensor bytes;
+  if (q4) {  // [P, 16, B, 4 (h), 4 (j)]: low nibble k = 4h + j, high nibble k = 16 + 4h + j
+    auto lo = all.narrow(2, 0, 16), hi = all.narrow(2, 16, 16);
+    bytes = (lo + hi * 16).view({panels, kLanes, blocks, 4, 4});
+  } else {  // [P, 16, B, 8 (g), 4 (j)]: k = 4g + j
+    bytes = all.view({panels, kLanes, blocks, 8, 4});
+  }
+  bytes = bytes.permute({0, 2, 3, 1, 4}).contiguous().to(torch::kUInt8);  // [P, B, h or g, 16, 4]
+  return {bytes, pad(scale.to(torch::kFloat32)),
+          q4 ? pad(minimum.to(torch::kFloat32)) : torch::empty({0}, scale.options().dtype(torch::kFloat32))};
+}
+
+torch::Tensor quantized_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& packed, int64_t out_features) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "quantized_linear takes float32 x [M, K]");
+  const auto& w = packed[0];
+  const bool q4 = packed[2].numel() > 0;  // Q8_0 panels come with an empty minimum
+  const int64_t m = x.size(0), blocks = w.size(1), n_dim = w.size(0) * kLanes;
+  TORCH_CHECK(x.size(1) == blocks * kBlock, "quantized_linear: x [M, K] must match the weight's K = ", blocks * kBlock);
+  const Activations a = quantize_rows(x.contiguous());
+  auto y = torch::empty({m, n_dim}, x.options());
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const float* ws = packed[1].data_ptr<float>();
+  const float* wm = q4 ? packed[2].data_ptr<float>() : nullptr;
+  const int64_t count = (m + kMaxRows - 1) / kMaxRows;  // balanced passes: 18 rows as 9 + 9
+  for (int64_t pass = 0, row = 0; pass < count; ++pass) {
+    const int64_t rows = (m - row) / (count - pass);
+    if (q4) {
+      dispatch<true, 1>(rows, a, row, wp, ws, wm, y.data_ptr<float>(), blocks, n_dim);
+    } else {
+      dispatch<false, 1>(rows, a, row, wp, ws, wm, y.data_ptr<float>(), blocks, n_dim);
+    }
+    row += rows;
+  }
+  return n_dim == out_features ? y : y.narrow(1, 0, out_features);
+}
+
+#else  // no AVX512-VNNI at build time: the 4-bit format is not offered
+
+bool quantized_available() { return false; }
+std::vector<torch::Tensor> quantized_pack(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+  TORCH_CHECK(false, "built without AVX512-VNNI");
+}
+torch::Tensor quantized_linear(const torch::Tensor&, const std::vector<torch::Tensor>&, int64_t) {
+  TORCH_CHECK(false, "built without AVX512-VNNI");
+}
+
+#endif
