@@ -49,6 +49,17 @@ class QuantizedWeight:
                                None if self.minimum is None else self.minimum[index])
 
 
+def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
+    """One weight of the rows of several (the runtime's fused query/key/value and gate/up matmuls)."""
+    kinds = {w.kind for w in weights}
+    if len(kinds) != 1:
+        raise ValueError(f"a fused matmul's weights must share one block type, not {sorted(kinds)}")
+    minimums = [w.minimum for w in weights]
+    return QuantizedWeight(weights[0].kind, torch.cat([w.scale for w in weights]),
+                           torch.cat([w.codes for w in weights]),
+                           None if minimums[0] is None else torch.cat(minimums))
+
+
 def _blocks(kind: str, raw: np.ndarray) -> QuantizedWeight:
     """raw [N, bytes per row] uint8, as GGUFReader gives a quantized tensor."""
     n = raw.shape[0]
@@ -78,10 +89,12 @@ _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
 
+_MODEL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight"}
+
 
 def read_quantized_weights(path: Path, heads: int, kv_heads: int) -> dict[str, QuantizedWeight]:
     """The quantized matrices of a Llama-family GGUF, by their Hugging Face names (model.layers.{i}.self_attn.q_proj
-    .weight, ..., model.embed_tokens.weight), in the Hugging Face rows' order. Unquantized tensors (norms) are left
+    .weight, ..., model.embed_tokens.weight, lm_head.weight where not tied), in the Hugging Face rows' order. Unquantized tensors (norms) are left
     to the Hugging Face model."""
     from gguf import GGUFReader
 
@@ -91,8 +104,8 @@ def read_quantized_weights(path: Path, heads: int, kv_heads: int) -> dict[str, Q
         if kind not in ("Q4_1", "Q8_0"):
             continue
         name = tensor.name
-        if name == "token_embd.weight":
-            hf = "model.embed_tokens.weight"
+        if name in _MODEL_NAMES:
+            hf = _MODEL_NAMES[name]
         elif name.startswith("blk.") and name.split(".")[2] in _LAYER_NAMES:
             layer, short = name.split(".")[1:3]
             hf = f"model.layers.{layer}.{_LAYER_NAMES[short]}.weight"

@@ -14,11 +14,16 @@ The results differ only in summation order (about 1e-6 relative in float32).
 bfloat16 weights (the runtime's `dtype`, runtime/precision.py) take the same native kernel with AVX512-BF16 dot
 products: half the bytes to read, two products per lane and instruction. Its activations stay float32 and are
 rounded to bfloat16 as the kernel reads them; prefill runs oneDNN's bfloat16 matmul on the same weights.
+
+A GGUF's 4-bit and 8-bit blocks (runtime/gguf_blocks.py) take runtime/kernels/quantized_linear.cpp (AVX512-VNNI)
+for every number of rows, prefill too: there is no other copy of the weights to multiply, and its rows never
+depend on each other.
 """
 
 import torch
 import torch.nn.functional as F
 
+from .gguf_blocks import QuantizedWeight
 from .native import native_kernels
 
 ROWS_HINT = 64  # the batch oneDNN tunes its layout for; measured as good for 1 to 64 rows
@@ -32,20 +37,33 @@ def _packing_available(dtype: torch.dtype) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
-def native_format(dtype: torch.dtype, native) -> bool:
+QUANTIZED = "quantized"  # the weight format of GGUF blocks, beside the torch dtypes
+
+
+def native_format(dtype: torch.dtype | str, native) -> bool:
     """Whether the native module `native` has a few-rows kernel for weights of `dtype`: the runtime's one table of
-    weight formats (float32: AVX-512 or AVX2; bfloat16: AVX512-BF16)."""
+    weight formats (float32: AVX-512 or AVX2; bfloat16: AVX512-BF16; GGUF blocks: AVX512-VNNI)."""
     if native is None:
         return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and native.bf16_available())
+    return {torch.float32: True, torch.bfloat16: native.bf16_available(),
+            QUANTIZED: native.quantized_available()}.get(dtype, False)
 
 
 class Linear:
     """y = x W^T for x [T, in] and W [out, in], on the fastest path this machine has for T rows. x and y are in
     the activations' dtype; W may be narrower (bfloat16: x is rounded to it, the sums stay float32)."""
 
-    def __init__(self, weight: torch.Tensor, pack: bool = True):
+    def __init__(self, weight: torch.Tensor | QuantizedWeight, pack: bool = True):
         self.out_features, self.in_features = weight.shape
+        if isinstance(weight, QuantizedWeight):  # GGUF blocks: their kernel for every number of rows
+            native = native_kernels()
+            if not native_format(QUANTIZED, native):
+                raise ValueError("GGUF weight blocks need the native kernels built with AVX512-VNNI, which this CPU "
+                                 "or build lacks: load the model in float32 or bfloat16")
+            self.weight, self.native, self.onednn = None, native, None
+            self.panels = native.quantized_pack(weight.codes, weight.scale, weight.minimum if weight.minimum
+                                                is not None else torch.empty(0))
+            return
         self.weight = weight  # as given: the default matmul's operand (it shares the model's storage)
         pack = pack and weight.device.type == "cpu"  # both packed paths are CPU code; elsewhere F.linear
         native = native_kernels() if pack else None
@@ -59,7 +77,9 @@ class Linear:
         """[..., in] -> [..., out]."""
         rows = x.reshape(-1, self.in_features)  # the kernels take 2-D inputs
         n = rows.shape[0]
-        if self.native is not None and n <= SKINNY_MAX_ROWS and rows.dtype == torch.float32:
+        if self.weight is None:  # GGUF blocks
+            y = self.native.quantized_linear(rows.float(), self.panels, self.out_features)
+        elif self.native is not None and n <= SKINNY_MAX_ROWS and rows.dtype == torch.float32:
             y = self.native.linear(rows, self.panels, self.out_features)  # passes of at most 15 rows
         elif self.onednn is not None:
             y = torch.ops.mkldnn._linear_pointwise(rows, self.onednn, None, "none", [], "")

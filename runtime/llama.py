@@ -20,6 +20,7 @@ import torch
 
 from ppdkit.models.loading import check_model_type
 
+from .gguf_blocks import QuantizedWeight, concat_rows
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
 from .precision import activation_dtype
@@ -41,9 +42,12 @@ SKIP_ATTENTION, SKIP_MLP = 1, 2
 
 
 class LeanLlama:
-    def __init__(self, hf_model, max_positions: int = 4096, pack: bool = True):
+    def __init__(self, hf_model, max_positions: int = 4096, pack: bool = True,
+                 quantized: dict[str, QuantizedWeight] | None = None):
         """The weights stay on the device `hf_model` is on (Decoder moves it there): on a CPU they are packed
-        for the native kernels, on any other device the PyTorch layers run on them as they are."""
+        for the native kernels, on any other device the PyTorch layers run on them as they are. `quantized`: the
+        matmuls' weights as a GGUF's blocks (runtime/gguf_blocks.py, by Hugging Face name), multiplied as such
+        (the model's own weights are those blocks dequantized: the input embeddings and norms are read there)."""
         cfg = hf_model.config
         check_model_type(cfg)
         sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
@@ -62,15 +66,21 @@ class LeanLlama:
         self.vocab_size = cfg.vocab_size
         self.eos_token_id = cfg.eos_token_id
         p = "model.layers.{}."
+
+        def weight(*names: str) -> torch.Tensor | QuantizedWeight:
+            """The (fused) matmul weight of these Hugging Face weights: their GGUF blocks where given."""
+            if quantized is not None:
+                return concat_rows([quantized[name] for name in names])
+            return torch.cat([sd[name] for name in names]) if len(names) > 1 else sd[names[0]]  # one: shared
+
         self.layers = [
             _Layer(
                 ln1=sd[p.format(i) + "input_layernorm.weight"].to(self.dtype),
-                qkv=Linear(torch.cat([sd[p.format(i) + f"self_attn.{x}_proj.weight"] for x in "qkv"]), pack),
-                o=Linear(sd[p.format(i) + "self_attn.o_proj.weight"], pack),
+                qkv=Linear(weight(*(p.format(i) + f"self_attn.{x}_proj.weight" for x in "qkv")), pack),
+                o=Linear(weight(p.format(i) + "self_attn.o_proj.weight"), pack),
                 ln2=sd[p.format(i) + "post_attention_layernorm.weight"].to(self.dtype),
-                gate_up=Linear(torch.cat([sd[p.format(i) + "mlp.gate_proj.weight"],
-                                          sd[p.format(i) + "mlp.up_proj.weight"]]), pack),
-                down=Linear(sd[p.format(i) + "mlp.down_proj.weight"], pack),
+                gate_up=Linear(weight(p.format(i) + "mlp.gate_proj.weight", p.format(i) + "mlp.up_proj.weight"), pack),
+                down=Linear(weight(p.format(i) + "mlp.down_proj.weight"), pack),
                 qkv_bias=torch.cat([sd[p.format(i) + f"self_attn.{x}_proj.bias"] for x in "qkv"]).to(self.dtype)
                 if p.format(i) + "self_attn.q_proj.bias" in sd else None,
             )
@@ -78,7 +88,8 @@ class LeanLlama:
         ]
         self.embed = sd["model.embed_tokens.weight"]  # [V, H] in the weights' dtype; embed_ids widens the rows
         self.norm = sd["model.norm.weight"].to(self.dtype)
-        self.head = Linear(sd.get("lm_head.weight", self.embed), pack)  # tied embeddings share one matrix
+        head = "lm_head.weight" if "lm_head.weight" in (quantized or sd) else "model.embed_tokens.weight"
+        self.head = Linear(weight(head), pack)  # tied embeddings share one matrix
         positions = torch.arange(max_positions, device=self.device)[None]
         probe = torch.zeros(1, dtype=self.dtype, device=self.device)  # the tables in the activations' dtype
         cos, sin = hf_model.model.rotary_emb(probe, positions)  # the model's own rope (any scaling type)

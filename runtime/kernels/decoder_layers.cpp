@@ -1,7 +1,8 @@
 // Every decoder layer of a Llama-family model for the few new tokens of a decoding step, in one call:
 // the same arithmetic as LeanLlama.forward in runtime/llama.py (RMSNorm, rotary embedding, grouped-query
 // attention over the KV cache with an additive mask, SwiGLU), with its matmuls on the packed few-rows
-// kernel (float32 or bfloat16 weights; activations, the KV cache and every sum in float32). A step's ~40
+// kernels (float32 or bfloat16 weights, or the 4-bit format's GGUF blocks; activations, the KV cache and every
+// sum in float32). A step's ~40
 // small operations per layer cost more in Python dispatch than in arithmetic (about a third of a step on 2
 // cores); here the norms, rotary, copies, attention and SwiGLU are plain loops.
 // Each row's arithmetic is the same whatever the number of rows in the step: the decoder's losslessness rests
@@ -13,9 +14,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "quantized_linear.h"
 #include "skinny_linear.h"
 
 namespace {
+
+// x W^T on whichever few-rows kernel the panels were packed for.
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& panels, int64_t width) {
+  return is_quantized(panels) ? quantized_linear(x, panels, width) : skinny_linear(x, panels, width);
+}
 
 // w * x / sqrt(mean(x^2) + eps) per row of x [T, H].
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, float eps) {
@@ -263,7 +270,7 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
     const torch::Tensor* w = &weights[layer * 6];
     const int64_t skipped = skip.empty() ? 0 : skip[layer];
     if (!(skipped & 1)) {
-      auto qkv = skinny_linear(rms_norm(x, w[0], eps), w[1], qkv_width).contiguous();  // [T, (Hq + 2 Hkv) D]
+      auto qkv = project(rms_norm(x, w[0], eps), w[1], qkv_width).contiguous();  // [T, (Hq + 2 Hkv) D]
       rotate(qkv, hq + hkv, d, cos_c, sin_c);
       const float* qkvs = qkv.data_ptr<float>();
       float* ks = cache_k.data_ptr<float>() + layer * hkv * capacity * d;
@@ -284,12 +291,12 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
       for (int64_t head = 0; head < hq; ++head)
         for (int64_t r = 0; r < t; ++r)
           std::copy_n(as + grouped_row(head, r) * d, d, ms + r * hq * d + head * d);
-      x.add_(skinny_linear(merged, w[2], hidden));
+      x.add_(project(merged, w[2], hidden));
     }
     if (skipped & 2) continue;
-    auto gate_up = skinny_linear(rms_norm(x, w[3], eps), w[4], 2 * inter).contiguous();  // [T, 2 I]
+    auto gate_up = project(rms_norm(x, w[3], eps), w[4], 2 * inter).contiguous();  // [T, 2 I]
     auto act = swiglu(gate_up, inter);  // [T, I]
-    x.add_(skinny_linear(act, w[5], hidden));
+    x.add_(project(act, w[5], hidden));
   }
   return x;
 }

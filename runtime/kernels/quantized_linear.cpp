@@ -6,8 +6,9 @@
 //   codes exactly in int32 (Q8_0's signed codes are stored plus 128, and 128 * sum(x codes) taken off after);
 // - per block in order, the float32 sum gains (dw * dx) * s, then for Q4_1 mw * (dx * sum(x codes)), each product
 //   and sum rounded once (-ffp-contract=off: no FMA).
-// Panels hold 16 outputs (one vector of lanes); a Q4_1 block of a panel is 256 bytes (two codes a byte), a Q8_0
-// block 512. Each row's operations are the same whatever the number of rows, so a row's result never depends on
+// Panels hold 16 outputs (one vector of lanes), packed into one uint8 tensor [N/16, B, bytes]: per block the 16
+// outputs' codes (Q4_1: 256 bytes, two codes a byte; Q8_0: 512), then their 16 float32 scales, then (Q4_1) their 16
+// minimums, so a block's data is read in one stream. Each row's operations are the same whatever the number of rows, so a row's result never depends on
 // the rows beside it. Rows share the weight loads: a pass of up to 12 rows reads W once.
 #include "quantized_linear.h"
 
@@ -65,11 +66,14 @@ inline __m512i broadcast4(const int8_t* p) {  // x's codes k .. k + 3 in every l
   return _mm512_set1_epi32(v);
 }
 
+constexpr int64_t kQ4Codes = kLanes * kBlock / 2, kQ8Codes = kLanes * kBlock;  // code bytes per panel block
+constexpr int64_t kQ4Stride = kQ4Codes + 2 * kLanes * 4, kQ8Stride = kQ8Codes + kLanes * 4;  // with the floats
+
 // Panels [p0, p1) of W for `Rows` rows of x.
 template <bool Q4, int Rows>
-void panels(const Activations& a, int64_t row0, const uint8_t* __restrict w, const float* __restrict ws,
-            const float* __restrict wm, float* __restrict y, int64_t blocks, int64_t n_dim, int64_t p0, int64_t p1) {
-  constexpr int64_t block_bytes = Q4 ? kLanes * kBlock / 2 : kLanes * kBlock;
+void panels(const Activations& a, int64_t row0, const uint8_t* __restrict w, float* __restrict y, int64_t blocks,
+            int64_t n_dim, int64_t p0, int64_t p1) {
+  constexpr int64_t codes_bytes = Q4 ? kQ4Codes : kQ8Codes, stride = Q4 ? kQ4Stride : kQ8Stride;
   const int64_t k = blocks * kBlock;
   const int8_t* xq = a.codes.data_ptr<int8_t>() + row0 * k;
   const float* dx = a.scale.data_ptr<float>() + row0 * blocks;
@@ -80,22 +84,23 @@ void panels(const Activations& a, int64_t row0, const uint8_t* __restrict w, con
     __m512 acc[Rows];
 #pragma GCC unroll 12
     for (int r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
-    const uint8_t* panel = w + p * blocks * block_bytes;
     for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block = w + (p * blocks + b) * stride;
       __m512i wv[8];  // wv[g]: the 16 outputs' codes k = 4g .. 4g + 3
       if constexpr (Q4) {  // 4 vectors: low nibbles k = 4h + j, high nibbles k = 16 + 4h + j
 #pragma GCC unroll 4
         for (int h = 0; h < 4; ++h) {
-          const __m512i v = _mm512_loadu_si512(panel + b * block_bytes + h * 64);
+          const __m512i v = _mm512_loadu_si512(block + h * 64);
           wv[h] = _mm512_and_si512(v, low);
           wv[h + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
       } else {
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) wv[g] = _mm512_loadu_si512(panel + b * block_bytes + g * 64);
+        for (int g = 0; g < 8; ++g) wv[g] = _mm512_loadu_si512(block + g * 64);
       }
-      const __m512 scale = _mm512_loadu_ps(ws + (p * blocks + b) * kLanes);
-      const __m512 minimum = Q4 ? _mm512_loadu_ps(wm + (p * blocks + b) * kLanes) : _mm512_setzero_ps();
+      const __m512 scale = _mm512_loadu_ps(reinterpret_cast<const float*>(block + codes_bytes));
+      const __m512 minimum = Q4 ? _mm512_loadu_ps(reinterpret_cast<const float*>(block + codes_bytes + kLanes * 4))
+                                : _mm512_setzero_ps();
 #pragma GCC unroll 12
       for (int r = 0; r < Rows; ++r) {
         const int8_t* xr = xq + r * k + b * kBlock;
@@ -115,16 +120,16 @@ void panels(const Activations& a, int64_t row0, const uint8_t* __restrict w, con
 }
 
 template <bool Q4, int Rows>
-void dispatch(int64_t rows, const Activations& a, int64_t row0, const uint8_t* w, const float* ws, const float* wm,
-              float* y, int64_t blocks, int64_t n_dim) {
+void dispatch(int64_t rows, const Activations& a, int64_t row0, const uint8_t* w, float* y, int64_t blocks,
+              int64_t n_dim) {
   if constexpr (Rows > kMaxRows) {
     TORCH_CHECK(false, "quantized_linear takes at most ", kMaxRows, " rows per pass, got ", rows);
   } else if (rows == Rows) {
     at::parallel_for(0, n_dim / kLanes, 4, [&](int64_t p0, int64_t p1) {
-      panels<Q4, Rows>(a, row0, w, ws, wm, y + row0 * n_dim, blocks, n_dim, p0, p1);
+      panels<Q4, Rows>(a, row0, w, y + row0 * n_dim, blocks, n_dim, p0, p1);
     });
   } else {
-    dispatch<Q4, Rows + 1>(rows, a, row0, w, ws, wm, y, blocks, n_dim);
+    dispatch<Q4, Rows + 1>(rows, a, row0, w, y, blocks, n_dim);
   }
 }
 
@@ -132,18 +137,18 @@ void dispatch(int64_t rows, const Activations& a, int64_t row0, const uint8_t* w
 
 bool quantized_available() { return true; }
 
-std::vector<torch::Tensor> quantized_pack(const torch::Tensor& codes, const torch::Tensor& scale,
-                                          const torch::Tensor& minimum) {
+torch::Tensor quantized_pack(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& minimum) {
   TORCH_CHECK(codes.dim() == 3 && codes.size(2) == kBlock, "quantized_pack takes codes [N, B, 32]");
   const bool q4 = codes.scalar_type() == torch::kUInt8;
   TORCH_CHECK(q4 ? minimum.numel() == scale.numel() : codes.scalar_type() == torch::kInt8 && minimum.numel() == 0,
               "quantized_pack: Q4_1 codes are uint8 with a minimum, Q8_0 codes int8 without");
   const int64_t n = codes.size(0), blocks = codes.size(1), padded = (n + kLanes - 1) / kLanes * kLanes;
   const int64_t panels = padded / kLanes;
-  auto pad = [&](const torch::Tensor& t) {  // rows past N: zero codes and scales, so zero outputs
-    auto out = torch::zeros({padded, blocks}, t.options());
+  auto floats = [&](const torch::Tensor& t) {  // [P, B, 64 bytes]; rows past N: zero scales, so zero outputs
+    auto out = torch::zeros({padded, blocks}, t.options().dtype(torch::kFloat32));
     out.narrow(0, 0, n).copy_(t);
-    return out.view({panels, kLanes, blocks}).transpose(1, 2).contiguous();  // [P, B, 16]
+    auto lanes = out.view({panels, kLanes, blocks}).transpose(1, 2).contiguous();  // [P, B, 16]
+    return lanes.view(torch::kUInt8);  // [P, B, 64]
   };
   auto wide = codes.to(torch::kInt16);
   if (!q4) wide = wide + 128;  // unsigned for VPDPBUSD
@@ -156,29 +161,31 @@ std::vector<torch::Tensor> quantized_pack(const torch::Tensor& codes, const torc
   } else {  // [P, 16, B, 8 (g), 4 (j)]: k = 4g + j
     bytes = all.view({panels, kLanes, blocks, 8, 4});
   }
-  bytes = bytes.permute({0, 2, 3, 1, 4}).contiguous().to(torch::kUInt8);  // [P, B, h or g, 16, 4]
-  return {bytes, pad(scale.to(torch::kFloat32)),
-          q4 ? pad(minimum.to(torch::kFloat32)) : torch::empty({0}, scale.options().dtype(torch::kFloat32))};
+  bytes = bytes.permute({0, 2, 3, 1, 4}).contiguous().to(torch::kUInt8).view({panels, blocks, -1});  // [P, B, codes]
+  std::vector<torch::Tensor> parts{bytes, floats(scale)};
+  if (q4) parts.push_back(floats(minimum));
+  return torch::cat(parts, 2).contiguous();  // [P, B, stride]
 }
 
-torch::Tensor quantized_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& packed, int64_t out_features) {
+bool is_quantized(const torch::Tensor& packed) { return packed.scalar_type() == torch::kUInt8; }
+
+torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "quantized_linear takes float32 x [M, K]");
-  const auto& w = packed[0];
-  const bool q4 = packed[2].numel() > 0;  // Q8_0 panels come with an empty minimum
-  const int64_t m = x.size(0), blocks = w.size(1), n_dim = w.size(0) * kLanes;
+  TORCH_CHECK(packed.dim() == 3 && (packed.size(2) == kQ4Stride || packed.size(2) == kQ8Stride),
+              "quantized_linear takes panels made by quantized_pack");
+  const bool q4 = packed.size(2) == kQ4Stride;
+  const int64_t m = x.size(0), blocks = packed.size(1), n_dim = packed.size(0) * kLanes;
   TORCH_CHECK(x.size(1) == blocks * kBlock, "quantized_linear: x [M, K] must match the weight's K = ", blocks * kBlock);
   const Activations a = quantize_rows(x.contiguous());
   auto y = torch::empty({m, n_dim}, x.options());
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const float* ws = packed[1].data_ptr<float>();
-  const float* wm = q4 ? packed[2].data_ptr<float>() : nullptr;
+  const uint8_t* w = packed.data_ptr<uint8_t>();
   const int64_t count = (m + kMaxRows - 1) / kMaxRows;  // balanced passes: 18 rows as 9 + 9
   for (int64_t pass = 0, row = 0; pass < count; ++pass) {
     const int64_t rows = (m - row) / (count - pass);
     if (q4) {
-      dispatch<true, 1>(rows, a, row, wp, ws, wm, y.data_ptr<float>(), blocks, n_dim);
+      dispatch<true, 1>(rows, a, row, w, y.data_ptr<float>(), blocks, n_dim);
     } else {
-      dispatch<false, 1>(rows, a, row, wp, ws, wm, y.data_ptr<float>(), blocks, n_dim);
+      dispatch<false, 1>(rows, a, row, w, y.data_ptr<float>(), blocks, n_dim);
     }
     row += rows;
   }
@@ -188,10 +195,11 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const std::vector<torch::
 #else  // no AVX512-VNNI at build time: the 4-bit format is not offered
 
 bool quantized_available() { return false; }
-std::vector<torch::Tensor> quantized_pack(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+bool is_quantized(const torch::Tensor& packed) { return packed.scalar_type() == torch::kUInt8; }
+torch::Tensor quantized_pack(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
   TORCH_CHECK(false, "built without AVX512-VNNI");
 }
-torch::Tensor quantized_linear(const torch::Tensor&, const std::vector<torch::Tensor>&, int64_t) {
+torch::Tensor quantized_linear(const torch::Tensor&, const torch::Tensor&, int64_t) {
   TORCH_CHECK(false, "built without AVX512-VNNI");
 }
 

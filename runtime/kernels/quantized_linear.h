@@ -5,7 +5,7 @@
 
 bool quantized_available();  // built with AVX512-VNNI
 // codes [N, B, 32] (uint8 0..15 for Q4_1, int8 for Q8_0), scale and minimum [N, B] float32 (minimum empty for
-// Q8_0) -> {codes panels, scale panels [N/16, B, 16], minimum panels (empty for Q8_0)}
-std::vector<torch::Tensor> quantized_pack(const torch::Tensor& codes, const torch::Tensor& scale,
-                                          const torch::Tensor& minimum);
-torch::Tensor quantized_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& packed, int64_t out_features);
+// Q8_0) -> the panels, uint8 [N/16, B, bytes]: each block's codes, scales and minimums
+torch::Tensor quantized_pack(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& minimum);
+bool is_quantized(const torch::Tensor& packed);  // panels of quantized_pack (skinny_pack's are float32 or bfloat16)
+torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features);
