@@ -22,7 +22,6 @@ from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.methods import HEAD_TREE, METHODS, TREES, get_method
 from ppdkit.runtime.native import cpu_info
 from ppdkit.runtime.dtypes import DTYPES
-from ppdkit.runtime.precision import dtype_name
 
 from .llama_cpp import LLAMA_METHODS, llama_runners
 
@@ -102,7 +101,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def exact_dtype(decoder: Decoder, asked: str) -> Decoder:
     """`decoder`, loaded for `asked`, refused where the runtime fell back to another dtype (bfloat16 where its kernels
     do not run): a figure measured in float32 must not be reported as bfloat16's."""
-    ran = dtype_name(decoder.model.weight_dtype)
+    ran = decoder.model.weight_format
     if ran != asked:
         raise ValueError(f"{asked} cannot run here (the runtime fell back to {ran}): see docs/devices.md")
     return decoder
@@ -154,7 +153,7 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
     prompts = [decoder.encode_chat(p) for p in load_prompts(prompts_source, limit)]
     if "llama.cpp-lookup" in methods and "llama.cpp" not in methods:
         methods = [*methods, "llama.cpp"]  # its outputs are compared with llama.cpp's own plain decoding
-    weights = dtype_name(decoder.model.weight_dtype)
+    weights = decoder.model.weight_format
     llama = llama_runners(decoder.base_name, weights, methods, torch.get_num_threads())
     order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy always runs: the baseline
     try:
@@ -168,7 +167,7 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
 def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: list[str], prompts: list[list[int]],
              prompts_source: str, model: str, max_new_tokens: int, repeats: int, command: str | None) -> dict:
     """The bench proper: every method on every prompt, in turns, then the report."""
-    weights = dtype_name(decoder.model.weight_dtype)
+    weights = decoder.model.weight_format
     for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured
         run_method(decoder, method, prompts[0][:16], 4, llama, others)
     outputs: dict[str, list[list[int]]] = {m: [] for m in order}

@@ -61,8 +61,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
 
-    from ppdkit.runtime.precision import dtype_name
-
     decoder = Decoder.from_pretrained(args.model, tree_size=None, device=args.device, dtype=args.dtype)
     if args.refresh:
         from ppdkit.runtime.profile import profile_trees
@@ -72,7 +70,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if decoder.profile is None:
         raise ValueError(f"{args.model} has no trees.json: run the calibrate stage first")
     p = decoder.profile
-    print(f"weights {dtype_name(decoder.model.weight_dtype)}, machine {p['machine']}, context {p['context']} tokens, "
+    print(f"weights {decoder.model.weight_format}, machine {p['machine']}, context {p['context']} tokens, "
           f"one-token forward {p['one_token_ms']:.1f} ms")
     print(f"{'size':>5} {'tau':>6} {'latency ms':>11} {'of it draft':>11} {'tokens/s':>9} {'x one-token':>11}")
     for r in p["rows"]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ppdkit.models.catalog import base_gguf
 from ppdkit.models.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -24,26 +25,18 @@ log = logging.getLogger(__name__)
 LLAMA_METHODS = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-q4")
 INSTALL_HINT = 'pip install "ppdkit[llama]"   (llama-cpp-python, built for this CPU: a few minutes)'
 LOOKUP_TOKENS = 10  # drafted tokens per step, as transformers' prompt lookup in hf-pld
-GGUF_BASES = {"smollm2-135m"}  # base models whose own GGUF ships in a package
 
 
 def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def base_gguf(base: str) -> Path:
-    """The base model's own GGUF (SmolLM2's Q4_1), or a clear error where it has none."""
-    if base not in GGUF_BASES:
-        raise ValueError(f"the llama.cpp baseline needs the base model's GGUF; only {', '.join(sorted(GGUF_BASES))} "
-                         f"comes with one, not {base!r}")
-    from ppdkit.models.smollm2 import GGUF_FILE, gguf_dir
-
-    return gguf_dir() / GGUF_FILE
-
-
 def widened_gguf(source: Path, dtype: str, out: Path | None = None) -> Path:
     """`source` rewritten with every quantized tensor de-quantized to `dtype` ("bfloat16" or "float32"), its metadata
-    and tokenizer kept; written once (atomically) into the cache."""
+    and tokenizer kept; written once (atomically) into the cache. "gguf" (the runtime on the file's own blocks):
+    `source` itself."""
+    if dtype == "gguf":
+        return source
     import gguf
 
     kind = {"bfloat16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .paths import atomic_dir_swap, cache_dir
-from .smollm2 import convert_smollm2
+from .smollm2 import convert_smollm2, smollm2_gguf
 from .tiny import write_tiny_llama
 
 
@@ -32,6 +32,17 @@ BASE_MODELS: dict[str, Callable[[Path], Path]] = {
     "smollm2-135m": convert_smollm2,
     "tiny-llama": _write_tiny,
 }
+
+
+# name -> function giving the model's own GGUF file (the 4-bit weights the runtime's gguf format multiplies)
+BASE_GGUFS: dict[str, Callable[[], Path]] = {"smollm2-135m": smollm2_gguf}
+
+
+def base_gguf(name: str) -> Path:
+    """The base model's own GGUF (SmolLM2's Q4_1, from its package), or a clear error where it has none."""
+    if name not in BASE_GGUFS:
+        raise ValueError(f"base model {name!r} has no GGUF file: only {', '.join(sorted(BASE_GGUFS))} comes with one")
+    return BASE_GGUFS[name]()
 
 
 def materialize(name_or_dir: str) -> Path:

@@ -34,6 +34,11 @@ def gguf_dir() -> Path:
     return folder
 
 
+def smollm2_gguf() -> Path:
+    """The package's Q4_1 GGUF: the weights the converted model holds de-quantized."""
+    return gguf_dir() / GGUF_FILE
+
+
 def convert_smollm2(out_dir: Path) -> Path:
     """Write config, fp32 safetensors and tokenizer for SmolLM2-135M-Instruct to `out_dir` (atomically)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM

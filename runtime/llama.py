@@ -23,7 +23,8 @@ from ppdkit.models.loading import check_model_type
 from .gguf_blocks import QuantizedWeight, concat_rows
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
-from .precision import activation_dtype
+from .dtypes import GGUF
+from .precision import activation_dtype, dtype_name
 
 
 @dataclass
@@ -57,6 +58,8 @@ class LeanLlama:
         if unsupported:
             raise ValueError(f"the lean runtime supports query/key/value biases (Qwen2), not biases of {unsupported}")
         self.weight_dtype = next(hf_model.parameters()).dtype  # the matmuls' weights (runtime/precision.py)
+        # their format by its runtime/dtypes.py name (the key of timings and reports): a dtype, or gguf's blocks
+        self.weight_format = GGUF if quantized is not None else dtype_name(self.weight_dtype)
         self.dtype = activation_dtype(self.weight_dtype)  # activations, norms, rotary tables, the KV cache
         self.hidden = cfg.hidden_size
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads

@@ -7,6 +7,10 @@
   accumulates in float32 over float32 keys and values. The cache is a few percent of a step's bytes at the
   contexts served here (30 layers x 3 KV heads x 64 x 2 x 4 bytes = 46 KB a token), so keeping it float32 costs
   little and adds no second rounding; the weights are where bfloat16 pays.
+- `gguf`: the matmuls multiply the base model's own GGUF blocks (runtime/gguf_blocks.py: Q4_1 layers, a Q8_0
+  embedding as the tied head) on the AVX512-VNNI kernel, with each row's activations quantized to int8 per block of
+  32; everything else float32. The weights are those the float32 model holds (its conversion de-quantized the same
+  blocks); the int8 activations make its tokens its own, as every format's are.
 - `auto` (the default): bfloat16 where it runs fast and row-invariant, a CPU whose native kernels have
   AVX512-BF16, or a GPU; float32 elsewhere, saying so in one line.
 bfloat16 gives the bfloat16 model's tokens, not the float32 model's: every method is lossless against `ar` in the
@@ -18,7 +22,7 @@ import logging
 import torch
 
 from . import linear
-from .dtypes import AUTO, DTYPES
+from .dtypes import AUTO, DTYPES, GGUF
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +45,22 @@ def bf16_kernels_here() -> bool:
     return linear.native_format(torch.bfloat16, linear.native_kernels())
 
 
+def gguf_kernels_here() -> bool:
+    """Whether this CPU runs the native kernel of GGUF blocks (AVX512-VNNI, built for it)."""
+    return linear.native_format(linear.QUANTIZED, linear.native_kernels())
+
+
 def resolve_dtype(requested: str, device: torch.device | str = "cpu") -> str:
-    """`requested` (auto, float32, bfloat16) -> the dtype the decoder runs on `device`, with one line where bfloat16
-    cannot run fast and row-invariant here."""
+    """`requested` (auto, float32, bfloat16, gguf) -> the dtype the decoder runs on `device`, with one line where
+    bfloat16 or gguf cannot run fast and row-invariant here (gguf then falls back to what auto picks)."""
     if requested not in DTYPES + TEST_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {requested!r}")
+    if requested == GGUF:
+        if torch.device(device).type == "cpu" and gguf_kernels_here():
+            return GGUF
+        log.warning("gguf weights need the native AVX512-VNNI kernels on a CPU, which this device, CPU or build lacks: "
+                    "running what auto picks")
+        requested = AUTO
     if requested not in (AUTO, "bfloat16"):
         return requested
     if torch.device(device).type != "cpu" or bf16_kernels_here():

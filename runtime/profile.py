@@ -12,7 +12,6 @@ import torch
 from ppdkit.models.paths import cache_dir
 
 from .llama import LeanLlama
-from .precision import dtype_name
 
 
 RUNTIME_REVISION = 8  # bumped when the forward's cost changes, so profiles cached before are measured again
@@ -26,7 +25,7 @@ def runtime_key(model: LeanLlama) -> str:
     """This machine, the kernel path and weight dtype the model runs on (they change every timing: bfloat16 rows
     cost far less than float32 ones) and the runtime's revision: what a cached measurement (tree profile, auto's
     trial) holds for."""
-    path_kind = ("native" if model.native is not None else "torch") + "-" + dtype_name(model.weight_dtype)
+    path_kind = ("native" if model.native is not None else "torch") + "-" + model.weight_format
     if model.device.type != "cpu":
         path_kind += f"-{model.device}"  # another device's timings hold there only
     return f"{machine_key()}-{path_kind}-r{RUNTIME_REVISION}"

@@ -14,7 +14,6 @@ import logging
 import torch
 
 from .llama import LeanLlama
-from .precision import dtype_name
 
 log = logging.getLogger(__name__)
 CHECK_LAYERS = 2  # every layer runs the same kernels; two cover a layer feeding the next
@@ -90,7 +89,7 @@ def check_rows(decoder) -> None:
     found = first_mismatch(decoder.model, rows)
     if found is None:
         return
-    dtype = dtype_name(decoder.model.weight_dtype)
+    dtype = decoder.model.weight_format
     said = (f"this machine's {dtype} kernels give a decoding step of {found} rows results other than {found} one-row "
             f"steps, so trees of {found} or more rows could change the output; this decoder's methods need up to "
             f"{rows}")

@@ -7,7 +7,6 @@ and writes the component artifact.
 """
 
 import importlib
-import json
 import logging
 import os
 import random
