@@ -32,7 +32,7 @@ DYNAMIC = "+dyn"  # a tree method with this suffix picks its tree size per step 
 AT = "@"  # a method with this suffix and a dtype (ar@float32) runs on a second decoder in that dtype, same run
 NEAR_TIE = 1e-4
 # the CPU features that decide which matmul paths torch and the runtime's kernels take (float32 vs bf16 vs AMX)
-ISA_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
+ISA_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")  # the formats' units
 
 
 def load_prompts(source: str, limit: int | None) -> list[str]:
