@@ -102,7 +102,7 @@ def cmd_precision(args: argparse.Namespace) -> int:
     from .precision_cost import print_precision, run_precision, write_precision
 
     report = run_precision(args.base, args.prompts, args.limit, args.max_new_tokens, args.texts, args.texts_limit,
-                           args.text_tokens)
+                           args.text_tokens, ("float32", args.dtype))
     print_precision(report)
     if args.out:
         write_precision(report, Path(args.out))
@@ -188,9 +188,11 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
                                   "float32 gives the float32 model's own tokens")
     bench_dec.set_defaults(func=cmd_bench)
 
-    precision = sub.add_parser("precision", help="what bfloat16 weights cost against float32: equal greedy answers, "
-                                                 "where they part, held-out perplexity")
+    precision = sub.add_parser("precision", help="what bfloat16 (or gguf) weights cost against float32: equal greedy "
+                                                 "answers, where they part, held-out perplexity")
     precision.add_argument("--base", default="smollm2-135m", help="the base model (default smollm2-135m)")
+    precision.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "gguf"],
+                           help="the weights compared with float32 (default bfloat16)")
     precision.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
     precision.add_argument("--limit", type=int, default=50)
     precision.add_argument("--max-new-tokens", type=int, default=128)

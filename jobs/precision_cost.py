@@ -1,10 +1,10 @@
-"""`ppdkit precision`: what the runtime's bfloat16 weights cost against float32, measured on the same prompts and
-texts in one process (runtime/precision.py says what each dtype holds).
+"""`ppdkit precision`: what the runtime's bfloat16 (or gguf) weights cost against float32, measured on the same
+prompts and texts in one process (runtime/precision.py says what each dtype holds).
 
-Two figures: how many greedy answers (`ar`) of the bfloat16 decoder equal the float32 decoder's token for token,
+Two figures: how many greedy answers (`ar`) of the other decoder equal the float32 decoder's token for token,
 and where the first differing token falls in those that do not; and the perplexity of held-out conversations,
-teacher-forced, under each. Every drafter is lossless against `ar` in its own dtype (tests/test_precision.py), so
-these are the only differences a user of bfloat16 sees.
+teacher-forced, under each. Every drafter is lossless against `ar` in its own dtype (tests/test_precision.py,
+tests/test_gguf_blocks.py), so these are the only differences a user of those weights sees.
 """
 
 import json

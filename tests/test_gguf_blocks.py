@@ -148,3 +148,16 @@ def test_smollm2_decodes_on_its_own_blocks_losslessly():
         plain = decoder.generate(prompt, 48, "ar").tokens
         for method in ("anpd", "self-draft"):
             assert decoder.generate(prompt, 48, method).tokens == plain, (method, prompt[:40])
+
+
+def test_gguf_needs_the_base_models_own_file_and_the_int8_units(monkeypatch, caplog):
+    from ppdkit.runtime import precision
+    from ppdkit.runtime.decoder import Decoder
+
+    if precision.gguf_kernels_here():
+        with pytest.raises(ValueError, match="dtype gguf multiplies the base model's own GGUF blocks: base model "
+                                             "'tiny-llama' has no GGUF file"):
+            Decoder.from_base("tiny-llama", dtype="gguf")
+    monkeypatch.setattr(precision, "gguf_kernels_here", lambda: False)  # a CPU without AVX512-VNNI
+    assert precision.resolve_dtype("gguf") == precision.resolve_dtype("auto")
+    assert "gguf weights need the native AVX512-VNNI kernels" in caplog.text
