@@ -4,7 +4,7 @@ The comparison users make: the same base model, the same prompt token ids (ppdki
 same threads. Three methods:
 - `llama.cpp`: plain decoding of a GGUF at the runtime's precision (bf16 or f32), written once into the cache from
   the base model's own GGUF (SmolLM2's Q4_1 from its package: its metadata and tokenizer, its tensors de-quantized,
-  which are exactly the weights ppdkit's runtime holds);
+  which are exactly the weights ppdkit's runtime holds); with the runtime on `gguf`, that file itself;
 - `llama.cpp-lookup`: the same file with llama.cpp's prompt-lookup speculative decoding;
 - `llama.cpp-q4`: the package's Q4_1 file itself, plain: the bar for a 4-bit runtime.
 llama.cpp's speculative outputs are compared with its own plain decoding, not with ppdkit's: its kernels round

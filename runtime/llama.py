@@ -20,10 +20,10 @@ import torch
 
 from ppdkit.models.loading import check_model_type
 
+from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight, concat_rows
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
-from .dtypes import GGUF
 from .precision import activation_dtype, dtype_name
 
 
