@@ -19,6 +19,7 @@ import numpy as np
 
 from ppdkit.models.catalog import base_gguf
 from ppdkit.models.paths import cache_dir
+from ppdkit.runtime.dtypes import BLOCK_FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,9 @@ def llama_cpp_available() -> bool:
 
 def widened_gguf(source: Path, dtype: str, out: Path | None = None) -> Path:
     """`source` rewritten with every quantized tensor de-quantized to `dtype` ("bfloat16" or "float32"), its metadata
-    and tokenizer kept; written once (atomically) into the cache. "gguf" (the runtime on the file's own blocks):
-    `source` itself."""
-    if dtype == "gguf":
+    and tokenizer kept; written once (atomically) into the cache. "gguf" (the runtime on the file's own blocks) and
+    "q4" (blocks quantized again from its de-quantized weights): `source` itself."""
+    if dtype in BLOCK_FORMATS:
         return source
     import gguf
 

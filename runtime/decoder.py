@@ -18,6 +18,7 @@ from .acceptance import Sampling
 from .auto import AUTO, fastest_method
 from .devices import on_device
 from .draft_heads import DraftHeadSet, HeadTree, draft_seconds
+from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight
 from .llama import LeanLlama, end_tokens
 from .lookup import root_only, with_lookup_chains
@@ -61,7 +62,7 @@ class Decoder:
 
     def __init__(self, hf_model, tokenizer, prompts: PromptTokenSet | None, tree: DynamicTree | None,
                  max_length: int = 2048, ngrams: NgramTable | None = None, lookup_chains: int = 1,
-                 quantized: dict[str, QuantizedWeight] | None = None):
+                 quantized: dict[str, QuantizedWeight] | None = None, weight_format: str = GGUF):
         self._lock = threading.Lock()  # one generate at a time: concurrent steps would only share 2 cores
         self.tokenizer = tokenizer
         self.hf_model = hf_model  # kept for the baselines and for divergence checks
@@ -70,7 +71,8 @@ class Decoder:
             # the lean runtime attends to the whole context: within the window that is what the model does
             log.info("max_length %d capped at the model's sliding window of %d tokens", max_length, window)
             max_length = window
-        self.model = LeanLlama(hf_model, max_positions=max_length, quantized=quantized)  # quantized: dtype gguf
+        # quantized: the matmuls' blocks of dtype gguf or q4 (weight_format)
+        self.model = LeanLlama(hf_model, max_positions=max_length, quantized=quantized, weight_format=weight_format)
         self.device = self.model.device
         self.max_length = max_length
         self.prompts = prompts

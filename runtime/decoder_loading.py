@@ -14,8 +14,8 @@ from ppdkit.models.loading import BaseModel, load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
 from .devices import check_device, on_device
-from .dtypes import GGUF
-from .gguf_blocks import QuantizedWeight, read_quantized_weights
+from .dtypes import BLOCK_FORMATS, Q4
+from .gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
 from .head_loading import load_draft_heads, load_skip_draft
 from .layer_skip import check_skip_map
 from .ppd import PromptTokenSet
@@ -45,11 +45,12 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
     directory = _local(source)
     component = read_component(directory)
     digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
-    base, blocks = _base_weights(component.base_model["name"], resolve_dtype(dtype, device))
+    dtype = resolve_dtype(dtype, device)
+    base, blocks = _base_weights(component.base_model["name"], dtype)
     read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
     base.model.to(device)  # the loaders below take the LM head's rows from it, on the device
     with on_device(device):  # the layouts, head trees and profile built below: on the device
-        decoder, taus, ppd_trees = _assemble(cls, component, base, max_length, lookup_chains, blocks)
+        decoder, taus, ppd_trees = _assemble(cls, component, base, max_length, lookup_chains, blocks, dtype)
         decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
         decoder.base_name = component.base_model["name"]
         if taus:
@@ -62,36 +63,40 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
 
 
 def _base_weights(name: str, dtype: str) -> tuple[BaseModel, dict[str, QuantizedWeight] | None]:
-    """The base model in `dtype` (resolved), and for gguf its own GGUF's blocks (the model itself then float32: the
-    same weights de-quantized, read for the embeddings and norms)."""
-    if dtype != GGUF:
+    """The base model in `dtype` (resolved), and for gguf its own GGUF's blocks, for q4 blocks quantized from its
+    weights (the model itself then float32, read for the embeddings and norms)."""
+    if dtype not in BLOCK_FORMATS:
         return load_base_model(name, quantization="none", dtype=dtype), None
     base = load_base_model(name, quantization="none", dtype="float32")
+    if dtype == Q4:
+        return base, quantize_model(base.model)
     try:
         path = base_gguf(name)
     except ValueError as error:
-        raise ValueError(f"dtype gguf multiplies the base model's own GGUF blocks: {error}. Use float32 or "
-                         "bfloat16") from None
+        raise ValueError(f"dtype gguf multiplies the base model's own GGUF blocks: {error}. Use q4 (the same "
+                         "format, quantized from its weights), float32 or bfloat16") from None
     cfg = base.model.config
     return base, read_quantized_weights(path, cfg.num_attention_heads, cfg.num_key_value_heads)
 
 
 def _assemble(cls: type["Decoder"], component: Component, base, max_length: int, lookup_chains: int,
-              blocks: dict[str, QuantizedWeight] | None) -> tuple["Decoder", dict[int, float], dict[int, DynamicTree]]:
+              blocks: dict[str, QuantizedWeight] | None, dtype: str
+              ) -> tuple["Decoder", dict[int, float], dict[int, DynamicTree]]:
     """The decoder with the component's drafts loaded: (decoder, each calibrated tree size's tau, a PPD
     component's trees by size)."""
+    weights = {"quantized": blocks, "weight_format": dtype}
     if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
-        decoder = cls(base.model, base.tokenizer, None, None, max_length, quantized=blocks)
+        decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
         decoder.skip_map, decoder.skip_draft = load_skip_draft(component, decoder.model, base.model)
         return decoder, {}, {}
     if "draft_vocab" in component.tensors:  # draft heads over the base model's features
         heads, head_trees = load_draft_heads(component, base.model)
-        decoder = cls(base.model, base.tokenizer, None, None, max_length, quantized=blocks)
+        decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
         decoder.heads = heads
         decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
         return decoder, {s: tau for s, (_, tau) in head_trees.items()}, {}
     prompts, by_size, ngrams = _drafts(component, base.model)
-    decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains, quantized=blocks)
+    decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains, **weights)
     return decoder, {s: t.tau for s, t in by_size.items()}, by_size
 
 
@@ -120,9 +125,10 @@ def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: 
     component: ar and the training-free drafters (anpd); with `skip_map` (per decoder layer 0 keep, 1 skip
     the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `device` as from_pretrained's."""
     device = check_device(device)
-    base, blocks = _base_weights(name, resolve_dtype(dtype, device))
+    dtype = resolve_dtype(dtype, device)
+    base, blocks = _base_weights(name, dtype)
     base.model.to(device)
-    decoder = cls(base.model, base.tokenizer, None, None, max_length, quantized=blocks)
+    decoder = cls(base.model, base.tokenizer, None, None, max_length, quantized=blocks, weight_format=dtype)
     decoder.fingerprint, decoder.base_name = base.fingerprint, name
     if skip_map is not None:
         decoder.skip_map = check_skip_map(skip_map, len(decoder.model.layers))

@@ -60,6 +60,47 @@ def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
                            None if minimums[0] is None else torch.cat(minimums))
 
 
+def _per_block(weight: torch.Tensor) -> torch.Tensor:
+    n, k = weight.shape
+    if k % BLOCK:
+        raise ValueError(f"a [{n}, {k}] weight cannot be cut into blocks of {BLOCK} along its input width: the "
+                         "4-bit format needs every matmul's input width to be a multiple of 32 (use bfloat16)")
+    return weight.float().reshape(n, k // BLOCK, BLOCK)
+
+
+def quantize_q4_1(weight: torch.Tensor) -> QuantizedWeight:
+    """[N, K] float -> Q4_1 blocks as llama.cpp's reference quantizer makes them: per block d = (max - min) / 15,
+    codes min(15, floor((w - min) / d + 0.5)), then d and min stored as float16."""
+    blocks = _per_block(weight)  # [N, B, 32]
+    low, high = blocks.amin(-1), blocks.amax(-1)  # [N, B]
+    d = (high - low) / 15
+    inverse = torch.where(d > 0, 1 / torch.where(d > 0, d, torch.ones(())), torch.zeros(()))
+    codes = torch.floor((blocks - low[..., None]) * inverse[..., None] + 0.5).clamp(0, 15).to(torch.uint8)
+    return QuantizedWeight("Q4_1", d.half().float(), codes, low.half().float())
+
+
+def quantize_q8_0(weight: torch.Tensor) -> QuantizedWeight:
+    """[N, K] float -> Q8_0 blocks as llama.cpp's reference quantizer makes them: d = amax / 127, codes rounded
+    half away from zero, d stored as float16."""
+    blocks = _per_block(weight)
+    d = blocks.abs().amax(-1) / 127  # [N, B]
+    inverse = torch.where(d > 0, 1 / torch.where(d > 0, d, torch.ones(())), torch.zeros(()))
+    scaled = blocks * inverse[..., None]
+    codes = (scaled.sign() * torch.floor(scaled.abs() + 0.5)).to(torch.int8)
+    return QuantizedWeight("Q8_0", d.half().float(), codes, None)
+
+
+def quantize_model(model) -> dict[str, QuantizedWeight]:
+    """A Llama-family Hugging Face model's matmul weights as the layout of SmolLM2's GGUF: every decoder layer's
+    projections Q4_1, the output head (the embedding, where tied) Q8_0. For base models that come without a GGUF."""
+    state = model.state_dict()
+    out = {name: quantize_q4_1(w) for name, w in state.items()
+           if name.startswith("model.layers.") and name.endswith("_proj.weight")}
+    head = "lm_head.weight" if not model.config.tie_word_embeddings else "model.embed_tokens.weight"
+    out[head] = quantize_q8_0(state[head])
+    return out
+
+
 def _blocks(kind: str, raw: np.ndarray) -> QuantizedWeight:
     """raw [N, bytes per row] uint8, as GGUFReader gives a quantized tensor."""
     n = raw.shape[0]

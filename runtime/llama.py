@@ -44,11 +44,12 @@ SKIP_ATTENTION, SKIP_MLP = 1, 2
 
 class LeanLlama:
     def __init__(self, hf_model, max_positions: int = 4096, pack: bool = True,
-                 quantized: dict[str, QuantizedWeight] | None = None):
+                 quantized: dict[str, QuantizedWeight] | None = None, weight_format: str = GGUF):
         """The weights stay on the device `hf_model` is on (Decoder moves it there): on a CPU they are packed
         for the native kernels, on any other device the PyTorch layers run on them as they are. `quantized`: the
         matmuls' weights as a GGUF's blocks (runtime/gguf_blocks.py, by Hugging Face name), multiplied as such
-        (the model's own weights are those blocks dequantized: the input embeddings and norms are read there)."""
+        (the input embeddings and norms are read from the model); `weight_format` names them (gguf: the file's own,
+        q4: quantized by ppdkit)."""
         cfg = hf_model.config
         check_model_type(cfg)
         sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
@@ -59,7 +60,7 @@ class LeanLlama:
             raise ValueError(f"the lean runtime supports query/key/value biases (Qwen2), not biases of {unsupported}")
         self.weight_dtype = next(hf_model.parameters()).dtype  # the matmuls' weights (runtime/precision.py)
         # their format by its runtime/dtypes.py name (the key of timings and reports): a dtype, or gguf's blocks
-        self.weight_format = GGUF if quantized is not None else dtype_name(self.weight_dtype)
+        self.weight_format = weight_format if quantized is not None else dtype_name(self.weight_dtype)
         self.dtype = activation_dtype(self.weight_dtype)  # activations, norms, rotary tables, the KV cache
         self.hidden = cfg.hidden_size
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads

@@ -11,6 +11,8 @@
   embedding as the tied head) on the AVX512-VNNI kernel, with each row's activations quantized to int8 per block of
   32; everything else float32. The weights are those the float32 model holds (its conversion de-quantized the same
   blocks); the int8 activations make its tokens its own, as every format's are.
+- `q4`: the same format for any base model, its float weights quantized by ppdkit into Q4_1 blocks (the layers) and
+  Q8_0 (the output head) with llama.cpp's reference quantizer.
 - `auto` (the default): bfloat16 where it runs fast and row-invariant, a CPU whose native kernels have
   AVX512-BF16, or a GPU; float32 elsewhere, saying so in one line.
 bfloat16 gives the bfloat16 model's tokens, not the float32 model's: every method is lossless against `ar` in the
@@ -22,7 +24,7 @@ import logging
 import torch
 
 from . import linear
-from .dtypes import AUTO, DTYPES, GGUF
+from .dtypes import AUTO, BLOCK_FORMATS, DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +53,15 @@ def gguf_kernels_here() -> bool:
 
 
 def resolve_dtype(requested: str, device: torch.device | str = "cpu") -> str:
-    """`requested` (auto, float32, bfloat16, gguf) -> the dtype the decoder runs on `device`, with one line where
-    bfloat16 or gguf cannot run fast and row-invariant here (gguf then falls back to what auto picks)."""
+    """`requested` (auto, float32, bfloat16, gguf, q4) -> the dtype the decoder runs on `device`, with one line where
+    bfloat16, gguf or q4 cannot run fast and row-invariant here (gguf and q4 then fall back to what auto picks)."""
     if requested not in DTYPES + TEST_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {requested!r}")
-    if requested == GGUF:
+    if requested in BLOCK_FORMATS:
         if torch.device(device).type == "cpu" and gguf_kernels_here():
-            return GGUF
-        log.warning("gguf weights need the native AVX512-VNNI kernels on a CPU, which this device, CPU or build lacks: "
-                    "running what auto picks")
+            return requested
+        log.warning("%s weights need the native AVX512-VNNI kernels on a CPU, which this device, CPU or build lacks: "
+                    "running what auto picks", requested)
         requested = AUTO
     if requested not in (AUTO, "bfloat16"):
         return requested

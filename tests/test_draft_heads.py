@@ -108,8 +108,8 @@ def _random_tree(rng: random.Random, depth: int, size: int):
     return head_tree(parents, depths, ranks)
 
 
-def _decoder(model, tok, heads: DraftHeadSet, tree) -> Decoder:
-    decoder = Decoder(model, tok, None, None)
+def _decoder(model, tok, heads: DraftHeadSet, tree, **weights) -> Decoder:
+    decoder = Decoder(model, tok, None, None, **weights)
     decoder.heads, decoder.head_tree = heads, tree
     return decoder
 

@@ -9,7 +9,8 @@ from conftest import kernels_or_skip
 
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.smollm2 import GGUF_FILE, gguf_dir
-from ppdkit.runtime.gguf_blocks import QuantizedWeight, _blocks, read_quantized_weights, unpermute_rotary_rows
+from ppdkit.runtime.gguf_blocks import (QuantizedWeight, _blocks, quantize_q4_1, quantize_q8_0, read_quantized_weights,
+                                        unpermute_rotary_rows)
 from ppdkit.runtime.kernels_twin import q8_rows, quantized_linear_twin
 
 
@@ -161,3 +162,17 @@ def test_gguf_needs_the_base_models_own_file_and_the_int8_units(monkeypatch, cap
     monkeypatch.setattr(precision, "gguf_kernels_here", lambda: False)  # a CPU without AVX512-VNNI
     assert precision.resolve_dtype("gguf") == precision.resolve_dtype("auto")
     assert "gguf weights need the native AVX512-VNNI kernels" in caplog.text
+
+
+def test_the_q4_format_quantizes_as_llama_cpps_reference_quantizer():
+    """q4's blocks (for base models without a GGUF) are those the gguf package's quantizer makes, bit for bit."""
+    from gguf.quants import GGMLQuantizationType, dequantize, quantize
+
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(48, 256, generator=g)
+    weight[0, :32] = 0.0  # a constant block: scale 0
+    for kind, ours in ((GGMLQuantizationType.Q4_1, quantize_q4_1), (GGMLQuantizationType.Q8_0, quantize_q8_0)):
+        theirs = torch.from_numpy(dequantize(quantize(weight.numpy(), kind), kind))
+        assert torch.equal(ours(weight).dequantize(), theirs), kind.name
+    with pytest.raises(ValueError, match="needs every matmul's input width to be a multiple of 32"):
+        quantize_q4_1(torch.randn(4, 40))

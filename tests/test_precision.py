@@ -1,7 +1,8 @@
 """The runtime's precision (runtime/precision.py) and the property its losslessness rests on: the native kernels'
 result for a row never depends on how many rows share the call (runtime/row_invariance.py), on every instruction
 path this CPU has, in float32 and bfloat16; the bfloat16 kernel equals its PyTorch twin bit for bit; every
-decoding method gives `ar`'s tokens in bfloat16; `auto` picks bfloat16 only where its kernels run."""
+decoding method gives `ar`'s tokens in bfloat16 and on 4-bit blocks; `auto` picks bfloat16 only where its kernels
+run."""
 
 import logging
 import random
@@ -17,6 +18,7 @@ import ppdkit.runtime.row_invariance as row_invariance
 from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.gguf_blocks import quantize_model
 from ppdkit.runtime.kernels_twin import bf16_linear_twin
 from ppdkit.runtime.linear import Linear
 from ppdkit.runtime.llama import LeanLlama
@@ -84,11 +86,23 @@ def _bf16_tiny(monkeypatch):
     return model.bfloat16().eval(), tok
 
 
-def test_every_method_gives_ars_tokens_in_bfloat16(monkeypatch):
-    """bfloat16 weights on the native kernels: ppd, ppd-lookup, ppd-head, ppd-prune, anpd and self-draft give
-    bfloat16 ar's tokens, with random prompt tokens and trees, and lookup tables that know ar's continuation (so
-    long paths are accepted and the cache is pruned in every way)."""
-    model, tok = _bf16_tiny(monkeypatch)
+def _narrow_weights(weights: str, monkeypatch):
+    """The tiny model and the Decoder arguments that put its matmuls on `weights`' native kernel: bfloat16, or q4
+    (Q4_1 blocks quantized from its float32 weights, the int8 kernel)."""
+    if weights == "bfloat16":
+        return *_bf16_tiny(monkeypatch), {}
+    if not kernels_or_skip("native").quantized_available():
+        pytest.skip("this CPU has no AVX512-VNNI: the q4 format is not built here")
+    model, tok = build_tiny_llama()
+    return model.eval(), tok, {"quantized": quantize_model(model), "weight_format": "q4"}
+
+
+@pytest.mark.parametrize("weights", ["bfloat16", "q4"])
+def test_every_method_gives_ars_tokens_on_narrow_weights(weights, monkeypatch):
+    """bfloat16 weights, or 4-bit blocks, on the native kernels: ppd, ppd-lookup, ppd-head, ppd-prune, anpd and
+    self-draft give ar's tokens on the same weights, with random prompt tokens and trees, and lookup tables that
+    know ar's continuation (so long paths are accepted and the cache is pruned in every way)."""
+    model, tok, narrow = _narrow_weights(weights, monkeypatch)
     rng, g = random.Random(2), torch.Generator().manual_seed(2)
     steps = emitted = 0
     for case in range(8):
@@ -97,12 +111,12 @@ def test_every_method_gives_ars_tokens_in_bfloat16(monkeypatch):
         prompts = PromptTokenSet(torch.randn(k * n, 64, generator=g), None, k, n,
                                  rng.choice(["ensemble", "decoder", "encoder"]), head)
         tree = best_tree_for_size(_random_p(rng, k), rng.choice([8, 16, 32, 64]), n)
-        plain = Decoder(model, tok, None, None)
-        assert plain.model.native is not None and plain.model.weight_dtype == torch.bfloat16
+        plain = Decoder(model, tok, None, None, **narrow)
+        assert plain.model.native is not None and plain.model.weight_format == weights
         ids = [rng.randrange(3, 40) for _ in range(rng.randint(2, 30))]
         truth = plain.generate(ids, 32, "ar").tokens
         table = build_ngram_table([ids + truth] * 2, max_n=3, branches=3, length=6)
-        decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 2))
+        decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 2), **narrow)
         decoder.early_head = _random_early_head(g, model, rng.choice([1, 8, 384]))
         for method in ("ar", "ppd", "ppd-lookup", "ppd-head", "ppd-prune", "anpd", "self-draft"):
             out = decoder.generate(ids, 32, method)
@@ -112,14 +126,15 @@ def test_every_method_gives_ars_tokens_in_bfloat16(monkeypatch):
     assert emitted / steps > 1.3  # chains were accepted: multi-row steps decided the output
 
 
-def test_draft_heads_give_ars_tokens_in_bfloat16(monkeypatch):
-    """Random feature and Medusa heads over bfloat16 weights, with trees of up to 64 nodes."""
-    model, tok = _bf16_tiny(monkeypatch)
+@pytest.mark.parametrize("weights", ["bfloat16", "q4"])
+def test_draft_heads_give_ars_tokens_on_narrow_weights(weights, monkeypatch):
+    """Random feature and Medusa heads over bfloat16 weights or 4-bit blocks, with trees of up to 64 nodes."""
+    model, tok, narrow = _narrow_weights(weights, monkeypatch)
     rng, g = random.Random(3), torch.Generator().manual_seed(3)
     for case in range(6):
         kind, depth = ("feature", "medusa")[case % 2], rng.randint(1, 4)
         heads = _heads(kind, depth, g, model, torch.arange(3, 384, 2), scale=0.5)
-        decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([8, 32, 64])))
+        decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([8, 32, 64])), **narrow)
         ids = [rng.randrange(3, 384) for _ in range(rng.randint(1, 20))]
         ar = decoder.generate(ids, 24, "ar").tokens
         methods = ("feature-head", "feature-grown", "feature-grown-anpd") if kind == "feature" else ("medusa",)
