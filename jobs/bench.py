@@ -81,7 +81,8 @@ def _plain(method: str) -> str:
 def reference_of(method: str, order: list[str], weights: str) -> str:
     """What a method's output must equal: transformers' greedy decoding in float32; in bfloat16 ppdkit's own `ar`
     (transformers' bfloat16 model rounds its activations to bfloat16 too, ppdkit's runtime keeps them float32:
-    runtime/precision.py); for llama.cpp's speculative decoding llama.cpp's own plain decoding, and for its plain
+    runtime/precision.py), and on gguf or q4 blocks too (transformers' float32 model holds the weights, not the int8
+    activations); for llama.cpp's speculative decoding llama.cpp's own plain decoding, and for its plain
     decoding itself (its kernels round otherwise: it is timed, not held to ppdkit's tokens)."""
     if method in LLAMA_METHODS:
         return "llama.cpp" if method == "llama.cpp-lookup" else method
@@ -276,7 +277,8 @@ def print_table(report: dict) -> None:
             print(f"    prompt {d['prompt']}: parts at token {d['index']}, top-2 gap {d['top2_gap']:.2e} ({kind})")
     compared = sorted({r.get("compared_with", "hf-greedy") for r in report["results"]})
     print(f"weights {report.get('dtype', 'float32')}; identical: outputs equal to {' or '.join(compared)}'s, token "
-          "for token (ar's in bfloat16: transformers' bfloat16 model rounds otherwise; llama.cpp's to its own plain)")
+          "for token (ar's in bfloat16, gguf and q4: transformers' model rounds otherwise; llama.cpp's to its own "
+          "plain)")
     if report.get("repeats", 1) > 1:
         print(f"(seconds: each prompt's fastest of {report['repeats']} runs per method)")
     if "machine" in report:  # reports written before these fields lack them
