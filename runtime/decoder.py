@@ -3,6 +3,8 @@
 This file holds what a loaded decoder is and does (its drafts' layouts, `generate`, what its component carries);
 runtime/decoder_loading.py builds one from a component or a base model."""
 
+import ctypes
+import gc
 import logging
 import threading
 import time
@@ -52,6 +54,15 @@ class GenerateResult:
         return sum(self.accepted_per_step) / max(len(self.accepted_per_step), 1)
 
 
+def _return_freed_memory() -> None:
+    """Hand freed heap pages back to the system where the C library can (glibc's malloc_trim): without it the
+    process keeps the freed weights' pages and its resident size does not show what it holds."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the pages return as the allocator decides
+        pass
+
+
 class Decoder:
     """One base model and its drafts. `generate` may be called from several threads: the calls take turns
     (a lock), each with its own KV cache, so their outputs are exactly those of calls made one by one.
@@ -65,7 +76,8 @@ class Decoder:
                  quantized: dict[str, QuantizedWeight] | None = None, weight_format: str = GGUF):
         self._lock = threading.Lock()  # one generate at a time: concurrent steps would only share 2 cores
         self.tokenizer = tokenizer
-        self.hf_model = hf_model  # kept for the baselines and for divergence checks
+        self._hf_model = hf_model  # kept for the baselines and for divergence checks (hf_model)
+        self._reload_hf: Callable[[], object] | None = None  # set by release_hf_model
         window = getattr(hf_model.config, "sliding_window", None)
         if window and getattr(hf_model.config, "use_sliding_window", True) and max_length > window:
             # the lean runtime attends to the whole context: within the window that is what the model does
@@ -101,6 +113,22 @@ class Decoder:
         self.component_digest = "none"  # sha256 of the component's component.json: what auto's choice is for
         self._fastest: str | None = None  # auto's choice, once measured or read
         self.set_tree(tree)
+
+    @property
+    def hf_model(self):
+        """transformers' model of the base weights (the bench's baselines), loaded again on first use after
+        release_hf_model."""
+        if self._hf_model is None:
+            self._hf_model = self._reload_hf()
+        return self._hf_model
+
+    def release_hf_model(self, reload: Callable[[], object]) -> None:
+        """Free transformers' copy of the weights where the runtime holds its own (the block formats: the runtime
+        multiplies GGUF blocks and reads only the embeddings and norms, which it keeps); `reload` brings it back for
+        a baseline that needs it."""
+        self._hf_model, self._reload_hf = None, reload
+        gc.collect()
+        _return_freed_memory()
 
     def set_tree(self, tree: DynamicTree | None) -> None:
         with on_device(self.device):

@@ -59,7 +59,16 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
             early = read_component(_local(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
             decoder.early_head = load_early_head(early, base.model, prune_top_k)
         check_rows(decoder)
-        return decoder
+    del base, blocks  # the last references but the decoder's: a block format's float copy and unpacked blocks go
+    _release_float_weights(decoder, component.base_model["name"], dtype, device)
+    return decoder
+
+
+def _release_float_weights(decoder: "Decoder", name: str, dtype: str, device: torch.device) -> None:
+    """On GGUF blocks the runtime multiplies its own weights: transformers' float32 copy (the larger part of the
+    process) is dropped, and loaded again only when a baseline asks for it."""
+    if dtype in BLOCK_FORMATS:
+        decoder.release_hf_model(lambda: load_base_model(name, quantization="none", dtype="float32").model.to(device))
 
 
 def _base_weights(name: str, dtype: str) -> tuple[BaseModel, dict[str, QuantizedWeight] | None]:
@@ -133,6 +142,8 @@ def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: 
     if skip_map is not None:
         decoder.skip_map = check_skip_map(skip_map, len(decoder.model.layers))
     check_rows(decoder)
+    del base, blocks  # as in from_pretrained
+    _release_float_weights(decoder, name, dtype, device)
     return decoder
 
 

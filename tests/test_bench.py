@@ -80,8 +80,9 @@ def test_machine_info_reads_the_cpu_model_and_only_the_isa_flags_that_matter(tmp
     core = "model name\t: Example Xeon 9999\nflags\t\t: fpu sse avx512f avx512_vnni amx_int8\n"
     cpuinfo.write_text(f"processor\t: 0\n{core}\nprocessor\t: 1\n{core}")
     machine = bench.machine_info(cpuinfo)
-    assert machine["cpu"] == "Example Xeon 9999" and machine["isa"] == ["avx512f", "amx_int8"]
-    assert bench.describe_machine(machine).endswith("cores (%d threads), avx512f+amx_int8" % torch.get_num_threads())
+    assert machine["cpu"] == "Example Xeon 9999" and machine["isa"] == ["avx512f", "avx512_vnni", "amx_int8"]
+    assert bench.describe_machine(machine).endswith("cores (%d threads), avx512f+avx512_vnni+amx_int8"
+                                                    % torch.get_num_threads())
     unknown = bench.machine_info(tmp_path / "absent")  # not Linux: the platform's name, flags unknown
     assert unknown["isa"] is None and "ISA flags unknown" in bench.describe_machine(unknown)
 

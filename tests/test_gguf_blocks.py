@@ -133,22 +133,24 @@ def test_the_vnni_kernel_on_smollm2s_own_blocks(gguf_tensors):
 
 
 def test_smollm2_decodes_on_its_own_blocks_losslessly():
-    """The lean runtime on the GGUF's blocks (every matmul on the 4-bit kernel, tied head on the Q8_0 embedding):
-    drafters that verify several rows per step give exactly the tokens of plain decoding on the same weights."""
+    """`dtype="gguf"`: the lean runtime on the GGUF's blocks (every matmul on the 4-bit kernel, the tied head on the
+    Q8_0 embedding): drafters that verify several rows per step give exactly the tokens of plain decoding on the
+    same weights."""
     _vnni_kernels()
+    from transformers import LlamaForCausalLM
+
     from ppdkit.jobs.bench import load_prompts
     from ppdkit.runtime.decoder import Decoder
-    from ppdkit.runtime.llama import LeanLlama
 
-    decoder = Decoder.from_base("smollm2-135m", dtype="float32")
-    cfg = decoder.hf_model.config
-    blocks = read_quantized_weights(gguf_dir() / GGUF_FILE, cfg.num_attention_heads, cfg.num_key_value_heads)
-    decoder.model = LeanLlama(decoder.hf_model, decoder.max_length, quantized=blocks)
-    assert decoder.model.native is not None and decoder.model.layers[0].qkv.weight is None
+    decoder = Decoder.from_base("smollm2-135m", dtype="gguf")
+    assert decoder.model.weight_format == "gguf" and decoder.model.native is not None
+    assert decoder.model.layers[0].qkv.weight is None  # no float copy of the matmuls' weights
+    assert decoder._hf_model is None  # transformers' float32 copy released: nothing of the runtime reads it
     for prompt in load_prompts("mt-bench", 4) + load_prompts("humaneval", 2):
         plain = decoder.generate(prompt, 48, "ar").tokens
         for method in ("anpd", "self-draft"):
             assert decoder.generate(prompt, 48, method).tokens == plain, (method, prompt[:40])
+    assert isinstance(decoder.hf_model, LlamaForCausalLM)  # loaded again for a baseline that asks
 
 
 def test_gguf_needs_the_base_models_own_file_and_the_int8_units(monkeypatch, caplog):
