@@ -124,7 +124,7 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
               device: str = "cpu", repeats: int = 1, command: str | None = None, dtype: str = "auto") -> dict:
     """`model` a component (directory or models:/ URI), or with `base_only` a base model for the methods that
     need no component (`skip_map` for skip); every method, the transformers baselines too, runs on `device` with the
-    weights in `dtype` (auto, float32, bfloat16: runtime/precision.py).
+    weights in `dtype` (auto, float32, bfloat16, gguf, q4: runtime/precision.py).
     `repeats` > 1 decodes every prompt that many times with every method, in turns, and counts each method's
     fastest run: a ratio of a few percent then stands out of this machine's minute-to-minute drift. `command` is what
     made the report (the command line, or the pipeline stage), kept with its date and machine so a figure can be

@@ -40,7 +40,7 @@ class DecoderModel:
 
 def _load_pyfunc(data_path: str, model_config: dict | None = None) -> DecoderModel:
     """MLflow's entry (loader_module): the model of the component at `data_path`; model_config may name the
-    device and the dtype (auto, float32, bfloat16)."""
+    device and the dtype (auto, float32, bfloat16, gguf, q4)."""
     unknown = sorted(set(model_config or {}) - {"device", "dtype"})
     if unknown:
         raise ValueError(f"unknown model_config key(s) {unknown}: ppdkit's pyfunc model takes 'device' and 'dtype'")

@@ -40,7 +40,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
     profiled (or given) size. `early_head`: an early-head component (a directory or models:/ URI) for the
     pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses.
     `device`: where the model and drafts run (cuda: the PyTorch layers; the native kernels are CPU only).
-    `dtype`: the weights' precision, auto, float32, bfloat16 or gguf (runtime/precision.py)."""
+    `dtype`: the weights' precision, auto, float32, bfloat16, gguf or q4 (runtime/precision.py)."""
     device = check_device(device)
     directory = _local(source)
     component = read_component(directory)
