@@ -1,7 +1,7 @@
 """A GGUF file's quantized weights as the file stores them: its blocks read exactly, never re-quantized.
 
-The runtime's 4-bit format (the 4-bit runtime issue) multiplies these blocks directly, so the weights it decodes
-with are bit for bit the ones llama.cpp decodes the same file with. Two block types, llama.cpp's layouts:
+The runtime's block formats (dtype gguf and q4, runtime/precision.py) multiply these blocks directly, so the
+weights it decodes with are bit for bit the ones llama.cpp decodes the same file with. Two block types, llama.cpp's layouts:
 
     Q4_1  32 weights in 20 bytes: scale d (float16), minimum m (float16), 16 bytes of 4-bit codes q (weight j < 16
           in the low nibble of byte j, weight j >= 16 in the high nibble of byte j - 16); w = d * q + m
@@ -11,7 +11,8 @@ Dequantized in float32 (d * q, rounded, then + m, rounded: the order of the gguf
 transformers' GGUF loader uses), they equal the weights of the safetensors model converted from the same file
 (models/smollm2.py). Names are mapped to the Hugging Face model's, and the query and key rows are put back in its
 order: llama.cpp's converter interleaves each head's rotary halves, a permutation of whole rows (blocks run
-along a row, so a row permutation moves whole blocks).
+along a row, so a row permutation moves whole blocks). For a base model without a GGUF, quantize_model makes the
+same blocks from its float weights as llama.cpp's reference quantizer does (dtype q4).
 """
 
 from dataclasses import dataclass
