@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ppdkit.models.catalog import base_gguf
 from ppdkit.models.paths import cache_dir
 from ppdkit.runtime.dtypes import BLOCK_FORMATS
 
@@ -110,6 +109,8 @@ def llama_runners(base: str, dtype: str, methods: list[str], threads: int) -> di
         return {}
     if not llama_cpp_available():
         raise ValueError(f"{', '.join(wanted)} need llama-cpp-python: {INSTALL_HINT}")
+    from ppdkit.models.catalog import base_gguf  # here: the command line's parsing stays free of torch
+
     source = base_gguf(base)
     same = widened_gguf(source, dtype) if {"llama.cpp", "llama.cpp-lookup"} & set(wanted) else None
     files = {"llama.cpp": (same, False), "llama.cpp-lookup": (same, True), "llama.cpp-q4": (source, False)}

@@ -8,6 +8,7 @@ import torch
 
 import ppdkit.jobs.llama_cpp as llama_module
 from ppdkit.jobs.bench import run_bench
+from ppdkit.models.catalog import base_gguf
 
 
 def test_without_llama_cpp_python_the_bench_says_what_to_install(monkeypatch):
@@ -15,7 +16,7 @@ def test_without_llama_cpp_python_the_bench_says_what_to_install(monkeypatch):
     with pytest.raises(ValueError, match=r"llama-cpp-python: pip install \"ppdkit\[llama\]\""):
         llama_module.llama_runners("smollm2-135m", "bfloat16", ["ar", "llama.cpp"], 2)
     with pytest.raises(ValueError, match="only smollm2-135m comes with one"):
-        llama_module.base_gguf("tiny-llama")
+        base_gguf("tiny-llama")  # what the llama.cpp methods need of a base model
     assert llama_module.llama_runners("tiny-llama", "bfloat16", ["ar"], 2) == {}  # no llama.cpp method: nothing
 
 
@@ -31,7 +32,7 @@ def test_llama_cpp_runs_the_same_weights_beside_ar(tmp_path):
 
     from ppdkit.models.loading import load_base_model
 
-    widened = llama_module.widened_gguf(llama_module.base_gguf("smollm2-135m"), "bfloat16", tmp_path / "s.gguf")
+    widened = llama_module.widened_gguf(base_gguf("smollm2-135m"), "bfloat16", tmp_path / "s.gguf")
     embedding = next(t for t in gguf.GGUFReader(widened).tensors if t.name == "token_embd.weight")
     ours = load_base_model("smollm2-135m", quantization="none").model.get_input_embeddings().weight.detach()
     assert embedding.tensor_type == gguf.GGMLQuantizationType.BF16
