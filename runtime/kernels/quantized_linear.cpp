@@ -8,8 +8,9 @@
 //   and sum rounded once (-ffp-contract=off: no FMA).
 // Panels hold 16 outputs (one vector of lanes), packed into one uint8 tensor [N/16, B, bytes]: per block the 16
 // outputs' codes (Q4_1: 256 bytes, two codes a byte; Q8_0: 512), then their 16 float32 scales, then (Q4_1) their 16
-// minimums, so a block's data is read in one stream. Each row's operations are the same whatever the number of rows, so a row's result never depends on
-// the rows beside it. Rows share the weight loads: a pass of up to 12 rows reads W once.
+// minimums, so a block's data is read in one stream. Each row's operations are the same whatever the number of
+// rows, so a row's result never depends on the rows beside it. Rows share the weight loads: a pass of up to 12 rows
+// reads W once.
 #include "quantized_linear.h"
 
 #include <ATen/Parallel.h>
