@@ -23,7 +23,7 @@ from ppdkit.runtime.methods import HEAD_TREE, METHODS, TREES, get_method
 from ppdkit.runtime.native import cpu_info
 from ppdkit.runtime.dtypes import DTYPES
 
-from .llama_cpp import LLAMA_METHODS, llama_runners
+from .llama_cpp import LLAMA_METHODS, llama_runners, system_info
 
 log = logging.getLogger(__name__)
 HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
@@ -229,7 +229,8 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
             "repeats": repeats, "tree_size": tree_size, "profile": decoder.profile, "device": str(decoder.device),
             "dtype": weights,
             "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine_info(), "command": command, "results": results}
+            "machine": machine_info(), "command": command, "results": results,
+            **({"llama_cpp_system": system_info()} if llama else {})}
 
 
 def machine_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
@@ -283,6 +284,8 @@ def print_table(report: dict) -> None:
         print(f"(seconds: each prompt's fastest of {report['repeats']} runs per method)")
     if "machine" in report:  # reports written before these fields lack them
         print(f"measured {report['date']} on {describe_machine(report['machine'])}")
+    if report.get("llama_cpp_system"):
+        print(f"llama.cpp built for: {report['llama_cpp_system']}")
 
 
 def write_report(report: dict, path: Path) -> None:

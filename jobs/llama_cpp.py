@@ -102,6 +102,14 @@ class LlamaCpp:
         return out
 
 
+def system_info() -> str:
+    """What llama.cpp was built to use on this CPU (its own line: AVX512_VNNI = 1, AMX_INT8 = 1, ...), so a report
+    shows whether it ran its fast path."""
+    import llama_cpp
+
+    return llama_cpp.llama_print_system_info().decode(errors="replace").strip(" |\n")
+
+
 def llama_runners(base: str, dtype: str, methods: list[str], threads: int) -> dict[str, LlamaCpp]:
     """The llama.cpp runner of each llama.cpp method asked for."""
     wanted = [m for m in methods if m in LLAMA_METHODS]

@@ -44,4 +44,5 @@ def test_llama_cpp_runs_the_same_weights_beside_ar(tmp_path):
     assert set(rows) == {"hf-greedy", "ar", "llama.cpp", "llama.cpp-lookup", "llama.cpp-q4"}  # plain added
     assert rows["llama.cpp-lookup"]["compared_with"] == "llama.cpp" and rows["ar"]["compared_with"] == "ar"
     assert all(r["new_tokens"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
+    assert "AVX" in report["llama_cpp_system"]  # what llama.cpp was built to use, kept with its figures
     assert rows["ar"]["identical_to_greedy"] == 1.0 and 0.0 <= rows["llama.cpp-lookup"]["identical_to_greedy"] <= 1.0
