@@ -45,8 +45,9 @@ def q8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def quantized_linear_twin(x: torch.Tensor, weight) -> torch.Tensor:
     """x [M, K] float32, weight a runtime/gguf_blocks.QuantizedWeight [N, K] -> [M, N] float32: the 4-bit format's
-    arithmetic, the contract its native few-rows kernels are held to bit for bit. The activations are q8_rows'; per block b in order, the exact integer sum s = sum_j qw * qx
-    (|s| < 2^24, so exact as float32 too) enters the float32 sum as
+    arithmetic, the contract its native few-rows kernels are held to bit for bit. The activations are q8_rows'; per
+    block b in order, the exact integer sum s = sum_j qw * qx (|s| < 2^24, so exact as float32 too) enters the
+    float32 sum as
         acc = acc + (dw * dx) * s,   then for Q4_1   acc = acc + mw * (dx * sum_j qx)
     every product and sum rounded once, in this order: the same operations for a row whatever rows are beside it."""
     codes, dx, dx_sum = q8_rows(x)  # [M, B, 32], [M, B], [M, B]
