@@ -15,7 +15,6 @@
 
 #include <ATen/Parallel.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -43,17 +42,20 @@ Activations quantize_rows(const torch::Tensor& x) {
   int8_t* codes = a.codes.data_ptr<int8_t>();
   float *scale = a.scale.data_ptr<float>(), *scaled = a.scaled_sum.data_ptr<float>();
   int32_t* sums = a.code_sum.data_ptr<int32_t>();
-  for (int64_t i = 0; i < m * blocks; ++i) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t i = 0; i < m * blocks; ++i) {  // a block of 32 is two vectors
     const float* v = src + i * kBlock;
-    float amax = 0.0f;
-    for (int j = 0; j < kBlock; ++j) amax = std::fmax(amax, std::fabs(v[j]));
+    const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + kLanes);
+    const float amax = _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_and_ps(lo, abs_mask), _mm512_and_ps(hi, abs_mask)));  // exact, in any order
     const float inverse = amax == 0.0f ? 0.0f : 127.0f / amax;
-    int32_t sum = 0;
-    for (int j = 0; j < kBlock; ++j) {
-      const int32_t q = static_cast<int32_t>(std::nearbyint(v[j] * inverse));  // to nearest even
-      codes[i * kBlock + j] = static_cast<int8_t>(q);
-      sum += q;
-    }
+    const __m512 by = _mm512_set1_ps(inverse);
+    constexpr int kNearestEven = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512i q_lo = _mm512_cvt_roundps_epi32(_mm512_mul_ps(lo, by), kNearestEven);
+    const __m512i q_hi = _mm512_cvt_roundps_epi32(_mm512_mul_ps(hi, by), kNearestEven);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i * kBlock), _mm512_cvtepi32_epi8(q_lo));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i * kBlock + kLanes), _mm512_cvtepi32_epi8(q_hi));
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi));  // exact in int32
     scale[i] = amax / 127.0f;
     sums[i] = sum;
     scaled[i] = scale[i] * static_cast<float>(sum);
