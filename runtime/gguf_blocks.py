@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .kernels_twin import reciprocal_or_zero
+
 BLOCK = 32  # weights per block, both types
 
 
@@ -75,7 +77,7 @@ def quantize_q4_1(weight: torch.Tensor) -> QuantizedWeight:
     blocks = _per_block(weight)  # [N, B, 32]
     low, high = blocks.amin(-1), blocks.amax(-1)  # [N, B]
     d = (high - low) / 15
-    inverse = torch.where(d > 0, 1 / torch.where(d > 0, d, torch.ones(())), torch.zeros(()))
+    inverse = reciprocal_or_zero(d)  # d >= 0
     codes = torch.floor((blocks - low[..., None]) * inverse[..., None] + 0.5).clamp(0, 15).to(torch.uint8)
     return QuantizedWeight("Q4_1", d.half().float(), codes, low.half().float())
 
@@ -85,7 +87,7 @@ def quantize_q8_0(weight: torch.Tensor) -> QuantizedWeight:
     half away from zero, d stored as float16."""
     blocks = _per_block(weight)
     d = blocks.abs().amax(-1) / 127  # [N, B]
-    inverse = torch.where(d > 0, 1 / torch.where(d > 0, d, torch.ones(())), torch.zeros(()))
+    inverse = reciprocal_or_zero(d)  # d >= 0
     scaled = blocks * inverse[..., None]
     codes = (scaled.sign() * torch.floor(scaled.abs() + 0.5)).to(torch.int8)
     return QuantizedWeight("Q8_0", d.half().float(), codes, None)

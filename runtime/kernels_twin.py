@@ -28,6 +28,13 @@ def bf16_linear_twin(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return acc
 
 
+def reciprocal_or_zero(d: torch.Tensor, numerator: float = 1.0) -> torch.Tensor:
+    """numerator / d elementwise, one float32 division each, and 0 where d is 0 (a block of zeros quantizes to zero
+    codes): the inverse scale that every block quantizer here multiplies by."""
+    nonzero = d != 0
+    return torch.where(nonzero, numerator / torch.where(nonzero, d, torch.ones(())), torch.zeros(()))
+
+
 def q8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] float32 (K a multiple of 32) -> the activations as the 4-bit format's kernels take them, per row
     and block of 32: (codes [M, K / 32, 32] int8, scale [M, K / 32] float32, scale * sum of codes [M, K / 32]).
@@ -36,8 +43,7 @@ def q8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m, k = x.shape
     blocks = x.reshape(m, k // 32, 32)
     amax = blocks.abs().amax(-1)  # [M, K / 32]
-    zero = amax == 0
-    inverse = torch.where(zero, torch.zeros(()), 127.0 / torch.where(zero, torch.ones(()), amax))
+    inverse = reciprocal_or_zero(amax, 127.0)
     codes = torch.round(blocks * inverse[..., None]).to(torch.int8)
     scale = amax / 127.0
     return codes, scale, scale * codes.sum(-1, dtype=torch.int32).float()
