@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # llama.cpp for the bench's baselines (optional: `ppdkit bench --methods ...,llama.cpp`); CI installs it
+# built from source for this CPU (infra/llama_cpp/cmake_args.sh: clang for its AMX kernels where the CPU has them);
+# the bench prints llama.cpp's own system info, so a report shows which kernels it ran
 setup-llama: setup
-	$(BIN)/pip install --quiet -e ".[llama]"
+	CMAKE_ARGS="$$(bash infra/llama_cpp/cmake_args.sh)" $(BIN)/pip install --quiet -e ".[llama]"
 
 demo: setup
 	$(BIN)/ppdkit demo

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The CMake arguments `make setup-llama` builds llama.cpp (llama-cpp-python, the bench's peer) with, for this CPU.
+# Always the native build (-march=native: AVX-512, VNNI, BF16 where the CPU has them). On a CPU with AMX-INT8 its
+# AMX kernels are its fast path (208-214 against about 95 tok/s for its VNNI path on SmolLM2's Q4_1, measured on a
+# 2-core AMX VM), but with GCC 12 they segfault on any batch of 2+ tokens: GCC 12 declares `_tile_loadconfig` as an
+# 8-byte read, so the stores that fill the 64-byte tile configuration can be dropped (llama.cpp issue 20824). So on
+# such a CPU we build with clang when it and its OpenMP runtime are installed (`apt-get install clang libomp-dev`),
+# defining __AMX_INT8__ because clang 14 spells it __AMXINT8__ and the AMX code would otherwise be compiled out;
+# without clang we say so on stderr. Untested on an AMX CPU by our CI (none of its machines has been one).
+set -euo pipefail
+args="-DGGML_NATIVE=ON"
+if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+    if command -v clang >/dev/null && command -v clang++ >/dev/null && ls /usr/lib/llvm-*/lib/libomp.so >/dev/null 2>&1; then
+        args="$args -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++"
+        args="$args -DCMAKE_C_FLAGS=-D__AMX_INT8__=1 -DCMAKE_CXX_FLAGS=-D__AMX_INT8__=1"
+    else
+        echo "setup-llama: this CPU has AMX-INT8, but llama.cpp's AMX kernels need clang and libomp" \
+             "(apt-get install clang libomp-dev; GCC 12 miscompiles them): building its GCC native build" >&2
+    fi
+fi
+echo "$args"
