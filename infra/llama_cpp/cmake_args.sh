@@ -6,11 +6,12 @@
 # 8-byte read, so the stores that fill the 64-byte tile configuration can be dropped (llama.cpp issue 20824). So on
 # such a CPU we build with clang when it and its OpenMP runtime are installed (`apt-get install clang libomp-dev`),
 # defining __AMX_INT8__ because clang 14 spells it __AMXINT8__ and the AMX code would otherwise be compiled out;
-# without clang we say so on stderr. Untested on an AMX CPU by our CI (none of its machines has been one).
+# without clang we say so on stderr. The clang branch has not run since it was written: no machine since had AMX.
 set -euo pipefail
 args="-DGGML_NATIVE=ON"
 if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
-    if command -v clang >/dev/null && command -v clang++ >/dev/null && ls /usr/lib/llvm-*/lib/libomp.so >/dev/null 2>&1; then
+    if command -v clang >/dev/null && command -v clang++ >/dev/null \
+        && ls /usr/lib/llvm-*/lib/libomp.so >/dev/null 2>&1; then
         args="$args -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++"
         args="$args -DCMAKE_C_FLAGS=-D__AMX_INT8__=1 -DCMAKE_CXX_FLAGS=-D__AMX_INT8__=1"
     else
