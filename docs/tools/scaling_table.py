@@ -1,7 +1,7 @@
 """The draft-data scaling table: what each training run on one teacher cache reached, read from its stage summaries.
 
 Each argument is LABEL=RUN_DIR, a `ppdkit run` output made with `--reuse` of the same cache (recipe:
-jobs/configs/smollm2-draft-data.yaml, whose header gives the commands). Per run: the positions it trained on, the
+jobs/configs/smollm2-draft-data.yaml, whose header gives the commands). Per run: the positions it trains on and those its steps saw, the
 held-out top-1 accuracy of each draft depth at the kept checkpoint (train), the expected tokens per step of the
 calibrated trees (calibrate) and the evaluate stage's tokens per step and speed of each decoding method. Writes
 docs/measurements/draft-scaling.json (`--out`) and prints the table as Markdown:
@@ -32,13 +32,16 @@ def run_row(label: str, run_dir: Path) -> dict:
                              "with the same `ppdkit run` command first")
     train, calibrate, evaluate = summaries["train"], summaries["calibrate"], summaries["evaluate"]
     spec = yaml.safe_load((run_dir / "spec.yaml").read_text()) if (run_dir / "spec.yaml").is_file() else {}
+    teacher = read_summary(run_dir / "teacher") or {}
+    subset = spec.get("train", {}).get("train_positions")  # None: the whole training split
     methods = {key.removesuffix("_accepted_per_step"): {"tokens_per_step": value,
                                                         "tokens_per_s": evaluate.get(key.replace("accepted_per_step",
                                                                                                  "tokens_per_s"))}
                for key, value in evaluate.items() if key.endswith("_accepted_per_step")}
     return {"label": label, "method": spec.get("train", {}).get("method"),
-            "train_positions": spec.get("train", {}).get("train_positions"),
-            "trained_positions": train.get("trained_positions"), "steps": train.get("steps"),
+            "train_positions": subset if subset is not None else teacher.get("splits", {}).get("train", {}).get(
+                "positions"),
+            "positions_seen": train.get("trained_positions"), "steps": train.get("steps"),
             "best_step": train.get("best_step"),
             "top1": {d: train.get(f"best_acc_top1_d{d}") for d in range(1, DEPTHS + 1)},
             "tau": {size: calibrate.get(f"tau_size{size}") for size in TAU_SIZES},
@@ -49,7 +52,7 @@ def markdown(rows: list[dict]) -> str:
     def cell(value, digits: int = 3) -> str:
         return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else f"{value:,}"
 
-    head = (["run", "positions trained on", *[f"top-1 d{d}" for d in range(1, DEPTHS + 1)],
+    head = (["run", "training positions", "positions seen", *[f"top-1 d{d}" for d in range(1, DEPTHS + 1)],
              *[f"tau@{s}" for s in TAU_SIZES], "best method: tokens/step, x ar"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
@@ -58,7 +61,7 @@ def markdown(rows: list[dict]) -> str:
         best = max(methods, key=lambda m: methods[m]["tokens_per_s"] or 0, default=None)
         said = "-" if best is None else (f"{best}: {methods[best]['tokens_per_step']:.2f}"
                                          + (f", {methods[best]['tokens_per_s'] / ar:.2f}x" if ar else ""))
-        lines.append("| " + " | ".join([row["label"], cell(row["trained_positions"]),
+        lines.append("| " + " | ".join([row["label"], cell(row["train_positions"]), cell(row["positions_seen"]),
                                         *[cell(row["top1"][d]) for d in range(1, DEPTHS + 1)],
                                         *[cell(row["tau"][s], 2) for s in TAU_SIZES], said]) + " |")
     return "\n".join(lines)
