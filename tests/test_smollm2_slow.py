@@ -86,7 +86,7 @@ def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-ppd", tree_size=16,
-                                      lookup_chains=4)  # ppd-lookup: the context's chain and the n-gram table's
+                                      lookup_chains=4, dtype="float32")  # ppd-lookup: the context's chain and the n-gram table's
     assert decoder.ngrams is not None and len(decoder.ngrams.entries) > 10_000
     for method in ("ppd", "ppd-lookup"):
         assert lossless_tokens_per_step(decoder, method) > 1.3, method
@@ -109,7 +109,8 @@ def test_the_committed_feature_head_decodes_mt_bench_losslessly_in_fewer_steps()
 
     for size, method in ((4, "feature-head"), (16, "feature-head"), (None, "feature-grown"),
                          (None, "feature-grown-anpd")):
-        decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-feature-head", tree_size=size)
+        decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-feature-head", tree_size=size,
+                                          dtype="float32")
         assert lossless_tokens_per_step(decoder, method) > 1.25, (size, method)
 
 
@@ -122,7 +123,8 @@ def test_the_committed_early_head_prunes_the_feature_heads_trees_losslessly():
 
     components = REPO / "models" / "components"
     decoder = Decoder.from_pretrained(components / "smollm2-135m-feature-head", tree_size=6,
-                                      early_head=components / "smollm2-135m-early-head", prune_top_k=128)
+                                      early_head=components / "smollm2-135m-early-head", prune_top_k=128,
+                                      dtype="float32")
     unpruned = lossless_tokens_per_step(decoder, "feature-head")
     pruned = lossless_tokens_per_step(decoder, "feature-head-prune")
     assert decoder.pruned_rows and sum(decoder.pruned_rows) > 0
@@ -140,7 +142,8 @@ def test_smollm2_alone_decodes_losslessly_with_the_drafters_that_need_no_compone
 
 def lossless_tokens_per_step(decoder, method: str, prompts: int = 3, new_tokens: int = 48) -> float:
     """Tokens per step of `method` on MT-Bench first turns, asserting each output is transformers' greedy one (or
-    parts from it only at a floating-point near-tie)."""
+    parts from it only at a floating-point near-tie). transformers' model computes in float32, so the decoder must
+    too: a bfloat16 decoder's tokens are its own bfloat16 model's (the bench compares those with `ar`)."""
     from ppdkit.jobs.bench import divergence, load_prompts, run_method
 
     tokens = steps = 0
