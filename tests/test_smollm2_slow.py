@@ -85,8 +85,9 @@ def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
 
     from ppdkit.runtime.decoder import Decoder
 
+    # lookup_chains for ppd-lookup: the context's chain and the n-gram table's
     decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-ppd", tree_size=16,
-                                      lookup_chains=4, dtype="float32")  # ppd-lookup: the context's chain and the n-gram table's
+                                      lookup_chains=4, dtype="float32")
     assert decoder.ngrams is not None and len(decoder.ngrams.entries) > 10_000
     for method in ("ppd", "ppd-lookup"):
         assert lossless_tokens_per_step(decoder, method) > 1.3, method
