@@ -93,12 +93,13 @@ def check_rows(decoder) -> None:
     said = (f"this machine's {dtype} kernels give a decoding step of {found} rows results other than {found} one-row "
             f"steps, so trees of {found} or more rows could change the output; this decoder's methods need up to "
             f"{rows}")
-    if decoder.device.type != "cpu":
-        log.warning("%s on %s (the PyTorch layers: greedy output through a tree method may then differ from ar's, "
-                    "see docs/devices.md; for output identical to ar's decode on the CPU)", said, decoder.device)
-        return
-    if decoder.model.native is None:
-        log.warning("%s (the PyTorch layers: install a C++ compiler on an AVX-512 or AVX2 CPU for the native "
-                    "kernels, or pass a tree size below %d)", said, found)
+    if decoder.model.native is None:  # the PyTorch layers: every device but a CPU with the native kernels
+        if decoder.device.type == "cpu":
+            remedy = (f"install a C++ compiler on an AVX-512 or AVX2 CPU for the native kernels, or pass a tree size "
+                      f"below {found}")
+        else:
+            remedy = (f"on {decoder.device} greedy output through a tree method may then differ from ar's, see "
+                      "docs/devices.md; for output identical to ar's decode on the CPU")
+        log.warning("%s (the PyTorch layers: %s)", said, remedy)
         return
     raise ValueError(f"{said}. Load it with a smaller tree_size (--tree-size), fewer lookup_chains, or dtype float32")
