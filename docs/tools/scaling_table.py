@@ -32,13 +32,14 @@ def run_row(label: str, run_dir: Path) -> dict:
                              "with the same `ppdkit run` command first")
     train, calibrate, evaluate = summaries["train"], summaries["calibrate"], summaries["evaluate"]
     spec = yaml.safe_load((run_dir / "spec.yaml").read_text()) if (run_dir / "spec.yaml").is_file() else {}
+    train_spec = spec.get("train", {})
     teacher = read_summary(run_dir / "teacher") or {}
-    subset = spec.get("train", {}).get("train_positions")  # None: the whole training split
+    subset = train_spec.get("train_positions")  # None: the whole training split
     methods = {key.removesuffix("_accepted_per_step"): {"tokens_per_step": value,
                                                         "tokens_per_s": evaluate.get(key.replace("accepted_per_step",
                                                                                                  "tokens_per_s"))}
                for key, value in evaluate.items() if key.endswith("_accepted_per_step")}
-    return {"label": label, "method": spec.get("train", {}).get("method"),
+    return {"label": label, "method": train_spec.get("method"),
             "train_positions": subset if subset is not None else teacher.get("splits", {}).get("train", {}).get(
                 "positions"),
             "positions_seen": train.get("trained_positions"), "steps": train.get("steps"),
