@@ -20,12 +20,13 @@ from .acceptance import Sampling
 from .auto import AUTO, fastest_method
 from .devices import on_device
 from .draft_heads import DraftHeadSet, HeadTree, draft_seconds
+from .eagle3 import Eagle3Set
 from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight
 from .llama import LeanLlama, end_tokens
 from .lookup import root_only, with_lookup_chains
 from .layer_skip import SkipDraft
-from .methods import (EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, SKIP_DRAFT,
+from .methods import (EAGLE3_DRAFT, EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, SKIP_DRAFT,
                       SKIP_MAP, TREES, get_method, lookup_rows)
 from .pruning import EarlyHead
 from .ppd import PromptTokenSet
@@ -99,6 +100,7 @@ class Decoder:
         self.profile: dict | None = None
         self.heads: DraftHeadSet | None = None  # a draft-head component's heads (feature-head, medusa)
         self.head_tree: HeadTree | None = None  # and the calibrated tree they draft
+        self.eagle3: Eagle3Set | None = None  # an eagle3 component's draft
         # dynamic_size (runtime/tree_sizer.py): every calibrated tree, by size, and their tau and rows
         self.dynamic_size = False
         self.size_layouts: dict[int, dict[int, TreeLayout]] = {}  # ppd: size -> state -> layout
@@ -307,6 +309,8 @@ class Decoder:
             found.add(FEATURE_HEAD if self.heads.kind == "feature" else MEDUSA_HEADS)
         if self.head_tree is not None:
             found.add(HEAD_TREE)
+        if self.eagle3 is not None:
+            found.add(EAGLE3_DRAFT)
         if self.early_head is not None:
             found.add(EARLY_HEAD)
         if self.skip_map is not None:

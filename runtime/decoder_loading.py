@@ -16,7 +16,7 @@ from ppdkit.models.ngram_table import NgramTable
 from .devices import check_device, on_device
 from .dtypes import BLOCK_FORMATS, Q4
 from .gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
-from .head_loading import load_draft_heads, load_skip_draft
+from .head_loading import load_draft_heads, load_eagle3, load_skip_draft
 from .layer_skip import check_skip_map
 from .ppd import PromptTokenSet
 from .precision import activation_dtype, resolve_dtype
@@ -97,6 +97,10 @@ def _assemble(cls: type["Decoder"], component: Component, base, max_length: int,
     if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
         decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
         decoder.skip_map, decoder.skip_draft = load_skip_draft(component, decoder.model, base.model)
+        return decoder, {}, {}
+    if component.method == "eagle3":
+        decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
+        decoder.eagle3 = load_eagle3(component, base.model)
         return decoder, {}, {}
     if "draft_vocab" in component.tensors:  # draft heads over the base model's features
         heads, head_trees = load_draft_heads(component, base.model)

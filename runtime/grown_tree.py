@@ -168,23 +168,53 @@ def latency_model(profile: dict | None, rows: int) -> LatencyModel:
     return model
 
 
+class FeatureDrafter:
+    """The feature head's side of a grown tree: it drafts from the last verified token's final hidden state."""
+
+    def __init__(self, decoder):
+        self.model, self.heads, self.feature = decoder.model, decoder.heads, None
+
+    def prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Read the prompt ids [P] into the cache -> the last position's logits [V]."""
+        model = self.model
+        hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
+        cache.commit(None, len(ids))
+        self.feature = hidden[-1]
+        return model.logits(hidden[-1])
+
+    def propose(self, root: int, wanted: int, beam: int, depth: int) -> Proposals:
+        return expand(self.model, self.heads, self.feature, root, wanted, beam, depth)
+
+    def verify(self, cache: KVCache, layout, tokens: torch.Tensor, sampling: Sampling,
+               generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
+        """One forward over the tree -> (the next token, the kept path's nodes); the path's entries committed."""
+        self.feature, next_token, path = verify_tree(self.model, cache, layout, tokens, sampling, generator)
+        return next_token, path
+
+
 def decode_grown(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
                  generator: torch.Generator | None, sizer=None, *, nodes: int, ngrams: bool = False,
                  beam: int = BEAM, depth: int = DEPTH, rate: float = 0.1) -> None:
     """Read the prompt ids [P], then grow-and-verify steps of at most `nodes` nodes until `emit` says stop (the size
     is chosen per step: `sizer` is None). `ngrams` merges ANPD's chain into every tree; `rate` weighs a step in the
     running figures (guesses kept, their estimate, drafting time)."""
-    model, heads = decoder.model, decoder.heads
+    grow_and_verify(decoder, FeatureDrafter(decoder), ids, cache, emit, sampling, generator, nodes=nodes,
+                    ngrams=ngrams, beam=beam, depth=depth, rate=rate)
+
+
+def grow_and_verify(decoder, drafter, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool],
+                    sampling: Sampling, generator: torch.Generator | None, *, nodes: int, ngrams: bool, beam: int,
+                    depth: int, rate: float) -> None:
+    """decode_grown's loop for any drafter with prefill, propose and verify (FeatureDrafter's; runtime/eagle3.py's
+    Eagle3Drafter)."""
     latency = latency_model(decoder.profile, nodes)
-    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
-    cache.commit(None, len(ids))
-    feature, root = hidden[-1], pick(model.logits(hidden[-1]), sampling, generator)
+    root = pick(drafter.prefill(ids, cache), sampling, generator)
     chains = ChainSource(ids.tolist()) if ngrams else None
     kept, estimated, drafting = 1.0, 1.0, 0.0  # running: guesses kept, their estimate, seconds of drafting
     done = emit([root])
     while not done:
         started = time.perf_counter()
-        found = expand(model, heads, feature, root, nodes - 1, beam, depth)
+        found = drafter.propose(root, nodes - 1, beam, depth)
         chain = chains.draft(root) if chains else []
         add_chain(found, chain, chains.rate if chains else 0.0)
         chosen = by_value(found, nodes - 1)
@@ -196,7 +226,7 @@ def decode_grown(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[lis
         tokens = torch.tensor([root] + [found.tokens[i] for i in chosen])  # [N]
         verifying = time.perf_counter()
         drafting = (1 - rate) * drafting + rate * (verifying - started)
-        feature, next_token, path = verify_tree(model, cache, layout, tokens, sampling, generator)
+        next_token, path = drafter.verify(cache, layout, tokens, sampling, generator)
         latency.observe(layout.size, time.perf_counter() - verifying)
         accepted = tokens[path[1:]].tolist()
         kept = (1 - rate) * kept + rate * len(accepted)

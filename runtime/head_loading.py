@@ -1,4 +1,4 @@
-"""A draft-head component (feature-head, medusa) or a layer-skip one read into the decoder: its heads and
+"""A draft-head component (feature-head, medusa), an EAGLE-3 draft or a layer-skip one read into the decoder: its heads and
 calibrated trees, or its skip map and fine-tuned draft, each checked against the base model's shapes, so a
 component built wrong gets a clear error at load, not an index error mid-decoding."""
 
@@ -6,9 +6,13 @@ import torch
 
 from ppdkit.models.artifact import ArtifactError, Component
 from ppdkit.models.draft_heads import HEAD_KINDS, TENSORS
+from ppdkit.models.eagle3 import expected_shapes
+
 
 from .draft_heads import DraftHeadSet, HeadTree, head_tree
+from .eagle3 import Eagle3Set
 from .layer_skip import SkipDraft, check_skip_map
+from .linear import Linear
 from .precision import activation_dtype
 from .tree import check_nodes
 
@@ -48,6 +52,41 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
             raise ArtifactError(f"{where}/trees.json: the tree of size {size} cannot be used: {e}; run the calibrate "
                                 "stage again") from None
     return heads, trees
+
+
+def load_eagle3(component: Component, model) -> Eagle3Set:
+    """An eagle3 component's draft, its tensors' shapes and hidden-state layers checked against the base model."""
+    where, config = component.path, model.config
+    vocab = checked_draft_vocab(component, config.vocab_size)
+    heads, hidden = config.num_attention_heads, config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    expected = expected_shapes(hidden, heads, config.num_key_value_heads, head_dim, config.intermediate_size,
+                               len(vocab))
+    found = {name: None if component.tensors.get(name) is None else tuple(component.tensors[name].shape)
+             for name in expected}
+    if found != expected:
+        wrong = {name: (found[name], shape) for name, shape in expected.items() if found[name] != shape}
+        raise ArtifactError(f"{where}: an EAGLE-3 draft of this base model needs these tensors with these shapes "
+                            f"(found, needed): {wrong}")
+    layers = component.hyperparameters.get("aux_layers")
+    if not (isinstance(layers, list) and len(layers) == 3
+            and all(isinstance(k, int) and 1 <= k <= config.num_hidden_layers for k in layers)):
+        raise ArtifactError(f"{where}/component.json: hyperparameters.aux_layers must name 3 of the base model's "
+                            f"hidden states (1 .. {config.num_hidden_layers}), found {layers!r}")
+    return eagle3_set({name: component.tensors[name] for name in expected}, vocab, tuple(layers), model)
+
+
+def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tuple[int, ...], model) -> Eagle3Set:
+    """The runtime's draft from models/eagle3.py's tensors (checked), on `model`'s device and activations."""
+    config = model.config
+    dtype = activation_dtype(next(model.parameters()).dtype)  # the draft runs on the decoder's activations
+    t = {name: value.to(model.device, dtype) for name, value in tensors.items()}
+    qkv = torch.cat([t[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])
+    weights = {name: Linear(value) if value.dim() == 2 else value for name, value in t.items()}
+    heads = config.num_attention_heads
+    return Eagle3Set({**weights, "qkv": Linear(qkv)}, vocab.to(model.device), layers, heads,
+                     config.num_key_value_heads, getattr(config, "head_dim", None) or config.hidden_size // heads,
+                     config.rms_norm_eps)
 
 
 def checked_draft_vocab(component: Component, vocab_size: int):

@@ -199,7 +199,7 @@ class LeanLlama:
         qkv = layer.qkv(self._rms(x, layer.ln1))  # [T, (Hq + 2 Hkv) D]
         if layer.qkv_bias is not None:
             qkv = qkv + layer.qkv_bias
-        qk = _rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
+        qk = rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
         q = qk[:, :hq].reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # [Hkv, g T, D]
         k = qk[:, hq:].transpose(0, 1)  # [Hkv, T, D]
         v = qkv[:, (hq + hkv) * d:].view(t, hkv, d).transpose(0, 1)  # [Hkv, T, D]
@@ -235,8 +235,9 @@ def _native_weights(layers: list[_Layer]) -> list[torch.Tensor]:
                                             layer.ln2.contiguous(), layer.gate_up.panels, layer.down.panels)]
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, x [T, heads, D] with cos/sin [T, 1, D] (the half-split convention of Llama)."""
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (the half-split convention of Llama): x [..., D] with cos/sin broadcast to it ([T, 1, D]
+    for x [T, heads, D])."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 

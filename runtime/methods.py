@@ -17,6 +17,7 @@ FEATURE_HEAD, MEDUSA_HEADS, HEAD_TREE = "a feature draft head", "Medusa heads", 
 EARLY_HEAD = "an early prediction head (Decoder.from_pretrained(early_head=...), --early-head)"
 SKIP_MAP = "a layer-skip map (--base NAME --skip-map ..., Decoder.from_base(skip_map=...))"
 SKIP_DRAFT = "a fine-tuned layer-skip draft (train.method skip-finetune)"
+EAGLE3_DRAFT = "an EAGLE-3 draft (train.method eagle3)"
 GROWN_NODES = 8  # the most nodes of a grown tree (the root included); each step takes what pays of them
 # N, L, G, C of runtime/self_draft.py. The paper's G = 4; N and L it chose by a grid search on its GPU (6 and 6),
 # and on 2 CPU cores, where every row costs, one short branch pays best. Chosen on prompts the bench does not use
@@ -84,6 +85,10 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                    "chosen per step", (FEATURE_HEAD,), "grown_tree:decode_grown", {"nodes": GROWN_NODES}),
     DecodingMethod("feature-grown-anpd", "feature-grown with ANPD's n-gram chain of the live text merged into the tree",
                    (FEATURE_HEAD,), "grown_tree:decode_grown", {"nodes": GROWN_NODES, "ngrams": True}),
+    DecodingMethod("eagle3", "a tree grown each step from the EAGLE-3 draft's confidence (EAGLE-2/3's dynamic tree), "
+                   "its size chosen per step", (EAGLE3_DRAFT,), "eagle3:decode_eagle3", {"nodes": GROWN_NODES}),
+    DecodingMethod("eagle3-anpd", "eagle3 with ANPD's n-gram chain of the live text merged into the tree",
+                   (EAGLE3_DRAFT,), "eagle3:decode_eagle3", {"nodes": GROWN_NODES, "ngrams": True}),
     DecodingMethod("medusa", "a tree drafted by Medusa-1 heads from the last hidden state",
                    (MEDUSA_HEADS, HEAD_TREE), "draft_heads:decode_heads"),
     DecodingMethod("ppd-prune", "ppd with ProPD's early pruning of the tree (nodes and their prompt tokens) after "

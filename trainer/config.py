@@ -35,9 +35,10 @@ class TrainConfig(Section):
     head_lr_scale: float = Field(1.0, gt=0.0, le=1.0, description="ept-head: lr factor of both parts once the head "
                                                                   "trains in 2-stage, of the head in 1-stage")
     # draft heads over the base model's features (methods feature-head and medusa)
-    head_depth: int = Field(4, ge=1, le=16, description="feature-head, medusa: token distances guessed per step")
-    draft_vocab: int = Field(4096, ge=16, description="feature-head, medusa: the most frequent training tokens "
-                                                      "the heads guess among")
+    head_depth: int = Field(4, ge=1, le=16, description="feature-head, medusa: token distances guessed per step; "
+                                                        "eagle3: the training-time test's steps")
+    draft_vocab: int = Field(4096, ge=16, description="feature-head, medusa, eagle3: the most frequent training "
+                                                      "tokens the drafts guess among")
     head_inner: int = Field(1024, ge=1, description="feature-head: width of the head's MLP")
     feature_weight: float = Field(1.0, ge=0.0, description="feature-head: weight of the feature regression loss")
     early_layer: int = Field(4, ge=1, description="early-head: the decoder layers before the head (ProPD's n)")
@@ -90,7 +91,9 @@ class TrainConfig(Section):
     def _head_settings_need_a_head(self) -> "TrainConfig":
         method, defaults = TRAINING_METHODS[self.method], type(self).model_fields
         for keys, applies, owners in ((("head_start_step", "head_lr_scale"), method.trains_head, "ept-head"),
-                                      (("head_depth", "head_inner"), method.head_kind in ("feature", "medusa"),
+                                      (("head_depth",), method.head_kind in ("feature", "medusa", "eagle3"),
+                                       "feature-head, medusa and eagle3"),
+                                      (("head_inner",), method.head_kind in ("feature", "medusa"),
                                        "feature-head and medusa"),
                                       (("draft_vocab",), method.head_kind is not None or method.builds_on_search,
                                        "feature-head, medusa, early-head and skip-finetune"),

@@ -11,6 +11,8 @@ ept-head      the same plus PPD's custom decoding head for the prompt tokens' hi
 feature-head  ppdkit's draft head over the base model's last hidden state and the path's tokens
               (models/draft_heads.py), KD from the teacher cache plus feature regression.  trainer/head_run.py
 medusa        Medusa-1 heads over the last hidden state (the baseline of feature-head).
+eagle3        EAGLE-3's draft: one decoder layer over the fused low, middle and high hidden states, trained
+              with the training-time test (models/eagle3.py).                         trainer/eagle3_run.py
 early-head    ProPD's early prediction head after n layers, for pruning tree nodes (papers/004 4.1).
                                                                                         trainer/early_run.py
 layer-skip    Draft & Verify's skip map (papers/002 3.3): no weights; a Ray Tune search of the sub-layers the
@@ -37,12 +39,17 @@ class TrainingMethod:
     decoding_methods: tuple[str, ...]  # runtime/methods.py names that use this method's component
     trains_head: bool = False  # PPD's custom decoding head: train.head_start_step / head_lr_scale apply
     head_kind: str | None = None  # a head over the base model's features: feature, medusa (models/draft_heads.py),
-    # early (trainer/early_run.py)
+    # early (trainer/early_run.py), eagle3 (models/eagle3.py)
     searches: bool = False  # trains no weights: `run` names a module whose `run_search(base, cfg, data_dir,
     # out_dir, tracker_ref)` searches on Ray Tune and exports the component itself
     needs_teacher: bool = True  # reads the teacher cache (the teacher stage is skipped for a method that does not)
     calibrates: bool = True  # has trees to calibrate (the calibrate stage passes the component on otherwise)
     builds_on_search: bool = False  # starts from a layer-skip component's ranking (train.skip_from, skip_ratio)
+
+    @property
+    def reads_features(self) -> bool:
+        """It trains on the frozen base's hidden states of the teacher's own forward (in the teacher's dtype)."""
+        return self.head_kind in ("feature", "medusa", "eagle3")
 
     def start(self, cfg, base, train_sequences):
         """The method's run: module, param_groups, loss, evaluate, export_tensors, hyperparameters."""
@@ -57,6 +64,9 @@ TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (
                    ("feature-head", "feature-grown", "feature-grown-anpd"), head_kind="feature"),
     TrainingMethod("medusa", "Medusa-1 heads over the last hidden state (the feature head's baseline)", "head_run",
                    ("medusa",), head_kind="medusa"),
+    TrainingMethod("eagle3", "EAGLE-3's draft: one decoder layer over the fused low, middle and high hidden states, "
+                   "trained with the training-time test", "eagle3_run", ("eagle3", "eagle3-anpd"), head_kind="eagle3",
+                   calibrates=False),
     TrainingMethod("early-head", "ProPD's early prediction head after train.early_layer layers (papers/004 4.1)",
                    "early_run", (), head_kind="early"),
     TrainingMethod("layer-skip", "Draft & Verify's skip map, searched on Ray Tune by measured time per token "

@@ -1,0 +1,104 @@
+"""EAGLE-3's draft (papers/ README: EAGLE-3, Li et al. 2025): one decoder layer over a fusion of three of the frozen
+base model's hidden states, read out over a reduced draft vocabulary.
+
+At a verified position t the base model's hidden states after layers `low, mid, high` (Hugging Face's
+hidden_states[k]: the residual stream after k decoder layers; by default 2, L/2 and L-3, what vLLM and
+SpecForge use) are fused, g_t = fc [a_low; a_mid; a_high] [H]. The draft's layer reads
+    x = [RMSNorm_in(e(x_{t+1})); RMSNorm_hidden(g_t)]   [2H]  (the next token's embedding, the base's own)
+    u = g_t + o(attention(q(x), k(x), v(x)))             (rotary at position t, over the draft's own cache)
+    h = u + down(SiLU(gate(RMSNorm_post(u))) * up(RMSNorm_post(u)))
+h is the state the next draft step reads in place of g (the training-time test: the draft learns to run on its
+own outputs), and lm_head(RMSNorm_out(h)) guesses token t+2 among the draft vocabulary. `norm_before_residual`
+is False: the residual is g itself, not its norm (vLLM's default for this layout; the export says so).
+
+The tensor names are those of the Hugging Face EAGLE-3 layout that vLLM loads (LlamaForCausalLMEagle3), so an
+export renames nothing; the draft vocabulary's token ids are `draft_vocab` [V'] (the export turns them into
+vLLM's d2t offsets and SGLang's t2d mask).
+"""
+
+import torch
+from torch import nn
+
+# name: (rows, columns) in terms of H (hidden), Q (query heads x head dim), K (key/value heads x head dim),
+# I (MLP width), V (draft vocabulary)
+SHAPES = {
+    "fc.weight": ("H", "3H"),
+    "midlayer.hidden_norm.weight": ("H",),
+    "midlayer.input_layernorm.weight": ("H",),
+    "midlayer.self_attn.q_proj.weight": ("Q", "2H"),
+    "midlayer.self_attn.k_proj.weight": ("K", "2H"),
+    "midlayer.self_attn.v_proj.weight": ("K", "2H"),
+    "midlayer.self_attn.o_proj.weight": ("H", "Q"),
+    "midlayer.post_attention_layernorm.weight": ("H",),
+    "midlayer.mlp.gate_proj.weight": ("I", "H"),
+    "midlayer.mlp.up_proj.weight": ("I", "H"),
+    "midlayer.mlp.down_proj.weight": ("H", "I"),
+    "norm.weight": ("H",),
+    "lm_head.weight": ("V", "H"),
+}
+TENSORS = tuple(SHAPES)
+
+
+def aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """The default low, middle and high hidden states (hidden_states indices), as vLLM and SpecForge pick them
+    (2, 15, 27 for 30 layers); kept within 1 .. L-1 for models of a few layers (tests' tiny ones): transformers'
+    hidden_states[L] is after the final norm, not the residual stream the decoder reads."""
+    return tuple(min(max(k, 1), num_layers - 1) for k in (2, num_layers // 2, num_layers - 3))
+
+
+def expected_shapes(hidden: int, heads: int, kv_heads: int, head_dim: int, inner: int, vocab: int
+                    ) -> dict[str, tuple[int, ...]]:
+    sizes = {"H": hidden, "3H": 3 * hidden, "2H": 2 * hidden, "Q": heads * head_dim, "K": kv_heads * head_dim,
+             "I": inner, "V": vocab}
+    return {name: tuple(sizes[d] for d in dims) for name, dims in SHAPES.items()}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32 whatever x's dtype, as transformers and the lean runtime do."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def layer_input(embeds: torch.Tensor, hidden: torch.Tensor, w: dict, eps: float) -> torch.Tensor:
+    """embeds [..., H] (the next tokens' embeddings), hidden [..., H] (g or the previous step's h) -> the
+    attention's input [..., 2H]."""
+    return torch.cat([rms_norm(embeds, w["midlayer.input_layernorm.weight"], eps),
+                      rms_norm(hidden, w["midlayer.hidden_norm.weight"], eps)], dim=-1)
+
+
+def layer_output(attended: torch.Tensor, hidden: torch.Tensor, w: dict, eps: float, linear=nn.functional.linear
+                 ) -> torch.Tensor:
+    """attended [..., Q] (the attention's heads, concatenated), hidden [..., H] the residual -> h [..., H]."""
+    u = hidden + linear(attended, w["midlayer.self_attn.o_proj.weight"])
+    x = rms_norm(u, w["midlayer.post_attention_layernorm.weight"], eps)
+    gate, up = linear(x, w["midlayer.mlp.gate_proj.weight"]), linear(x, w["midlayer.mlp.up_proj.weight"])
+    return u + linear(nn.functional.silu(gate) * up, w["midlayer.mlp.down_proj.weight"])
+
+
+def readout(h: torch.Tensor, w: dict, eps: float, linear=nn.functional.linear) -> torch.Tensor:
+    """h [..., H] -> draft-vocabulary logits [..., V']."""
+    return linear(rms_norm(h, w["norm.weight"], eps), w["lm_head.weight"])
+
+
+class Eagle3Draft(nn.Module):
+    """The trainable draft: every tensor of SHAPES (the embeddings stay the base model's, frozen). The linear
+    layers start as Hugging Face initialises them (normal, std 0.02), the norms at 1, the LM head as the base
+    model's own rows of the draft vocabulary (a readout that already speaks the base's hidden states)."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], lm_head_rows: torch.Tensor, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.weights = nn.ParameterDict()
+        for name, shape in shapes.items():
+            if name == "lm_head.weight":
+                value = lm_head_rows.detach().float().clone()
+            elif len(shape) == 1:
+                value = torch.ones(shape)
+            else:
+                value = torch.randn(shape, generator=gen) * 0.02
+            self.weights[name.replace(".", "__")] = nn.Parameter(value)  # ParameterDict keys hold no dots
+
+    def forward(self) -> dict[str, torch.Tensor]:
+        """Every tensor by its SHAPES name (an engine that gathers partitioned parameters around forward sees
+        whole tensors)."""
+        return {key.replace("__", "."): value for key, value in self.weights.items()}

@@ -1,0 +1,173 @@
+"""Decoding with EAGLE-3's draft (models/eagle3.py): a tree grown each step from the draft's confidence
+(EAGLE-2/3's dynamic tree, runtime/grown_tree.py's loop and sizing), optionally merged with ANPD's n-gram chain.
+
+The draft keeps its own KV cache (one layer) in step with the verified text. After each verification the kept
+path's positions are read into it: row t holds the base's fused hidden states at t and the token at t+1 (the
+last one: the base model's next token, the next tree's root), at rotary position t, causal over what it
+holds. The last row's output h drafts the root's children. Growing the tree adds draft rows after the
+committed ones, one per expanded node, each seeing the committed rows, its ancestors' rows and itself; once the
+tree is chosen those rows are dropped (the cache rolls back to its committed length), so a rejected branch
+leaves nothing behind, and the next verification's rows overwrite the space. The base model's hidden states
+come from the verification forward itself, run in segments that stop at the draft's layers
+(LeanLlama.forward_layers): the same arithmetic, so the output stays the base model's own.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ppdkit.models.eagle3 import layer_input, layer_output, readout
+
+from .acceptance import Sampling, choose
+from .grown_tree import BEAM, DEPTH, Proposals, grow_and_verify
+from .kv_cache import KVCache
+from .linear import Linear
+from .llama import LeanLlama, rotate
+
+
+@dataclass
+class Eagle3Set:
+    """A loaded draft: norms as tensors, matrices as the runtime's few-rows layers, in the activations' dtype."""
+
+    weights: dict[str, torch.Tensor | Linear]  # models/eagle3.py's names (q, k and v also fused, as "qkv")
+    vocab: torch.Tensor  # [V'] the draft vocabulary's token ids
+    layers: tuple[int, ...]  # the base's hidden states it fuses (hidden_states indices)
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+
+    def new_cache(self, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache(1, self.kv_heads, self.head_dim, capacity, dtype, device)
+
+
+def _apply(x: torch.Tensor, layer) -> torch.Tensor:
+    return layer(x)
+
+
+def forward_with_states(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                        mask: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """model.forward's final hidden states [T, H], and the residual stream after each of `layers` decoder
+    layers, concatenated [T, len(layers) H]: the forward run in segments that stop there."""
+    states, x, start = {}, x, 0
+    for stop in sorted(set(layers)):
+        x = model.forward_layers(x, positions, cache, mask, start, stop)
+        states[stop], start = x, stop
+    if start < len(model.layers):
+        x = model.forward_layers(x, positions, cache, mask, start, len(model.layers))
+    return model.final_norm(x), torch.cat([states[k] for k in layers], dim=-1)
+
+
+def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch.Tensor, tokens: torch.Tensor,
+               positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """The draft layer on R rows written after `cache`'s committed ones: hidden [R, H] (g or a parent's h),
+    tokens [R], positions [R], visible [R, length + R] bool -> h [R, H]."""
+    w, r = draft.weights, len(tokens)
+    hq, hkv, d = draft.heads, draft.kv_heads, draft.head_dim
+    group = hq // hkv
+    x = layer_input(model.embed_ids(tokens), hidden, w, draft.eps)  # [R, 2H]
+    qkv = w["qkv"](x)  # [R, (Hq + 2 Hkv) D]
+    cos, sin = model.cos[positions][:, None], model.sin[positions][:, None]  # [R, 1, D]
+    qk = rotate(qkv[:, :(hq + hkv) * d].view(r, hq + hkv, d), cos, sin)
+    q = qk[:, :hq].reshape(r, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * r, d)  # [Hkv, g R, D]
+    keys, values = cache.write(0, qk[:, hq:].transpose(0, 1), qkv[:, (hq + hkv) * d:].view(r, hkv, d).transpose(0, 1))
+    bias = torch.zeros(visible.shape, dtype=q.dtype).masked_fill_(~visible, -math.inf).repeat(group, 1)
+    scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=1.0 / math.sqrt(d))  # [Hkv, g R, S]
+    attended = torch.bmm(scores.softmax(-1), values).view(hkv, group, r, d).permute(2, 0, 1, 3).reshape(r, hq * d)
+    return layer_output(attended, hidden, w, draft.eps, linear=_apply)
+
+
+def draft_logp(draft: Eagle3Set, h: torch.Tensor) -> torch.Tensor:
+    """h [m, H] -> log-probabilities over the draft vocabulary [m, V'], float32; a draft gone bad (NaN, inf)
+    proposes worthless guesses, never an order in which a child outranks its parent."""
+    logp = torch.log_softmax(readout(h, draft.weights, draft.eps, linear=_apply).float(), dim=-1)
+    return torch.nan_to_num(logp, nan=-math.inf, posinf=0.0)
+
+
+class Eagle3Drafter:
+    """EAGLE-3's side of a grown tree (runtime/grown_tree.py grow_and_verify): its draft cache, and the verified
+    positions waiting to be read into it (their fused states and tokens) until the next root is known."""
+
+    def __init__(self, decoder, capacity: int, beam: int, depth: int):
+        self.model, self.draft = decoder.model, decoder.eagle3
+        # the committed rows, plus one per expanded node while a tree grows
+        self.cache = self.draft.new_cache(capacity + beam * depth + 1, self.model.dtype, self.model.device)
+        self.pending_states = self.pending_tokens = None  # [R, 3H], [R]: verified, not yet in the draft cache
+
+    def prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        model = self.model
+        hidden, states = forward_with_states(model, model.embed_ids(ids), torch.arange(len(ids)), cache, None,
+                                             self.draft.layers)
+        cache.commit(None, len(ids))
+        self.pending_states, self.pending_tokens = states, ids
+        return model.logits(hidden[-1])
+
+    def verify(self, cache: KVCache, layout, tokens: torch.Tensor, sampling: Sampling,
+               generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
+        model, start = self.model, cache.length
+        hidden, states = forward_with_states(model, model.embed_ids(tokens), start + layout.offsets, cache,
+                                             layout.mask_after(start), self.draft.layers)  # [N, H], [N, 3H]
+        final, next_token = choose(tokens, model.logits(hidden), layout.links, sampling, generator)
+        path = layout.paths[final]
+        cache.commit(path, layout.size)
+        self.pending_states, self.pending_tokens = states[path], tokens[path]
+        return next_token, path
+
+    def _read_verified(self, root: int) -> torch.Tensor:
+        """Commit the pending positions' rows (each with the token after it; the last with `root`) -> the last
+        row's h [H], whose guesses are the root's children."""
+        states, cache = self.pending_states, self.cache
+        r, start = len(states), cache.length
+        following = torch.cat([self.pending_tokens[1:], torch.tensor([root], device=states.device)])
+        visible = torch.ones(r, start + r, dtype=torch.bool).tril(diagonal=start)  # causal over the cache
+        g = self.draft.weights["fc.weight"](states.to(self.model.dtype))  # [R, H]
+        h = draft_rows(self.model, self.draft, cache, g, following, torch.arange(start, start + r), visible)
+        cache.commit(None, r)
+        return h[-1]
+
+    def propose(self, root: int, wanted: int, beam: int, depth: int) -> Proposals:
+        """The draft's proposals under `root`, grown as runtime/grown_tree.py's expand grows the feature head's."""
+        cache, draft = self.cache, self.draft
+        committed = cache.length
+        state = self._read_verified(root)[None]  # [m, H] the expanded nodes' h (the root alone first)
+        # each expanded node's draft rows along its path (indices after the committed rows), and its proposal
+        frontier_rows, frontier, frontier_value = [[]], [-1], torch.zeros(1)
+        found = Proposals()
+        for level in range(1, depth + 1):
+            logp = draft_logp(draft, state)  # [m, V']
+            top = logp.topk(min(beam, logp.shape[-1]), dim=-1)  # [m, b]
+            level_values = (frontier_value[:, None] + top.values).flatten()  # [m b]
+            level_tokens = draft.vocab[top.indices.flatten()]  # [m b]
+            first, b = len(found.values), top.values.shape[1]
+            for i, (value, token) in enumerate(zip(level_values.tolist(), level_tokens.tolist())):
+                found.add(value, level, token, frontier[i // b])
+            if level == depth:
+                break
+            best = level_values.topk(min(beam, len(level_values)))
+            if len(found.values) >= wanted and float(best.values[0]) < sorted(found.values, reverse=True)[wanted - 1]:
+                break  # nothing below this level could displace a proposal already in the tree
+            parents = (best.indices // b).tolist()
+            written = cache.length - committed  # draft rows of earlier levels
+            rows = [frontier_rows[p] + [written + i] for i, p in enumerate(parents)]
+            visible = torch.zeros(len(rows), cache.length + len(rows), dtype=torch.bool)
+            visible[:, :committed] = True
+            for i, path in enumerate(rows):
+                visible[i, [committed + j for j in path]] = True
+            position = committed - 1 + level  # the node's parent's row sits one position before it
+            state = draft_rows(self.model, draft, cache, state[parents], level_tokens[best.indices],
+                               torch.full((len(rows),), position), visible)
+            cache.commit(None, len(rows))
+            frontier_rows, frontier_value = rows, best.values
+            frontier = [first + int(i) for i in best.indices]
+        cache.rollback(committed)  # the tree's rows are dropped: only verified positions stay
+        return found
+
+
+def decode_eagle3(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
+                  generator: torch.Generator | None, sizer=None, *, nodes: int, ngrams: bool = False,
+                  beam: int = BEAM, depth: int = DEPTH, rate: float = 0.1) -> None:
+    """decode_grown with EAGLE-3's draft (`sizer` unused: the size is chosen per step)."""
+    grow_and_verify(decoder, Eagle3Drafter(decoder, cache.capacity, beam, depth), ids, cache, emit, sampling,
+                    generator, nodes=nodes, ngrams=ngrams, beam=beam, depth=depth, rate=rate)

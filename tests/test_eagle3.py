@@ -1,0 +1,168 @@
+"""EAGLE-3 (models/eagle3.py, trainer/eagle3_run.py, runtime/eagle3.py): the training-time test's attention is
+the decoder's (a draft unrolled in training gives the logits the decoder's draft cache and tree rows give),
+training on Ray Train workers, the component loads and decodes, and the lossless property whatever the draft
+holds (random and poisoned drafts on both kernel paths, float64 against transformers' greedy, repetitive text
+so that long paths are accepted and the draft cache is rolled back and refilled)."""
+
+import math
+import random
+
+import pytest
+import torch
+from conftest import hf_greedy, tiny_model_on
+from test_draft_heads import VOCAB
+from test_training import BASE, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
+
+from ppdkit.data_pipeline.teacher_cache import ShardSequence
+from ppdkit.models.artifact import ArtifactError, read_component
+from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes
+from ppdkit.models.loading import load_base_model
+from ppdkit.registry.tracking import TrackerRef
+from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_logp, forward_with_states
+from ppdkit.runtime.head_loading import eagle3_set
+from ppdkit.trainer.config import TrainConfig
+from ppdkit.trainer.launch import run_training
+from ppdkit.trainer.methods import TRAINING_METHODS
+
+EAGLE3 = ("eagle3", "eagle3-anpd")
+EAGLE3_TRAIN = TRAIN.model_copy(update={"method": "eagle3", "head_depth": 3, "draft_vocab": 128, "lr": 0.001})
+
+
+def _draft_tensors(model, vocab: torch.Tensor, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    c = model.config
+    shapes = expected_shapes(c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+                             c.hidden_size // c.num_attention_heads, c.intermediate_size, len(vocab))
+    draft = Eagle3Draft(shapes, model.get_output_embeddings().weight.detach()[vocab], seed)
+    g = torch.Generator().manual_seed(seed)
+    return {name: (t.detach() * (1 + scale * torch.randn(t.shape, generator=g))) for name, t in draft().items()}
+
+
+def _decoder(model, tok, tensors: dict[str, torch.Tensor], vocab: torch.Tensor, dtype=None) -> Decoder:
+    decoder = Decoder(model, tok, None, None)
+    layers = aux_layers(model.config.num_hidden_layers)
+    decoder.eagle3 = eagle3_set({k: v if dtype is None else v.to(dtype) for k, v in tensors.items()}, vocab, layers,
+                                model)
+    return decoder
+
+
+def test_forward_with_states_gives_the_forwards_hidden_states_and_transformers_layers(tiny_f64):
+    model, tok = tiny_f64
+    decoder = Decoder(model, tok, None, None)
+    ids = torch.tensor([5, 9, 200, 31, 7])
+    lean = decoder.model
+    cache = lean.new_cache(16)
+    final, states = forward_with_states(lean, lean.embed_ids(ids), torch.arange(5), cache, None, (1, 0, 1))
+    whole = lean.forward(lean.embed_ids(ids), torch.arange(5), lean.new_cache(16), None)
+    assert torch.equal(final, whole)  # the segments are the same arithmetic
+    with torch.no_grad():
+        hf = model(ids[None], output_hidden_states=True).hidden_states
+    assert torch.allclose(states, torch.cat([hf[1][0], hf[0][0], hf[1][0]], dim=-1), atol=1e-10)
+    assert aux_layers(2) == (1, 1, 1) and aux_layers(30) == (2, 15, 27)  # never transformers' normed last entry
+
+
+def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
+    """A draft unrolled by the trainer on a sequence gives, at step k and position t, the log-probabilities the
+    decoder's draft gives for the node k + 1 deep on the sequence's own path after t: the training-time test's
+    visibility and rotary positions are the decoder's draft cache and tree rows."""
+    model, tok = tiny_f64
+    base = load_base_model("tiny-llama", quantization="none", dtype="float32")
+    base.model.double()
+    ids = torch.tensor([random.Random(1).randrange(VOCAB) for _ in range(12)])
+    seq = ShardSequence(0, ids, torch.arange(11), torch.zeros(11, 4, dtype=torch.long), torch.zeros(11, 4),
+                        torch.zeros(11))
+    cfg = TrainConfig(method="eagle3", head_depth=3, draft_vocab=VOCAB)
+    run = TRAINING_METHODS["eagle3"].start(cfg, base, [seq])
+    run.module.double()
+    run.embed = run.embed.double()
+    cos, sin = base.model.model.rotary_emb(torch.zeros(1, dtype=torch.float64), torch.arange(64)[None])
+    run.cos, run.sin = cos[0], sin[0]
+    tensors = {k: v.detach().clone() * (1 + 0.5 * torch.randn(v.shape, dtype=v.dtype)) for k, v in run.module().items()}
+    batch = run.batch([seq], "train")
+    with torch.no_grad():  # in float64: the trainer's kept states are bfloat16
+        states = base.model(ids[None], output_hidden_states=True).hidden_states
+    batch.fused_input = torch.cat([states[k] for k in run.layers], dim=-1)
+    with torch.no_grad():
+        unrolled = run.unroll(tensors, batch)  # step k: rows at positions t whose entry t + 1 + k exists
+    decoder = _decoder(model, tok, tensors, run.module.draft_vocab)
+    lean, t = decoder.model, 5
+    drafter = Eagle3Drafter(decoder, 64, beam=1, depth=1)
+    drafter.prefill(ids[:t + 1], lean.new_cache(64))  # verified: positions 0 .. t
+    h = drafter._read_verified(int(ids[t + 1]))[None]  # the root is token t + 1
+    cache, committed = drafter.cache, drafter.cache.length
+    for k in range(3):
+        assert torch.allclose(draft_logp(decoder.eagle3, h)[0], unrolled[k][0][t].float(), atol=1e-6), k
+        if k == 2:
+            break
+        from ppdkit.runtime.eagle3 import draft_rows  # the tree's row for the path's node k + 1 deep
+
+        visible = torch.zeros(1, cache.length + 1, dtype=torch.bool)
+        visible[0, :committed] = True
+        visible[0, committed:] = True  # its ancestors on the path (one row per earlier depth) and itself
+        h = draft_rows(lean, decoder.eagle3, cache, h, ids[t + 2 + k:t + 3 + k], torch.tensor([t + 1 + k]), visible)
+        cache.commit(None, 1)
+
+
+@pytest.mark.parametrize("path", ["native", "pytorch"])
+def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatch):
+    model, tok = tiny_model_on(path, monkeypatch)
+    rng = random.Random(0)
+    vocab = torch.arange(3, VOCAB, 3)
+    for case, value in enumerate((None, math.nan, math.inf, -math.inf, 1e30)):
+        tensors = _draft_tensors(model, vocab, case, scale=rng.choice([0.1, 3.0]))
+        if value is not None:
+            name = sorted(tensors)[case % len(tensors)]
+            tensors[name] = torch.full_like(tensors[name], value)
+        decoder = _decoder(model, tok, tensors, vocab)
+        assert (decoder.model.native is not None) == (path == "native")  # the path under test really runs
+        for seed in range(3):
+            ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])
+            plain = decoder.generate(ids, 24, "ar").tokens
+            for method in EAGLE3:
+                assert decoder.generate(ids, 24, method).tokens == plain, (case, seed, method)
+
+
+def test_eagle3_reproduces_transformers_greedy_in_float64(tiny_f64):
+    """Random drafts in float64 against transformers' greedy; repeated prompts, so the n-gram chain is accepted
+    and multi-token steps refill the draft cache from the kept path."""
+    model, tok = tiny_f64
+    rng = random.Random(5)
+    emitted = steps = 0
+    for case in range(12):
+        vocab = torch.tensor(sorted(rng.sample(range(VOCAB), rng.choice([16, 128, VOCAB]))))
+        decoder = _decoder(model, tok, _draft_tensors(model, vocab, case, rng.choice([0.01, 0.5])), vocab,
+                           torch.float64)
+        ids = [rng.randrange(VOCAB) for _ in range(rng.randint(2, 10))] * rng.choice([1, 4])
+        budget = rng.randint(1, 40)
+        truth = hf_greedy(model, ids, budget)
+        for method in EAGLE3:
+            out = decoder.generate(ids, budget, method)
+            assert out.tokens == truth[:len(out.tokens)] and len(out.tokens) in (budget, len(truth)), (case, method)
+            emitted, steps = emitted + len(out.tokens), steps + out.steps
+    assert emitted > steps  # some steps kept more than one token: the draft cache was refilled from long paths
+
+
+def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir, tmp_path):  # noqa: F811
+    result = run_training(BASE, EAGLE3_TRAIN, teacher_dir, tmp_path / "train", TrackerRef())
+    losses = [loss for _, loss in result["history"]]
+    assert len(losses) == 2 and all(math.isfinite(x) and x > 0 for x in losses)
+    assert set(result["best"]) >= {"acc_top1_d1", "acc_top1_d3", "loss_d2"}
+    base = load_base_model("tiny-llama")
+    component = read_component(tmp_path / "train" / "component", expect_fingerprint=base.fingerprint)
+    assert component.method == "eagle3" and component.hyperparameters["aux_layers"] == [1, 1, 1]
+    assert component.tensors["fc.weight"].shape == (64, 192) and component.tensors["lm_head.weight"].shape == (128, 64)
+    decoder = Decoder.from_pretrained(tmp_path / "train" / "component", dtype="float32", tree_size=None)
+    assert set(EAGLE3) <= set(decoder.methods())
+    ids = [5, 17, 99, 5, 17, 99, 5, 17]
+    assert decoder.generate(ids, 16, "eagle3-anpd").tokens == decoder.generate(ids, 16, "ar").tokens
+    broken = tmp_path / "broken"
+    import shutil
+
+    shutil.copytree(tmp_path / "train" / "component", broken)
+    import json
+
+    meta = json.loads((broken / "component.json").read_text())
+    meta["hyperparameters"]["aux_layers"] = [2, 1, 7]
+    (broken / "component.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="aux_layers must name 3 of the base model's hidden states"):
+        Decoder.from_pretrained(broken, dtype="float32")

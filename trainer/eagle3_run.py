@@ -1,0 +1,178 @@
+"""Training EAGLE-3's draft (train.method eagle3, models/eagle3.py): what trainer/worker.py runs for it.
+
+Whole sequences, with the training-time test: step 0 reads the fused hidden states g_t of the frozen base at
+every position t and the next tokens x_{t+1}; step k reads step k-1's own outputs h and the tokens x_{t+1+k},
+at rotary position t+k, and guesses x_{t+2+k}, whose teacher distribution is the cache's entry at t+1+k. In
+step k the query at t attends to step 0's keys at positions <= t (the verified context, as the decoder's draft
+cache holds it) and to steps 1..k's keys at t itself (the draft path that leads to it, as the decoder's
+tree rows do), so the draft trains on exactly the inputs and visibility it decodes with. The loss is the
+soft cross-entropy to the teacher renormalised on the draft vocabulary, step k weighted by alpha^(k+1).
+The base's hidden states come from trainer/features.py, computed in the teacher's dtype.
+"""
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ppdkit.data_pipeline.teacher_cache import ShardSequence
+from ppdkit.models.draft_heads import frequent_tokens, inverse_index
+from ppdkit.runtime.llama import rotate  # x [B, heads, T, D], cos/sin [T, D]
+from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes, layer_input, layer_output, readout
+
+from .evaluate import TOPS, by_distance
+from .features import FeatureCache
+from .losses import on_draft_vocab, soft_cross_entropy, topk_hits
+from .methods import cosine
+
+HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "alpha", "lr", "epochs", "seed")
+KEEP_FEATURE_BYTES = 2e9  # a worker's kept hidden states; past it they are computed at every visit
+
+
+@dataclass
+class SequenceBatch:
+    ids: torch.Tensor  # [B, T + D] token ids, 0 past each sequence's end
+    real: torch.Tensor  # [B, T] bool: a token of the sequence
+    fused_input: torch.Tensor  # [B, T, 3H] the base's low, middle and high hidden states
+    entry: torch.Tensor  # [B, T + D] the row of the teacher's entry at each position in topk_*, -1 where none
+    topk_ids: torch.Tensor  # [E, K] every entry of the batch's sequences
+    topk_logprobs: torch.Tensor  # [E, K]
+
+
+def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], real: torch.Tensor
+                       ) -> torch.Tensor:
+    """Step k's attention: q [B, Hq, T, D]; keys/values [B, Hkv, T, D] of steps 0..k; real [B, T] -> [B, T, Hq D].
+    Query t sees step 0's keys at 0..t (of real tokens) and step s's key at t itself for s = 1..k."""
+    b, hq, t, d = q.shape
+    group = hq // keys[0].shape[1]
+    k0, v0 = keys[0].repeat_interleave(group, 1), values[0].repeat_interleave(group, 1)  # [B, Hq, T, D]
+    scores = q @ k0.transpose(-1, -2) / math.sqrt(d)  # [B, Hq, T, T]
+    visible = torch.ones(t, t, dtype=torch.bool).tril() & real[:, None, None, :]  # [B, 1, T, T]
+    scores = scores.masked_fill(~visible, -math.inf)
+    own = [(q * k.repeat_interleave(group, 1)).sum(-1, keepdim=True) / math.sqrt(d) for k in keys[1:]]  # [B,Hq,T,1]
+    weights = torch.cat([scores, *own], dim=-1).softmax(-1)  # [B, Hq, T, T + k]
+    out = weights[..., :t] @ v0
+    for s, v in enumerate(values[1:]):
+        out = out + weights[..., t + s:t + s + 1] * v.repeat_interleave(group, 1)
+    return out.transpose(1, 2).reshape(b, t, hq * d)
+
+
+class Run:
+    def __init__(self, method, cfg, base, train_sequences: list[ShardSequence]):
+        if cfg.loss != "kd":
+            raise ValueError("train.method eagle3 learns the teacher's distributions (train.loss kd); the hard-label "
+                             "ablation (ce) is the feature head's and Medusa's")
+        self.method, self.cfg, self.base = method, cfg, base
+        self.distances = cfg.head_depth  # the training-time test's steps: distances 1 .. D after the root
+        config = base.model.config
+        self.embed = base.model.get_input_embeddings().weight.detach().float()  # [V, H], frozen
+        vocab_size, hidden = self.embed.shape
+        vocab = frequent_tokens([s.input_ids for s in train_sequences], cfg.draft_vocab, vocab_size)  # [V']
+        self.vocab_index = inverse_index(vocab, vocab_size)
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // self.heads
+        self.eps, self.layers = config.rms_norm_eps, aux_layers(config.num_hidden_layers)
+        shapes = expected_shapes(hidden, self.heads, self.kv_heads, self.head_dim, config.intermediate_size,
+                                 len(vocab))
+        lm_head = base.model.get_output_embeddings().weight.detach()[vocab]
+        self.module = Eagle3Draft(shapes, lm_head, cfg.seed)
+        self.module.register_buffer("draft_vocab", vocab)  # saved with every checkpoint and exported
+        self.features = FeatureCache(base.model, self.layers, KEEP_FEATURE_BYTES)
+        positions = torch.arange(config.max_position_embeddings)[None]
+        cos, sin = base.model.model.rotary_emb(torch.zeros(1), positions)  # the base's own rope: [1, P, D]
+        self.cos, self.sin = cos[0].float(), sin[0].float()
+
+    def batch(self, sequences: list[ShardSequence], split: str) -> SequenceBatch:
+        depth, longest = self.cfg.head_depth, max(len(s.input_ids) for s in sequences)
+        b = len(sequences)
+        ids = torch.zeros(b, longest + depth, dtype=torch.long)
+        entry = torch.full((b, longest + depth), -1, dtype=torch.long)
+        real = torch.zeros(b, longest, dtype=torch.bool)
+        fused = torch.zeros(b, longest, 3 * self.embed.shape[1])
+        first = 0
+        for row, seq in enumerate(sequences):
+            n = len(seq.input_ids)
+            ids[row, :n], real[row, :n] = seq.input_ids, True
+            fused[row, :n] = self.features(seq, split)
+            entry[row, seq.positions] = torch.arange(first, first + len(seq.positions))
+            first += len(seq.positions)
+        return SequenceBatch(ids, real, fused, entry, torch.cat([s.topk_ids for s in sequences]),
+                             torch.cat([s.topk_logprobs for s in sequences]))
+
+    def unroll(self, w: dict[str, torch.Tensor], batch: SequenceBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The training-time test: per step k, (log-probabilities [N_k, V'] at the positions whose target has a
+        teacher entry, those entries' rows [N_k])."""
+        b, t = batch.real.shape
+        hidden = nn.functional.linear(batch.fused_input, w["fc.weight"])  # [B, T, H] g
+        keys, values, out = [], [], []
+        for k in range(self.cfg.head_depth):
+            x = layer_input(self.embed[batch.ids[:, 1 + k:1 + k + t]], hidden, w, self.eps)  # [B, T, 2H]
+            cos, sin = self.cos[k:k + t], self.sin[k:k + t]  # rotary position t + k
+            q = nn.functional.linear(x, w["midlayer.self_attn.q_proj.weight"]).view(b, t, self.heads, -1)
+            key = nn.functional.linear(x, w["midlayer.self_attn.k_proj.weight"]).view(b, t, self.kv_heads, -1)
+            value = nn.functional.linear(x, w["midlayer.self_attn.v_proj.weight"]).view(b, t, self.kv_heads, -1)
+            keys.append(rotate(key.transpose(1, 2), cos, sin))
+            values.append(value.transpose(1, 2))
+            attended = unrolled_attention(rotate(q.transpose(1, 2), cos, sin), keys, values, batch.real)
+            hidden = layer_output(attended, hidden, w, self.eps)  # [B, T, H] h: the next step's input
+            target = batch.entry[:, 1 + k:1 + k + t]  # [B, T] the teacher's entry for token t + 2 + k
+            chosen = (target >= 0) & batch.real
+            logp = torch.log_softmax(readout(hidden[chosen], w, self.eps), dim=-1)  # [N_k, V']
+            out.append((logp, target[chosen]))
+        return out
+
+    def _targets(self, batch: SequenceBatch, rows: torch.Tensor):
+        """The teacher's entries `rows` on the draft vocabulary: (index [N, 1, K], probabilities [N, 1, K],
+        valid [N, 1], the teacher's most likely token's draft index [N, 1])."""
+        ids = batch.topk_ids[rows]
+        index, probs, valid = on_draft_vocab(self.vocab_index, ids, batch.topk_logprobs[rows])
+        return index, probs, valid, self.vocab_index[ids[:, :1].long()]
+
+    def _per_step(self, w, batch: SequenceBatch):
+        """Per step: (soft cross-entropy [N_k], valid [N_k], logp [N_k, V'], teacher top-1 [N_k])."""
+        steps = []
+        for logp, rows in self.unroll(w, batch):
+            index, probs, valid, top1 = self._targets(batch, rows)
+            steps.append((soft_cross_entropy(logp[:, None], index, probs)[:, 0], valid[:, 0], logp, top1[:, 0]))
+        return steps
+
+    def param_groups(self, total_steps: int) -> tuple[list[dict], list[Callable[[int], float]]]:
+        return [{"params": list(self.module.parameters())}], [lambda s: cosine(s, total_steps)]
+
+    def loss(self, engine, sequences, rng: random.Random, step: int) -> tuple[torch.Tensor, int]:
+        steps = self._per_step(engine(), self.batch(sequences, "train"))
+        # decay_mean over [N, D] wants one row per path: each step's mean, then the decayed mean over steps
+        weights = self.cfg.alpha ** torch.arange(1, len(steps) + 1, dtype=torch.float32)
+        means = torch.stack([(ce * valid).sum() / valid.sum().clamp_min(1) for ce, valid, _, _ in steps])
+        return (means * weights).mean(), int(steps[0][1].sum())
+
+    def evaluate(self, engine, holdout, step: int) -> dict[str, float]:
+        """Top-1/5/10 agreement with the teacher's most likely token at distances 1 .. D (the training-time
+        test's steps, each on the draft's own earlier outputs), the loss by distance."""
+        d = self.cfg.head_depth
+        hits, loss_sum, count = {top: torch.zeros(d) for top in TOPS}, torch.zeros(d), torch.zeros(d)
+        with torch.no_grad():
+            w = engine()
+            for i in range(0, len(holdout), self.cfg.micro_batch):
+                for k, (ce, valid, logp, top1) in enumerate(self._per_step(w, self.batch(
+                        holdout[i:i + self.cfg.micro_batch], "holdout"))):
+                    for top, hit in topk_hits(logp[:, None], top1[:, None], TOPS).items():
+                        hits[top][k] += (hit[:, 0] & valid).sum()
+                    loss_sum[k] += (ce * valid).sum()
+                    count[k] += valid.sum()
+        return by_distance(hits, {"loss": loss_sum}, count)
+
+    def lr_metrics(self, lrs: list[float]) -> dict[str, float]:
+        return {"train.lr": lrs[0]}
+
+    def export_tensors(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"draft_vocab": state["draft_vocab"],
+                **{key[len("weights."):].replace("__", "."): v for key, v in state.items()
+                   if key.startswith("weights.")}}
+
+    def hyperparameters(self) -> dict:
+        return {"head_kind": "eagle3", "aux_layers": list(self.layers),
+                **{key: getattr(self.cfg, key) for key in HYPERPARAMETERS}}
