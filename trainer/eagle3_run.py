@@ -105,6 +105,12 @@ class Run:
     def unroll(self, w: dict[str, torch.Tensor], batch: SequenceBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The training-time test: per step k, (log-probabilities [N_k, V'] at the positions whose target has a
         teacher entry, those entries' rows [N_k])."""
+        # bf16-autocast: the matmuls of training in bfloat16 (evaluation, like decoding, stays in float32)
+        with torch.autocast(self.embed.device.type, torch.bfloat16,
+                            enabled=self.cfg.precision == "bf16-autocast" and torch.is_grad_enabled()):
+            return self._unroll(w, batch)
+
+    def _unroll(self, w: dict[str, torch.Tensor], batch: SequenceBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
         b, t = batch.real.shape
         hidden = nn.functional.linear(batch.fused_input, w["fc.weight"])  # [B, T, H] g
         keys, values, out = [], [], []
@@ -120,7 +126,7 @@ class Run:
             hidden = layer_output(attended, hidden, w, self.eps)  # [B, T, H] h: the next step's input
             target = batch.entry[:, 1 + k:1 + k + t]  # [B, T] the teacher's entry for token t + 2 + k
             chosen = (target >= 0) & batch.real
-            logp = torch.log_softmax(readout(hidden[chosen], w, self.eps), dim=-1)  # [N_k, V']
+            logp = torch.log_softmax(readout(hidden[chosen], w, self.eps).float(), dim=-1)  # [N_k, V']
             out.append((logp, target[chosen]))
         return out
 
