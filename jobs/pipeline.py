@@ -219,13 +219,31 @@ def _run_register(ctx: StageContext) -> dict[str, Any]:
     model = ctx.stage_dir / "model"  # the component as an MLflow pyfunc model: what the version's source holds
     shutil.rmtree(model, ignore_errors=True)
     save_pyfunc(ctx.output / "calibrate" / "component", model)
+    exported = _export_for_servers(ctx, model)
     ctx.tracker.log_artifact(model, "model")
     train, calibrate, evaluate = (read_summary(ctx.output / s) for s in ("train", "calibrate", "evaluate"))
     tags = registry_tags(ctx.spec.train.method, ctx.spec.base_model.name, calibrate_fingerprint(ctx), train,
                          calibrate, evaluate)
     name = ctx.spec.tracking.registered_model or f"ppdkit-{Path(ctx.spec.base_model.name).name}"
-    version = register_component(ctx.tracker.client, name, ctx.tracker.run_id, tags, artifact="model")
-    return {"registered": 1, "name": name, "version": int(version), "uri": f"models:/{name}/{version}"}
+    version = register_component(ctx.tracker.client, name, ctx.tracker.run_id, {**tags, **exported}, artifact="model")
+    return {"registered": 1, "name": name, "version": int(version), "uri": f"models:/{name}/{version}", **exported}
+
+
+def _export_for_servers(ctx: StageContext, model: Path) -> dict[str, str]:
+    """An eagle3 draft also in the layout vLLM loads, beside the component in the registered model
+    (`model/speculators`: `ppdkit export models:/NAME@ALIAS ...` or MLflow's download give it to a server);
+    {"exported": layout} for the version's tags, {} when there is none."""
+    if ctx.spec.train.method != "eagle3":
+        return {}
+    from ppdkit.models.artifact import ArtifactError
+    from ppdkit.models.eagle3_export import export_eagle3
+
+    try:
+        export_eagle3(ctx.output / "calibrate" / "component", model / "speculators", "speculators")
+    except ArtifactError as e:  # a base too shallow for vLLM's three hidden states: ppdkit's decoder still serves it
+        log.warning("stage register: no speculators export beside the component: %s", e)
+        return {}
+    return {"exported": "speculators"}
 
 
 def calibrate_fingerprint(ctx: StageContext) -> str:

@@ -243,6 +243,36 @@ def test_a_feature_head_runs_through_every_stage_and_decodes_from_the_registry(r
         assert decoder.generate(prompt, 12, "feature-head").tokens == decoder.generate(prompt, 12, "ar").tokens
 
 
+def test_eagle3_runs_through_every_stage_and_its_export_is_registered_beside_it(ray_local, tracking_uri, spec_file,
+                                                                               tmp_path):
+    """train.method=eagle3 on a tiny base of 8 layers (distinct hidden states 2, 4, 5, which vLLM needs): trained,
+    passed through calibration, benchmarked, registered with its speculators layout, exported from the registry."""
+    from ppdkit.models.tiny import write_tiny_family
+
+    base = tmp_path / "tiny-llama3-8-layers"
+    write_tiny_family(base, "llama3", layers=8)
+    out = tmp_path / "out"
+    assert main(["run", str(spec_file), "--output", str(out), "train.method=eagle3", "train.head_depth=2",
+                 "train.draft_vocab=128", "train.lr=0.001", f"base_model.name={base}", "base_model.quantization=none",
+                 "train.precision=bf16-autocast"]) == 0
+    bench = json.loads((out / "evaluate" / "bench.json").read_text())
+    assert {"eagle3", "eagle3-anpd"} <= {r["method"] for r in bench["results"]}
+    assert all(r["identical_to_greedy"] == 1.0 for r in bench["results"])
+    version = MlflowClient(tracking_uri).get_model_version_by_alias("ppdkit-tiny-llama3-8-layers", "challenger")
+    assert version.tags["method"] == "eagle3" and version.tags["exported"] == "speculators"
+    registered = json.loads((out / "register" / "model" / "speculators" / "config.json").read_text())
+    assert registered["speculators_model_type"] == "eagle3"
+    assert registered["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    uri = "models:/ppdkit-tiny-llama3-8-layers@challenger"
+    assert main(["export", uri, "--format", "speculators", "--out", str(tmp_path / "served")]) == 0
+    assert json.loads((tmp_path / "served" / "config.json").read_text()) == registered
+    from ppdkit.runtime.decoder import Decoder
+
+    decoder = Decoder.from_pretrained(uri, dtype="float32")
+    for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
+        assert decoder.generate(prompt, 12, "eagle3").tokens == decoder.generate(prompt, 12, "ar").tokens
+
+
 def test_embedded_ray_listens_on_loopback_only(ray_local):
     import os
 
