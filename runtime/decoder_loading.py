@@ -25,6 +25,8 @@ from .pruning import load_early_head
 from .row_invariance import check_rows
 from .tree import DynamicTree
 
+LATENCY_SIZES = (2, 4, 8)  # the rows of a grown tree (runtime/methods.py GROWN_NODES: at most 8)
+
 if TYPE_CHECKING:  # decoder.py imports this module: the class is passed in as `cls`
     from .decoder import Decoder
 
@@ -55,6 +57,11 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
         decoder.base_name = component.base_model["name"]
         if taus:
             _size_trees(decoder, taus, ppd_trees, tree_size, dynamic_size)
+        elif decoder.eagle3 is not None:
+            # no calibrated trees: the grown tree's latency line starts from this machine's forward times by rows
+            # (each size's "tau" 1: a latency profile, cached per machine like the others)
+            decoder.profile = profile_trees(decoder.model, {size: 1.0 for size in LATENCY_SIZES}, base.fingerprint,
+                                            drafter="latency")
         if early_head is not None:
             early = read_component(_local(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
             decoder.early_head = load_early_head(early, base.model, prune_top_k)
