@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ppdkit-setup
 
-.PHONY: setup setup-llama demo test test-fast docs clean-venv
+.PHONY: setup setup-llama setup-speculators demo test test-fast docs clean-venv
 
 setup: $(STAMP)
 
@@ -25,6 +25,22 @@ $(STAMP): pyproject.toml Makefile
 # the bench prints llama.cpp's own system info, so a report shows which kernels it ran
 setup-llama: setup
 	CMAKE_ARGS="$$(bash infra/llama_cpp/cmake_args.sh)" $(BIN)/pip install --quiet -e ".[llama]"
+
+# vLLM's draft format library in a venv of its own (its pins: transformers <=5.19, datasets <=5.1), for the test
+# that loads `ppdkit export --format speculators` with it. --no-deps, then what importing its EAGLE-3 model needs:
+# its declared torchvision/torchaudio would pull a CUDA torch and break transformers on the CPU one. (pip then
+# warns of the declared dependencies left out; the import check below is what fails the target.)
+SPEC_VENV := .venv-speculators
+setup-speculators: $(SPEC_VENV)/.ppdkit-setup
+
+$(SPEC_VENV)/.ppdkit-setup: Makefile
+	test -x $(SPEC_VENV)/bin/python || $(PYTHON) -m venv $(SPEC_VENV)
+	$(SPEC_VENV)/bin/pip install --quiet torch==2.13.0
+	$(SPEC_VENV)/bin/pip install --quiet --no-deps speculators==0.9.0
+	$(SPEC_VENV)/bin/pip install --quiet transformers==5.19.0 safetensors datasets==5.1.0 openai==3.57.0 \
+		hs-connectors==0.9.0 2>&1 | grep -v -e "speculators 0.9.0 requires" -e "dependency resolver does not" || true
+	$(SPEC_VENV)/bin/python -c "import speculators.models.eagle3"
+	touch $@
 
 demo: setup
 	$(BIN)/ppdkit demo
