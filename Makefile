@@ -38,7 +38,7 @@ $(SPEC_VENV)/.ppdkit-setup: Makefile
 	$(SPEC_VENV)/bin/pip install --quiet torch==2.13.0
 	$(SPEC_VENV)/bin/pip install --quiet --no-deps speculators==0.9.0
 	$(SPEC_VENV)/bin/pip install --quiet transformers==5.19.0 safetensors datasets==5.1.0 openai==3.57.0 \
-		hs-connectors==0.9.0 2>&1 | grep -v -e "speculators 0.9.0 requires" -e "dependency resolver does not" || true
+		hs-connectors==0.9.0 loguru 2>&1 | grep -v -e "speculators 0.9.0 requires" -e "dependency resolver does not" || true
 	$(SPEC_VENV)/bin/python -c "import speculators.models.eagle3"
 	touch $@
 
