@@ -21,7 +21,7 @@ import torch
 from ppdkit.models.eagle3 import layer_input, layer_output, readout
 
 from .acceptance import Sampling, choose
-from .grown_tree import BEAM, DEPTH, Proposals, grow_and_verify
+from .grown_tree import BEAM, DEPTH, Frontier, Proposals, grow_and_verify, grow_level, level_logp
 from .kv_cache import KVCache
 from .linear import Linear
 from .llama import LeanLlama, rotate
@@ -79,13 +79,6 @@ def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch
     return layer_output(attended, hidden, w, draft.eps, linear=_apply)
 
 
-def draft_logp(draft: Eagle3Set, h: torch.Tensor) -> torch.Tensor:
-    """h [m, H] -> log-probabilities over the draft vocabulary [m, V'], float32; a draft gone bad (NaN, inf)
-    proposes worthless guesses, never an order in which a child outranks its parent."""
-    logp = torch.log_softmax(readout(h, draft.weights, draft.eps, linear=_apply).float(), dim=-1)
-    return torch.nan_to_num(logp, nan=-math.inf, posinf=0.0)
-
-
 class Eagle3Drafter:
     """EAGLE-3's side of a grown tree (runtime/grown_tree.py grow_and_verify): its draft cache, and the verified
     positions waiting to be read into it (their fused states and tokens) until the next root is known."""
@@ -132,35 +125,24 @@ class Eagle3Drafter:
         cache, draft = self.cache, self.draft
         committed = cache.length
         state = self._read_verified(root)[None]  # [m, H] the expanded nodes' h (the root alone first)
-        # each expanded node's draft rows along its path (indices after the committed rows), and its proposal
-        frontier_rows, frontier, frontier_value = [[]], [-1], torch.zeros(1)
-        found = Proposals()
+        rows = [[]]  # each expanded node's draft rows along its path (indices after the committed rows)
+        frontier, found = Frontier(torch.zeros(1), [-1]), Proposals()
         for level in range(1, depth + 1):
-            logp = draft_logp(draft, state)  # [m, V']
-            top = logp.topk(min(beam, logp.shape[-1]), dim=-1)  # [m, b]
-            level_values = (frontier_value[:, None] + top.values).flatten()  # [m b]
-            level_tokens = draft.vocab[top.indices.flatten()]  # [m b]
-            first, b = len(found.values), top.values.shape[1]
-            for i, (value, token) in enumerate(zip(level_values.tolist(), level_tokens.tolist())):
-                found.add(value, level, token, frontier[i // b])
-            if level == depth:
+            logp = level_logp(readout(state, draft.weights, draft.eps, linear=_apply))  # [m, V']
+            grown = grow_level(found, logp, frontier, level, draft.vocab, beam, wanted, last=level == depth)
+            if grown is None:
                 break
-            best = level_values.topk(min(beam, len(level_values)))
-            if len(found.values) >= wanted and float(best.values[0]) < sorted(found.values, reverse=True)[wanted - 1]:
-                break  # nothing below this level could displace a proposal already in the tree
-            parents = (best.indices // b).tolist()
+            parents, tokens, frontier = grown
             written = cache.length - committed  # draft rows of earlier levels
-            rows = [frontier_rows[p] + [written + i] for i, p in enumerate(parents)]
+            rows = [rows[p] + [written + i] for i, p in enumerate(parents.tolist())]
             visible = torch.zeros(len(rows), cache.length + len(rows), dtype=torch.bool)
             visible[:, :committed] = True
             for i, path in enumerate(rows):
                 visible[i, [committed + j for j in path]] = True
             position = committed - 1 + level  # the node's parent's row sits one position before it
-            state = draft_rows(self.model, draft, cache, state[parents], level_tokens[best.indices],
-                               torch.full((len(rows),), position), visible)
+            state = draft_rows(self.model, draft, cache, state[parents], tokens, torch.full((len(rows),), position),
+                               visible)
             cache.commit(None, len(rows))
-            frontier_rows, frontier_value = rows, best.values
-            frontier = [first + int(i) for i in best.indices]
         cache.rollback(committed)  # the tree's rows are dropped: only verified positions stay
         return found
 

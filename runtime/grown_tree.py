@@ -56,30 +56,53 @@ class Proposals:
         return len(self.values) - 1
 
 
+@dataclass
+class Frontier:
+    """The nodes a level expands: their values [m] and proposal indices (-1: the root)."""
+
+    values: torch.Tensor
+    proposals: list[int]
+
+
+def level_logp(logits: torch.Tensor) -> torch.Tensor:
+    """A level's logits [m, V'] -> log-probabilities, float32; a draft gone bad (NaN, inf) proposes worthless
+    guesses, never an order in which a child outranks its parent."""
+    return torch.nan_to_num(torch.log_softmax(logits.float(), dim=-1), nan=-math.inf, posinf=0.0)
+
+
+def grow_level(found: Proposals, logp: torch.Tensor, frontier: Frontier, level: int, vocab: torch.Tensor, beam: int,
+               wanted: int, last: bool) -> tuple[torch.Tensor, torch.Tensor, Frontier] | None:
+    """Add the `beam` likeliest children of every expanded node (logp [m, V'] over the draft vocabulary `vocab`)
+    to the proposals, in place -> (for the `beam` most valuable of them, their parents' rows among the expanded
+    nodes [m'], their tokens [m'], the next frontier); None where growth stops: the last level, or nothing below
+    this level could displace a proposal already among the `wanted` best."""
+    top = logp.topk(min(beam, logp.shape[-1]), dim=-1)  # [m, b]
+    level_values = (frontier.values[:, None] + top.values).flatten()  # [m b]
+    level_tokens = vocab[top.indices.flatten()]  # [m b]
+    first, b = len(found.values), top.values.shape[1]
+    for i, (value, token) in enumerate(zip(level_values.tolist(), level_tokens.tolist())):
+        found.add(value, level, token, frontier.proposals[i // b])
+    if last:
+        return None
+    best = level_values.topk(min(beam, len(level_values)))
+    if len(found.values) >= wanted and float(best.values[0]) < sorted(found.values, reverse=True)[wanted - 1]:
+        return None
+    return best.indices // b, level_tokens[best.indices], Frontier(best.values, [first + int(i) for i in best.indices])
+
+
 def expand(model, heads, feature: torch.Tensor, root: int, wanted: int, beam: int, depth: int) -> Proposals:
     """The head's proposals under `root` (feature [H]: the hidden state that chose it), at least `wanted` when the
     levels allow."""
     found = Proposals()
     state = feature_step(feature[None], model.embed_ids(torch.tensor([root])), *heads.layers)  # [1, H]
-    frontier_value, frontier = torch.zeros(1), [-1]  # [m] the expanded nodes' values, their proposal indices
+    frontier = Frontier(torch.zeros(1), [-1])
     for level in range(1, depth + 1):
-        logp = torch.log_softmax(draft_logits(state, heads.readout).float(), dim=-1)  # [m, V']
-        # a head gone bad (NaN, inf) proposes worthless guesses, never an order in which a child outranks its parent
-        logp = torch.nan_to_num(logp, nan=-math.inf, posinf=0.0)
-        top = logp.topk(min(beam, logp.shape[-1]), dim=-1)  # [m, b]
-        level_values = (frontier_value[:, None] + top.values).flatten()  # [m b]
-        level_tokens = heads.vocab[top.indices.flatten()]  # [m b]
-        first, b = len(found.values), top.values.shape[1]
-        for i, (value, token) in enumerate(zip(level_values.tolist(), level_tokens.tolist())):
-            found.add(value, level, token, frontier[i // b])
-        if level == depth:
+        logp = level_logp(draft_logits(state, heads.readout))  # [m, V']
+        grown = grow_level(found, logp, frontier, level, heads.vocab, beam, wanted, last=level == depth)
+        if grown is None:
             break
-        best = level_values.topk(min(beam, len(level_values)))
-        if len(found.values) >= wanted and float(best.values[0]) < sorted(found.values, reverse=True)[wanted - 1]:
-            break  # nothing below this level could displace a proposal already in the tree
-        state = feature_step(state[best.indices // b], model.embed_ids(level_tokens[best.indices]),
-                             *heads.layers)  # [m', H]
-        frontier_value, frontier = best.values, [first + int(i) for i in best.indices]
+        parents, tokens, frontier = grown
+        state = feature_step(state[parents], model.embed_ids(tokens), *heads.layers)  # [m', H]
     return found
 
 

@@ -19,7 +19,9 @@ from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes
 from ppdkit.models.loading import load_base_model
 from ppdkit.registry.tracking import TrackerRef
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_logp, forward_with_states
+from ppdkit.models.eagle3 import readout
+from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows, forward_with_states
+from ppdkit.runtime.grown_tree import level_logp
 from ppdkit.runtime.head_loading import eagle3_set
 from ppdkit.trainer.config import TrainConfig
 from ppdkit.trainer.launch import run_training
@@ -91,11 +93,11 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
     h = drafter._read_verified(int(ids[t + 1]))[None]  # the root is token t + 1
     cache, committed = drafter.cache, drafter.cache.length
     for k in range(3):
-        assert torch.allclose(draft_logp(decoder.eagle3, h)[0], unrolled[k][0][t].float(), atol=1e-6), k
+        logp = level_logp(readout(h, decoder.eagle3.weights, decoder.eagle3.eps, linear=lambda x, layer: layer(x)))
+        assert torch.allclose(logp[0], unrolled[k][0][t].float(), atol=1e-6), k
         if k == 2:
             break
-        from ppdkit.runtime.eagle3 import draft_rows  # the tree's row for the path's node k + 1 deep
-
+        # the tree's row for the path's node k + 1 deep
         visible = torch.zeros(1, cache.length + 1, dtype=torch.bool)
         visible[0, :committed] = True
         visible[0, committed:] = True  # its ancestors on the path (one row per earlier depth) and itself
