@@ -57,6 +57,10 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
         decoder.base_name = component.base_model["name"]
         if taus:
             _size_trees(decoder, taus, ppd_trees, tree_size, dynamic_size)
+        elif decoder.eagle3 is not None and tree_size is not None:  # every tree that many nodes: hardware where
+            if tree_size < 2:  # rows are nearly free (a GPU), or a measurement of tokens per step at that size
+                raise ValueError(f"tree_size {tree_size}: an eagle3 tree holds the root and at least one guess (>= 2)")
+            decoder.grown_nodes = tree_size
         elif decoder.eagle3 is not None:
             # no calibrated trees: the grown tree's latency line starts from this machine's forward times by rows
             # (each size's "tau" 1: a latency profile, cached per machine like the others)

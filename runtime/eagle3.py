@@ -150,6 +150,10 @@ class Eagle3Drafter:
 def decode_eagle3(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
                   generator: torch.Generator | None, sizer=None, *, nodes: int, ngrams: bool = False,
                   beam: int = BEAM, depth: int = DEPTH, rate: float = 0.1) -> None:
-    """decode_grown with EAGLE-3's draft (`sizer` unused: the size is chosen per step)."""
+    """decode_grown with EAGLE-3's draft (`sizer` unused: the size is chosen per step, unless the decoder fixes it:
+    Decoder.grown_nodes, from tree_size)."""
+    if decoder.grown_nodes is not None:  # a fixed tree wider than the default beams' proposals: sqrt(N) per level
+        nodes, beam = decoder.grown_nodes, max(beam, round(decoder.grown_nodes ** 0.5))
     grow_and_verify(decoder, Eagle3Drafter(decoder, cache.capacity, beam, depth), ids, cache, emit, sampling,
-                    generator, nodes=nodes, ngrams=ngrams, beam=beam, depth=depth, rate=rate)
+                    generator, nodes=nodes, ngrams=ngrams, beam=beam, depth=depth, rate=rate,
+                    fixed=decoder.grown_nodes is not None)

@@ -227,9 +227,9 @@ def decode_grown(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[lis
 
 def grow_and_verify(decoder, drafter, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool],
                     sampling: Sampling, generator: torch.Generator | None, *, nodes: int, ngrams: bool, beam: int,
-                    depth: int, rate: float) -> None:
+                    depth: int, rate: float, fixed: bool = False) -> None:
     """decode_grown's loop for any drafter with prefill, propose and verify (FeatureDrafter's; runtime/eagle3.py's
-    Eagle3Drafter)."""
+    Eagle3Drafter); `fixed`: every tree takes the `nodes` - 1 most valuable proposals, whatever they cost."""
     latency = latency_model(decoder.profile, nodes)
     root = pick(drafter.prefill(ids, cache), sampling, generator)
     chains = ChainSource(ids.tolist()) if ngrams else None
@@ -244,7 +244,8 @@ def grow_and_verify(decoder, drafter, ids: torch.Tensor, cache: KVCache, emit: C
         b0, b1 = latency.coefficients()
         seconds = [b0 + b1 * rows for rows in range(nodes + 1)]
         ratio = kept / max(estimated, 1e-9)
-        chosen = chosen[:best_count([found.values[i] for i in chosen], seconds, ratio, drafting)]
+        if not fixed:
+            chosen = chosen[:best_count([found.values[i] for i in chosen], seconds, ratio, drafting)]
         layout = shape_layout(*tree_shape(chosen, found.parents))
         tokens = torch.tensor([root] + [found.tokens[i] for i in chosen])  # [N]
         verifying = time.perf_counter()

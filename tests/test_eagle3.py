@@ -154,9 +154,12 @@ def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir,
     assert component.method == "eagle3" and component.hyperparameters["aux_layers"] == [1, 1, 1]
     assert component.tensors["fc.weight"].shape == (64, 192) and component.tensors["lm_head.weight"].shape == (128, 64)
     decoder = Decoder.from_pretrained(tmp_path / "train" / "component", dtype="float32", tree_size=None)
-    assert set(EAGLE3) <= set(decoder.methods())
+    assert set(EAGLE3) <= set(decoder.methods()) and decoder.profile["sizes"] == [2, 4, 8]  # the latency profile
     ids = [5, 17, 99, 5, 17, 99, 5, 17]
     assert decoder.generate(ids, 16, "eagle3-anpd").tokens == decoder.generate(ids, 16, "ar").tokens
+    fixed = Decoder.from_pretrained(tmp_path / "train" / "component", dtype="float32", tree_size=24)
+    out = fixed.generate(ids, 16, "eagle3")
+    assert out.tokens == decoder.generate(ids, 16, "ar").tokens and set(out.rows_per_step) == {24}  # every tree full
     broken = tmp_path / "broken"
     import shutil
 
