@@ -123,8 +123,8 @@ class Eagle3Drafter:
     def propose(self, root: int, wanted: int, beam: int, depth: int) -> Proposals:
         """The draft's proposals under `root`, grown as runtime/grown_tree.py's expand grows the feature head's."""
         cache, draft = self.cache, self.draft
-        committed = cache.length
         state = self._read_verified(root)[None]  # [m, H] the expanded nodes' h (the root alone first)
+        committed = cache.length  # the verified rows, all kept: the tree's rows go after them
         rows = [[]]  # each expanded node's draft rows along its path (indices after the committed rows)
         frontier, found = Frontier(torch.zeros(1), [-1]), Proposals()
         for level in range(1, depth + 1):

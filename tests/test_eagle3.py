@@ -18,11 +18,13 @@ from ppdkit.models.artifact import ArtifactError, read_component
 from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes
 from ppdkit.models.loading import load_base_model
 from ppdkit.registry.tracking import TrackerRef
+from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.models.eagle3 import readout
 from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows, forward_with_states
 from ppdkit.runtime.grown_tree import level_logp
 from ppdkit.runtime.head_loading import eagle3_set
+from ppdkit.runtime.tree_layout import shape_layout
 from ppdkit.trainer.config import TrainConfig
 from ppdkit.trainer.launch import run_training
 from ppdkit.trainer.methods import TRAINING_METHODS
@@ -103,6 +105,28 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
         visible[0, committed:] = True  # its ancestors on the path (one row per earlier depth) and itself
         h = draft_rows(lean, decoder.eagle3, cache, h, ids[t + 2 + k:t + 3 + k], torch.tensor([t + 1 + k]), visible)
         cache.commit(None, 1)
+
+
+def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f64):
+    """Steps of a real decode: after each proposal the draft cache holds one row per verified position (the text
+    so far), whatever the tree held, and its rows are those a drafter that read the whole text at once holds."""
+    model, tok = tiny_f64
+    vocab = torch.arange(VOCAB)
+    decoder = _decoder(model, tok, _draft_tensors(model, vocab, 1, 0.3), vocab, torch.float64)
+    ids = torch.tensor([random.Random(2).randrange(VOCAB) for _ in range(9)])
+    drafter = Eagle3Drafter(decoder, 64, beam=2, depth=4)
+    cache = decoder.model.new_cache(64)
+    drafter.prefill(ids[:4], cache)
+    drafter.propose(int(ids[4]), 7, 2, 4)
+    assert drafter.cache.length == 4  # positions 0 .. 3; the tree's rows rolled back
+    for t in range(4, 8):  # verify a one-node path at a time: the root ids[t], then ids[t + 1] is next
+        next_token, path = drafter.verify(cache, shape_layout((-1,), (-1,)), ids[t:t + 1], Sampling(), None)
+        drafter.propose(int(ids[t + 1]), 7, 2, 4)
+        assert drafter.cache.length == t + 1 and cache.length == t + 1
+    whole = Eagle3Drafter(decoder, 64, beam=2, depth=4)
+    whole.prefill(ids[:8], decoder.model.new_cache(64))
+    whole._read_verified(int(ids[8]))
+    assert torch.allclose(drafter.cache.k[..., :8], whole.cache.k[..., :8], atol=1e-10)
 
 
 @pytest.mark.parametrize("path", ["native", "pytorch"])
