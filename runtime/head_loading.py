@@ -79,8 +79,11 @@ def load_eagle3(component: Component, model) -> Eagle3Set:
 def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tuple[int, ...], model) -> Eagle3Set:
     """The runtime's draft from models/eagle3.py's tensors (checked), on `model`'s device and activations."""
     config = model.config
-    dtype = activation_dtype(next(model.parameters()).dtype)  # the draft runs on the decoder's activations
-    t = {name: value.to(model.device, dtype) for name, value in tensors.items()}
+    # its matrices in the base's weight dtype (bfloat16 halves what each draft step reads: drafting is memory-bound,
+    # 27 MB a level in float32), its norms and activations in the decoder's activation dtype
+    weight_dtype = next(model.parameters()).dtype
+    dtype = activation_dtype(weight_dtype)
+    t = {name: value.to(model.device, weight_dtype if value.dim() == 2 else dtype) for name, value in tensors.items()}
     qkv = torch.cat([t[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])
     weights = {name: Linear(value) if value.dim() == 2 else value for name, value in t.items()}
     heads = config.num_attention_heads
