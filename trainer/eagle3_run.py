@@ -28,7 +28,7 @@ from .features import FeatureCache
 from .losses import on_draft_vocab, soft_cross_entropy, topk_hits
 from .methods import cosine
 
-HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "alpha", "lr", "epochs", "seed")
+HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "alpha", "lr", "precision", "epochs", "seed")
 KEEP_FEATURE_BYTES = 2e9  # a worker's kept hidden states; past it they are computed at every visit
 
 
