@@ -26,8 +26,8 @@ from .gguf_blocks import QuantizedWeight
 from .llama import LeanLlama, end_tokens
 from .lookup import root_only, with_lookup_chains
 from .layer_skip import SkipDraft
-from .methods import (EAGLE3_DRAFT, EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS, SKIP_DRAFT,
-                      SKIP_MAP, TREES, get_method, lookup_rows)
+from .methods import (EAGLE3_DRAFT, EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS,
+                      SKIP_DRAFT, SKIP_MAP, TREES, get_method, lookup_rows)
 from .pruning import EarlyHead
 from .ppd import PromptTokenSet
 from .tree import DynamicTree

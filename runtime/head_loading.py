@@ -1,6 +1,6 @@
-"""A draft-head component (feature-head, medusa), an EAGLE-3 draft or a layer-skip one read into the decoder: its heads and
-calibrated trees, or its skip map and fine-tuned draft, each checked against the base model's shapes, so a
-component built wrong gets a clear error at load, not an index error mid-decoding."""
+"""A draft-head component (feature-head, medusa), an EAGLE-3 draft or a layer-skip one read into the decoder: its
+heads and calibrated trees, its draft, or its skip map and fine-tuned draft, each checked against the base model's
+shapes, so a component built wrong gets a clear error at load, not an index error mid-decoding."""
 
 import torch
 

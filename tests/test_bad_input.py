@@ -55,7 +55,8 @@ OUT_OF_RANGE = [
     ("evaluate.methods=[ppd,eagle]", ["'evaluate.methods[1]'",
                                       "'hf-greedy', 'hf-pld', 'ar', 'auto', 'anpd', 'self-draft', 'skip', 'skip-ft', 'ppd', "
                                       "'ppd-lookup', 'ppd-head', "
-                                      "'feature-head', 'feature-grown', 'feature-grown-anpd', 'medusa', 'ppd-prune', "
+                                      "'feature-head', 'feature-grown', 'feature-grown-anpd', 'eagle3', 'eagle3-anpd', "
+                                      "'medusa', 'ppd-prune', "
                                       "'feature-head-prune', 'medusa-prune', 'llama.cpp', 'llama.cpp-lookup' or "
                                       "'llama.cpp-q4'",
                                       "'eagle'"]),
