@@ -24,6 +24,7 @@ from ppdkit.runtime.eagle3 import draft_rows
 from ppdkit.runtime.head_loading import eagle3_set
 
 SPECULATORS_PYTHON = Path(__file__).parents[1] / ".venv-speculators" / "bin" / "python"
+SPECULATORS_READY = SPECULATORS_PYTHON.parents[1] / ".ppdkit-setup"  # `make setup-speculators`: its import works
 CONSUMER = Path(__file__).parent / "consumers" / "speculators_forward.py"
 
 
@@ -91,7 +92,7 @@ def test_what_cannot_be_exported_is_refused_and_nothing_is_written(component, tm
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(not SPECULATORS_PYTHON.exists(), reason="the speculators venv is built by `make setup-speculators`")
+@pytest.mark.skipif(not SPECULATORS_READY.exists(), reason="the speculators venv is built by `make setup-speculators`")
 def test_speculators_loads_the_export_and_its_draft_step_is_ppdkits(component, deep_base, tmp_path):
     out = export_eagle3(component, tmp_path / "draft", "speculators")  # the verifier: the base's own directory
     g = torch.Generator().manual_seed(0)

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_READY = ROOT / ".venv-vllm" / ".ppdkit-setup"  # written by `make setup-vllm` once `import vllm` works
 CONSUMER = Path(__file__).parent / "consumers" / "vllm_generate.py"
 COMPONENT = ROOT / "models" / "components" / "smollm2-135m-eagle3"
 
@@ -30,7 +31,7 @@ def _generate(out: Path, prompts: Path, *draft: str) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="vLLM's CPU build is installed by `make setup-vllm`")
+@pytest.mark.skipif(not VLLM_READY.exists(), reason="vLLM's CPU build is installed by `make setup-vllm`")
 def test_vllm_serves_the_exported_draft_takes_its_tokens_and_keeps_its_greedy_text(tmp_path):
     draft = export_eagle3(COMPONENT, tmp_path / "draft", "speculators")
     prompts = tmp_path / "prompts.jsonl"
