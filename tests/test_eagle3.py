@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import hf_greedy, tiny_model_on
 from test_draft_heads import VOCAB
+from test_sampling import first_two_tokens_follow_the_model
 from test_training import BASE, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
@@ -166,6 +167,15 @@ def test_eagle3_reproduces_transformers_greedy_in_float64(tiny_f64):
             assert out.tokens == truth[:len(out.tokens)] and len(out.tokens) in (budget, len(truth)), (case, method)
             emitted, steps = emitted + len(out.tokens), steps + out.steps
     assert emitted > steps  # some steps kept more than one token: the draft cache was refilled from long paths
+
+
+def test_sampled_eagle3_draws_the_base_models_first_tokens(tiny_f64):
+    """Sampled decoding through EAGLE-3's tree (speculative acceptance): the first two new tokens follow the
+    model's own distributions (the repeated prompt's n-gram chain rides in the tree, so guesses are accepted)."""
+    model, tok = tiny_f64
+    vocab = torch.arange(VOCAB)
+    decoder = _decoder(model, tok, _draft_tensors(model, vocab, 6, 0.01), vocab, torch.float64)
+    first_two_tokens_follow_the_model(decoder, [5, 17, 42, 5, 17, 42, 5, 17], "eagle3-anpd")
 
 
 def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir, tmp_path):  # noqa: F811
