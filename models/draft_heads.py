@@ -33,15 +33,15 @@ TENSORS = {"feature": FEATURE_TENSORS, "medusa": MEDUSA_TENSORS}
 Weight = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 
 
-def _linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
+def apply_linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
     return nn.functional.linear(x, weight) if isinstance(weight, torch.Tensor) else weight(x)
 
 
 def feature_step(state: torch.Tensor, token_embedding: torch.Tensor, w_in: Weight, w_up: Weight,
                  w_down: Weight) -> torch.Tensor:
     """One level of the feature head: state [..., H], token_embedding [..., H] -> next state [..., H]."""
-    u = _linear(torch.cat([state, token_embedding], dim=-1), w_in)  # [..., H]
-    return u + _linear(nn.functional.silu(_linear(u, w_up)), w_down)
+    u = apply_linear(torch.cat([state, token_embedding], dim=-1), w_in)  # [..., H]
+    return u + apply_linear(nn.functional.silu(apply_linear(u, w_up)), w_down)
 
 
 def medusa_states(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -52,7 +52,7 @@ def medusa_states(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 def draft_logits(state: torch.Tensor, vocab_rows: Weight) -> torch.Tensor:
     """state [..., H], vocab_rows [V', H] (the base model's LM-head rows of the draft vocabulary) -> [..., V']."""
-    return _linear(state, vocab_rows)
+    return apply_linear(state, vocab_rows)
 
 
 def inverse_index(ids: torch.Tensor, size: int) -> torch.Tensor:

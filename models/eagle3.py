@@ -19,6 +19,8 @@ vLLM's d2t offsets and SGLang's t2d mask).
 import torch
 from torch import nn
 
+from .draft_heads import apply_linear
+
 # name: (rows, columns) in terms of H (hidden), Q (query heads x head dim), K (key/value heads x head dim),
 # I (MLP width), V (draft vocabulary)
 SHAPES = {
@@ -46,11 +48,17 @@ def aux_layers(num_layers: int) -> tuple[int, int, int]:
     return tuple(min(max(k, 1), num_layers - 1) for k in (2, num_layers // 2, num_layers - 3))
 
 
-def expected_shapes(hidden: int, heads: int, kv_heads: int, head_dim: int, inner: int, vocab: int
-                    ) -> dict[str, tuple[int, ...]]:
-    sizes = {"H": hidden, "3H": 3 * hidden, "2H": 2 * hidden, "Q": heads * head_dim, "K": kv_heads * head_dim,
-             "I": inner, "V": vocab}
-    return {name: tuple(sizes[d] for d in dims) for name, dims in SHAPES.items()}
+def head_dim(config) -> int:
+    """A Hugging Face Llama-family config's attention head size."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def expected_shapes(config, vocab: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape for a base model of this Hugging Face config and a draft vocabulary of `vocab` ids."""
+    hidden, d = config.hidden_size, head_dim(config)
+    sizes = {"H": hidden, "3H": 3 * hidden, "2H": 2 * hidden, "Q": config.num_attention_heads * d,
+             "K": config.num_key_value_heads * d, "I": config.intermediate_size, "V": vocab}
+    return {name: tuple(sizes[dim] for dim in dims) for name, dims in SHAPES.items()}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -66,18 +74,18 @@ def layer_input(embeds: torch.Tensor, hidden: torch.Tensor, w: dict, eps: float)
                       rms_norm(hidden, w["midlayer.hidden_norm.weight"], eps)], dim=-1)
 
 
-def layer_output(attended: torch.Tensor, hidden: torch.Tensor, w: dict, eps: float, linear=nn.functional.linear
-                 ) -> torch.Tensor:
-    """attended [..., Q] (the attention's heads, concatenated), hidden [..., H] the residual -> h [..., H]."""
-    u = hidden + linear(attended, w["midlayer.self_attn.o_proj.weight"])
+def layer_output(attended: torch.Tensor, hidden: torch.Tensor, w: dict, eps: float) -> torch.Tensor:
+    """attended [..., Q] (the attention's heads, concatenated), hidden [..., H] the residual -> h [..., H]. The
+    matrices of `w` may be tensors (training) or the runtime's layers (decoding)."""
+    u = hidden + apply_linear(attended, w["midlayer.self_attn.o_proj.weight"])
     x = rms_norm(u, w["midlayer.post_attention_layernorm.weight"], eps)
-    gate, up = linear(x, w["midlayer.mlp.gate_proj.weight"]), linear(x, w["midlayer.mlp.up_proj.weight"])
-    return u + linear(nn.functional.silu(gate) * up, w["midlayer.mlp.down_proj.weight"])
+    gate, up = apply_linear(x, w["midlayer.mlp.gate_proj.weight"]), apply_linear(x, w["midlayer.mlp.up_proj.weight"])
+    return u + apply_linear(nn.functional.silu(gate) * up, w["midlayer.mlp.down_proj.weight"])
 
 
-def readout(h: torch.Tensor, w: dict, eps: float, linear=nn.functional.linear) -> torch.Tensor:
+def readout(h: torch.Tensor, w: dict, eps: float) -> torch.Tensor:
     """h [..., H] -> draft-vocabulary logits [..., V']."""
-    return linear(rms_norm(h, w["norm.weight"], eps), w["lm_head.weight"])
+    return apply_linear(rms_norm(h, w["norm.weight"], eps), w["lm_head.weight"])
 
 
 class Eagle3Draft(nn.Module):

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from .artifact import ArtifactError, read_component
-from .eagle3 import SHAPES, expected_shapes
+from .eagle3 import SHAPES, expected_shapes, head_dim
 from .loading import load_base_model
 
 FORMATS = ("speculators", "sglang")
@@ -51,7 +51,7 @@ def _config(fmt: str, model_config, draft_vocab: int, layers: list[int], verifie
     layer = {"model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
              "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
              "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-             "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+             "head_dim": head_dim(c),
              "hidden_act": "silu", "max_position_embeddings": c.max_position_embeddings,
              "rms_norm_eps": c.rms_norm_eps, "rope_parameters": dict(c.rope_parameters),
              "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False}
@@ -84,9 +84,7 @@ def export_eagle3(component_dir: Path, out: Path, fmt: str, verifier: str | None
     base = load_base_model(name, quantization="none", dtype="float32")
     read_component(Path(component_dir), expect_fingerprint=base.fingerprint)  # refuses another base model
     c, vocab = base.model.config, component.tensors["draft_vocab"]
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    expected = expected_shapes(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, head_dim,
-                               c.intermediate_size, len(vocab))
+    expected = expected_shapes(c, len(vocab))
     found = {k: tuple(component.tensors[k].shape) if k in component.tensors else None for k in expected}
     if found != expected:
         raise ArtifactError(f"{component_dir}: the draft's tensors do not fit {name} (found, needed): "

@@ -29,7 +29,8 @@ from .llama import LeanLlama, rotate
 
 @dataclass
 class Eagle3Set:
-    """A loaded draft: norms as tensors, matrices as the runtime's few-rows layers, in the activations' dtype."""
+    """A loaded draft: norms as tensors in the activations' dtype, matrices as the runtime's few-rows layers in the
+    base's weight dtype."""
 
     weights: dict[str, torch.Tensor | Linear]  # models/eagle3.py's names (q, k and v also fused, as "qkv")
     vocab: torch.Tensor  # [V'] the draft vocabulary's token ids
@@ -43,15 +44,11 @@ class Eagle3Set:
         return KVCache(1, self.kv_heads, self.head_dim, capacity, dtype, device)
 
 
-def _apply(x: torch.Tensor, layer) -> torch.Tensor:
-    return layer(x)
-
-
 def forward_with_states(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                         mask: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """model.forward's final hidden states [T, H], and the residual stream after each of `layers` decoder
     layers, concatenated [T, len(layers) H]: the forward run in segments that stop there."""
-    states, x, start = {}, x, 0
+    states, start = {}, 0
     for stop in sorted(set(layers)):
         x = model.forward_layers(x, positions, cache, mask, start, stop)
         states[stop], start = x, stop
@@ -76,7 +73,7 @@ def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch
     bias = torch.zeros(visible.shape, dtype=q.dtype).masked_fill_(~visible, -math.inf).repeat(group, 1)
     scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=1.0 / math.sqrt(d))  # [Hkv, g R, S]
     attended = torch.bmm(scores.softmax(-1), values).view(hkv, group, r, d).permute(2, 0, 1, 3).reshape(r, hq * d)
-    return layer_output(attended, hidden, w, draft.eps, linear=_apply)
+    return layer_output(attended, hidden, w, draft.eps)
 
 
 class Eagle3Drafter:
@@ -128,7 +125,7 @@ class Eagle3Drafter:
         rows = [[]]  # each expanded node's draft rows along its path (indices after the committed rows)
         frontier, found = Frontier(torch.zeros(1), [-1]), Proposals()
         for level in range(1, depth + 1):
-            logp = level_logp(readout(state, draft.weights, draft.eps, linear=_apply))  # [m, V']
+            logp = level_logp(readout(state, draft.weights, draft.eps))  # [m, V']
             grown = grow_level(found, logp, frontier, level, draft.vocab, beam, wanted, last=level == depth)
             if grown is None:
                 break

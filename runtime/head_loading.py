@@ -6,7 +6,7 @@ import torch
 
 from ppdkit.models.artifact import ArtifactError, Component
 from ppdkit.models.draft_heads import HEAD_KINDS, TENSORS
-from ppdkit.models.eagle3 import expected_shapes
+from ppdkit.models.eagle3 import expected_shapes, head_dim
 
 
 from .draft_heads import DraftHeadSet, HeadTree, head_tree
@@ -58,10 +58,7 @@ def load_eagle3(component: Component, model) -> Eagle3Set:
     """An eagle3 component's draft, its tensors' shapes and hidden-state layers checked against the base model."""
     where, config = component.path, model.config
     vocab = checked_draft_vocab(component, config.vocab_size)
-    heads, hidden = config.num_attention_heads, config.hidden_size
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    expected = expected_shapes(hidden, heads, config.num_key_value_heads, head_dim, config.intermediate_size,
-                               len(vocab))
+    expected = expected_shapes(config, len(vocab))
     found = {name: None if component.tensors.get(name) is None else tuple(component.tensors[name].shape)
              for name in expected}
     if found != expected:
@@ -86,10 +83,8 @@ def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tu
     t = {name: value.to(model.device, weight_dtype if value.dim() == 2 else dtype) for name, value in tensors.items()}
     qkv = torch.cat([t[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])
     weights = {name: Linear(value) if value.dim() == 2 else value for name, value in t.items()}
-    heads = config.num_attention_heads
-    return Eagle3Set({**weights, "qkv": Linear(qkv)}, vocab.to(model.device), layers, heads,
-                     config.num_key_value_heads, getattr(config, "head_dim", None) or config.hidden_size // heads,
-                     config.rms_norm_eps)
+    return Eagle3Set({**weights, "qkv": Linear(qkv)}, vocab.to(model.device), layers, config.num_attention_heads,
+                     config.num_key_value_heads, head_dim(config), config.rms_norm_eps)
 
 
 def checked_draft_vocab(component: Component, vocab_size: int):

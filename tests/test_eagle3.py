@@ -35,10 +35,8 @@ EAGLE3_TRAIN = TRAIN.model_copy(update={"method": "eagle3", "head_depth": 3, "dr
 
 
 def _draft_tensors(model, vocab: torch.Tensor, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
-    c = model.config
-    shapes = expected_shapes(c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
-                             c.hidden_size // c.num_attention_heads, c.intermediate_size, len(vocab))
-    draft = Eagle3Draft(shapes, model.get_output_embeddings().weight.detach()[vocab], seed)
+    draft = Eagle3Draft(expected_shapes(model.config, len(vocab)), model.get_output_embeddings().weight.detach()[vocab],
+                        seed)
     g = torch.Generator().manual_seed(seed)
     return {name: (t.detach() * (1 + scale * torch.randn(t.shape, generator=g))) for name, t in draft().items()}
 
@@ -96,7 +94,7 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
     h = drafter._read_verified(int(ids[t + 1]))[None]  # the root is token t + 1
     cache, committed = drafter.cache, drafter.cache.length
     for k in range(3):
-        logp = level_logp(readout(h, decoder.eagle3.weights, decoder.eagle3.eps, linear=lambda x, layer: layer(x)))
+        logp = level_logp(readout(h, decoder.eagle3.weights, decoder.eagle3.eps))
         assert torch.allclose(logp[0], unrolled[k][0][t].float(), atol=1e-6), k
         if k == 2:
             break

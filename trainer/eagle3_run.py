@@ -69,14 +69,12 @@ class Run:
         self.distances = cfg.head_depth  # the training-time test's steps: distances 1 .. D after the root
         config = base.model.config
         self.embed = base.model.get_input_embeddings().weight.detach().float()  # [V, H], frozen
-        vocab_size, hidden = self.embed.shape
+        vocab_size = self.embed.shape[0]
         vocab = frequent_tokens([s.input_ids for s in train_sequences], cfg.draft_vocab, vocab_size)  # [V']
         self.vocab_index = inverse_index(vocab, vocab_size)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or hidden // self.heads
         self.eps, self.layers = config.rms_norm_eps, aux_layers(config.num_hidden_layers)
-        shapes = expected_shapes(hidden, self.heads, self.kv_heads, self.head_dim, config.intermediate_size,
-                                 len(vocab))
+        shapes = expected_shapes(config, len(vocab))
         lm_head = base.model.get_output_embeddings().weight.detach()[vocab]
         self.module = Eagle3Draft(shapes, lm_head, cfg.seed)
         self.module.register_buffer("draft_vocab", vocab)  # saved with every checkpoint and exported
