@@ -121,10 +121,12 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
 def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
               tree_size: int | None = None, lookup_chains: int = 1, early_head: str | None = None,
               prune_top_k: int = 8, base_only: bool = False, skip_map: tuple[int, ...] | None = None,
-              device: str = "cpu", repeats: int = 1, command: str | None = None, dtype: str = "auto") -> dict:
+              device: str = "cpu", repeats: int = 1, command: str | None = None, dtype: str = "auto",
+              fixed_shapes: bool | None = None) -> dict:
     """`model` a component (directory or models:/ URI), or with `base_only` a base model for the methods that
     need no component (`skip_map` for skip); every method, the transformers baselines too, runs on `device` with the
-    weights in `dtype` (auto, float32, bfloat16, gguf, q4: runtime/precision.py).
+    weights in `dtype` (auto, float32, bfloat16, gguf, q4: runtime/precision.py), in steps of one shape per
+    `fixed_shapes` (None: by the device, runtime/fixed_shapes.py).
     `repeats` > 1 decodes every prompt that many times with every method, in turns, and counts each method's
     fastest run: a ratio of a few percent then stands out of this machine's minute-to-minute drift. `command` is what
     made the report (the command line, or the pipeline stage), kept with its date and machine so a figure can be
@@ -141,9 +143,10 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
 
     def load(dtype: str) -> Decoder:
         if base_only:
-            return Decoder.from_base(model, skip_map=skip_map, device=device, dtype=dtype)
+            return Decoder.from_base(model, skip_map=skip_map, device=device, dtype=dtype, fixed_shapes=fixed_shapes)
         return Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
-                                       early_head=early_head, prune_top_k=prune_top_k, device=device, dtype=dtype)
+                                       early_head=early_head, prune_top_k=prune_top_k, device=device, dtype=dtype,
+                                       fixed_shapes=fixed_shapes)
 
     decoder = load(dtype)
     others = {other: exact_dtype(load(other), other) for other in {m.partition(AT)[2] for m in methods if AT in m}}
@@ -227,7 +230,7 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
     tree_size = decoder.tree.size if decoder.tree else decoder.head_tree.layout.size if decoder.head_tree else None
     return {"model": str(model), "prompts_source": prompts_source, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "tree_size": tree_size, "profile": decoder.profile, "device": str(decoder.device),
-            "dtype": weights,
+            "dtype": weights, "fixed_rows": decoder.model.fixed_rows,  # steps of one shape (runtime/fixed_shapes.py)
             "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": machine_info(), "command": command, "results": results,
             **({"llama_cpp_system": system_info()} if llama else {})}

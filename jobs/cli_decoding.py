@@ -19,15 +19,20 @@ def _skip_map(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"a skip map is comma-separated integers 0-3, one per layer, not {text!r}")
 
 
+FIXED_SHAPES = {"auto": None, "on": True, "off": False}  # --fixed-shapes: Decoder's fixed_shapes
+
+
 def _decoder(args: argparse.Namespace):
     """The decoder of --base (with --skip-map) or --model (with decode's and serve's loading options)."""
     from ppdkit.runtime.decoder import Decoder
 
     if args.base:
-        return Decoder.from_base(args.base, skip_map=args.skip_map, device=args.device, dtype=args.dtype)
+        return Decoder.from_base(args.base, skip_map=args.skip_map, device=args.device, dtype=args.dtype,
+                                 fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
     return Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
                                    dynamic_size=args.dynamic_size, early_head=args.early_head,
-                                   prune_top_k=args.prune_top_k, device=args.device, dtype=args.dtype)
+                                   prune_top_k=args.prune_top_k, device=args.device, dtype=args.dtype,
+                                   fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -61,7 +66,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from ppdkit.runtime.decoder import Decoder
 
-    decoder = Decoder.from_pretrained(args.model, tree_size=None, device=args.device, dtype=args.dtype)
+    decoder = Decoder.from_pretrained(args.model, tree_size=None, device=args.device, dtype=args.dtype,
+                                      fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
     if args.refresh:
         from ppdkit.runtime.profile import profile_trees
 
@@ -87,7 +93,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(args.model or args.base, args.prompts, args.limit, args.max_new_tokens, methods,
                        args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k, base_only=bool(args.base),
                        skip_map=args.skip_map, device=args.device, repeats=args.repeats,
-                       command=args.command_line, dtype=args.dtype)
+                       command=args.command_line, dtype=args.dtype, fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
     print_table(report)
     if args.out:
         write_report(report, Path(args.out))
@@ -182,6 +188,10 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
                              help="where the model runs: cpu (default; the native kernels), cuda, cuda:N or mps "
                                   "(the PyTorch layers; not run on a GPU by our tests, see docs/devices.md)")
     for parser_ in (decode, serve_cmd, prof, bench_dec):
+        parser_.add_argument("--fixed-shapes", default="auto", choices=list(FIXED_SHAPES),
+                             help="steps of one shape, so that a tree's rows compute exactly what ar's one-row steps "
+                                  "do on library kernels: auto (default) on a GPU, off on a CPU (its native kernels "
+                                  "need none); off on a GPU trades that for speed (docs/devices.md)")
         parser_.add_argument("--dtype", default="auto", choices=list(DTYPES),
                              help="the weights' precision: auto (default) is bfloat16 where the CPU has AVX512-BF16 "
                                   "or on a GPU, else float32; every method is lossless against ar in the same dtype, "

@@ -336,6 +336,9 @@ def link_reused_stages(spec: JobSpec, output: Path, source: Path) -> list[str]:
     linked, refused = [], []
     for name in STAGE_ORDER:
         made, target = read_summary(source / name), output / name
+        if made is not None and target.is_symlink() and target.resolve() == (source / name).resolve():
+            linked.append(name)  # linked by an earlier start of the same command: rerunning it resumes
+            continue
         if made is None or name not in STAGES or target.exists() or target.is_symlink():
             continue
         inputs = stage_inputs(spec, STAGES[name])

@@ -21,6 +21,7 @@ from .auto import AUTO, fastest_method
 from .devices import on_device
 from .draft_heads import DraftHeadSet, HeadTree, draft_seconds
 from .eagle3 import Eagle3Set
+from .fixed_shapes import ROWS as FIXED_ROWS
 from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight
 from .llama import LeanLlama, end_tokens
@@ -69,12 +70,14 @@ class Decoder:
     (a lock), each with its own KV cache, so their outputs are exactly those of calls made one by one.
 
     Everything runs on the device `hf_model` is on (from_pretrained/from_base move it there): the native
-    kernels on a CPU, the PyTorch layers elsewhere. Python reads only small results (tokens, accepted
+    kernels on a CPU, the PyTorch layers elsewhere, there in steps of one fixed shape (`fixed_shapes`, on by
+    default off the CPU) so that tree methods stay lossless. Python reads only small results (tokens, accepted
     counts) from the device."""
 
     def __init__(self, hf_model, tokenizer, prompts: PromptTokenSet | None, tree: DynamicTree | None,
                  max_length: int = 2048, ngrams: NgramTable | None = None, lookup_chains: int = 1,
-                 quantized: dict[str, QuantizedWeight] | None = None, weight_format: str = GGUF):
+                 quantized: dict[str, QuantizedWeight] | None = None, weight_format: str = GGUF,
+                 fixed_shapes: bool | None = None):
         self._lock = threading.Lock()  # one generate at a time: concurrent steps would only share 2 cores
         self.tokenizer = tokenizer
         self._hf_model = hf_model  # kept for the baselines and for divergence checks (hf_model)
@@ -87,6 +90,9 @@ class Decoder:
         # quantized: the matmuls' blocks of dtype gguf or q4 (weight_format)
         self.model = LeanLlama(hf_model, max_positions=max_length, quantized=quantized, weight_format=weight_format)
         self.device = self.model.device
+        # steps of one shape (runtime/fixed_shapes.py): by default wherever the PyTorch layers' library kernels run
+        # a step, whose rows may differ by the step's size (a GPU); a CPU's native kernels need none
+        self.fix_shapes(fixed_shapes)
         self.max_length = max_length
         self.prompts = prompts
         self.ngrams = ngrams  # the component's corpus n-gram table, for ppd-lookup
@@ -116,6 +122,11 @@ class Decoder:
         self.component_digest = "none"  # sha256 of the component's component.json: what auto's choice is for
         self._fastest: str | None = None  # auto's choice, once measured or read
         self.set_tree(tree)
+
+    def fix_shapes(self, fixed: bool | None) -> None:
+        """Steps of one shape (True), of their own (False), or by the device (None: fixed off the CPU)."""
+        fixed = self.device.type not in ("cpu", "meta") if fixed is None else fixed
+        self.model.fix_shapes(FIXED_ROWS if fixed else None)
 
     @property
     def hf_model(self):

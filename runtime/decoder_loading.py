@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # decoder.py imports this module: the class is passed in as `
 def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto", tree_size: int | None = None,
                     max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False,
                     early_head: str | Path | None = None, prune_top_k: int = 8,
-                    device: str | torch.device = "cpu") -> "Decoder":
+                    device: str | torch.device = "cpu", fixed_shapes: bool | None = None) -> "Decoder":
     """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens,
     trees and n-gram table (or draft heads and their trees, or a layer-skip map and its fine-tuned draft).
     `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
@@ -42,6 +42,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
     profiled (or given) size. `early_head`: an early-head component (a directory or models:/ URI) for the
     pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses.
     `device`: where the model and drafts run (cuda: the PyTorch layers; the native kernels are CPU only).
+    `fixed_shapes`: steps of one shape (runtime/fixed_shapes.py; None: off the CPU only).
     `dtype`: the weights' precision, auto, float32, bfloat16, gguf or q4 (runtime/precision.py)."""
     device = check_device(device)
     directory = _local(source)
@@ -53,6 +54,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
     base.model.to(device)  # the loaders below take the LM head's rows from it, on the device
     with on_device(device):  # the layouts, head trees and profile built below: on the device
         decoder, taus, ppd_trees = _assemble(cls, component, base, max_length, lookup_chains, blocks, dtype)
+        decoder.fix_shapes(fixed_shapes)  # before the profile: it times the steps decoding will run
         decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
         decoder.base_name = component.base_model["name"]
         if taus:
@@ -144,15 +146,17 @@ def _size_trees(decoder: "Decoder", taus: dict[int, float], ppd_trees: dict[int,
 
 
 def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: int = 2048,
-              skip_map: tuple[int, ...] | None = None, device: str | torch.device = "cpu") -> "Decoder":
+              skip_map: tuple[int, ...] | None = None, device: str | torch.device = "cpu",
+              fixed_shapes: bool | None = None) -> "Decoder":
     """A base model alone (a name of models/config.py or a local directory), for the methods that need no
     component: ar and the training-free drafters (anpd); with `skip_map` (per decoder layer 0 keep, 1 skip
-    the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `device` as from_pretrained's."""
+    the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `device` and `fixed_shapes` as from_pretrained's."""
     device = check_device(device)
     dtype = resolve_dtype(dtype, device)
     base, blocks = _base_weights(name, dtype)
     base.model.to(device)
-    decoder = cls(base.model, base.tokenizer, None, None, max_length, quantized=blocks, weight_format=dtype)
+    decoder = cls(base.model, base.tokenizer, None, None, max_length, quantized=blocks, weight_format=dtype,
+                  fixed_shapes=fixed_shapes)
     decoder.fingerprint, decoder.base_name = base.fingerprint, name
     if skip_map is not None:
         decoder.skip_map = check_skip_map(skip_map, len(decoder.model.layers))

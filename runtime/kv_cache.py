@@ -34,10 +34,15 @@ class KVCache:
         verified tokens (runtime/kernels/decoder_layers.cpp does the same). Rows the verified path sees are
         finite already and pass unchanged.
         """
-        end = self.length + k.shape[1]
-        self.k[layer, :, :, self.length:end] = torch.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0).transpose(1, 2)
-        self.v[layer, :, self.length:end] = torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
+        end = self.write_at(layer, self.length, k, v)
         return self.k[layer, :, :, :end].transpose(1, 2), self.v[layer, :, :end]
+
+    def write_at(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> int:
+        """Store k, v [Hkv, T, D] at slots slot .. slot + T - 1 (finite, as write's); return slot + T."""
+        end = slot + k.shape[1]
+        self.k[layer, :, :, slot:end] = torch.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0).transpose(1, 2)
+        self.v[layer, :, slot:end] = torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
+        return end
 
     def commit(self, keep: torch.Tensor | None, written: int) -> None:
         """Keep the new tokens at indices `keep` (into the last `written`; None: all), in that order."""

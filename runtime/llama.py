@@ -17,9 +17,11 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 from ppdkit.models.loading import check_model_type
 
+from . import fixed_shapes
 from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight, concat_rows
 from .kv_cache import KVCache
@@ -107,6 +109,13 @@ class LeanLlama:
         self.native = linears[0].native if all(lin.native is not None for lin in linears) and not biased else None
         self.native_weights = _native_weights(self.layers) if self.native else []
         self.native_shape = [self.heads, self.kv_heads, self.head_dim, cfg.intermediate_size, self.hidden]
+        self.fixed_rows: int | None = None  # fix_shapes: every step this many rows, for row-invariant library kernels
+
+    def fix_shapes(self, rows: int | None = fixed_shapes.ROWS) -> None:
+        """Run every step, norm and LM head in blocks of `rows` rows over a KV cache of fixed capacity, so that a
+        row's result never depends on the step it is in (runtime/fixed_shapes.py): the PyTorch layers' lossless
+        mode, for a GPU. None: steps of their own shapes again."""
+        self.fixed_rows = rows
 
     def with_norms(self, ln1: torch.Tensor, ln2: torch.Tensor, norm: torch.Tensor) -> "LeanLlama":
         """This model with other RMSNorm weights, ln1 and ln2 [L, H] (before each attention and MLP) and the final
@@ -120,6 +129,12 @@ class LeanLlama:
         return view
 
     def new_cache(self, capacity: int) -> KVCache:
+        if self.fixed_rows:  # the attention's shapes include the capacity: one for every call
+            fixed = fixed_shapes.capacity(self.max_positions, self.fixed_rows)
+            if capacity > fixed:
+                raise ValueError(f"a KV cache of {capacity} slots: fixed-shape steps have {fixed} (max_length "
+                                 f"{self.max_positions}); load the decoder with a larger max_length")
+            capacity = fixed
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -151,6 +166,8 @@ class LeanLlama:
         return self.final_norm(hidden)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fixed_rows:
+            return fixed_shapes.in_blocks(lambda rows: self._rms(rows, self.norm), x, self.fixed_rows)
         return self._rms(x, self.norm)
 
     def forward_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
@@ -167,6 +184,8 @@ class LeanLlama:
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
         cache.reserve(t)
+        if self.fixed_rows:
+            return self._fixed_layers(x, positions, cache, mask, start, stop, skip)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
         bias = _attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
         if self.native is not None and t <= SKINNY_MAX_ROWS:
@@ -183,10 +202,50 @@ class LeanLlama:
             if not skipped & SKIP_ATTENTION:
                 x = x + self._attention(i, x, cos, sin, bias, cache)
             if not skipped & SKIP_MLP:
-                layer = self.layers[i]
-                gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
-                x = x + layer.down(torch.nn.functional.silu(gate) * up)
+                x = x + self._mlp(i, x)
         return x
+
+    def _fixed_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
+                      start: int, stop: int, skip: tuple[int, ...] | None) -> torch.Tensor:
+        """_layers in blocks of exactly fixed_rows rows (fix_shapes), each block's rows seeing the blocks before it:
+        x [T, H] -> [T, H]."""
+        rows, out = self.fixed_rows, []
+        for first in range(0, x.shape[0], rows):
+            count = min(rows, x.shape[0] - first)
+            order, visible = fixed_shapes.key_order(positions, cache.length, first, count, mask, rows, cache.capacity)
+            at = F.pad(positions[first:first + count], (0, rows - count))  # padding rows at position 0
+            cos, sin = self.cos[at][:, None], self.sin[at][:, None]  # [R, 1, D]
+            h = F.pad(x[first:first + count], (0, 0, 0, rows - count))  # [R, H]
+            for i in range(start, stop):
+                skipped = skip[i] if skip else 0
+                if not skipped & SKIP_ATTENTION:
+                    q, k, v = self._qkv(i, h, cos, sin)
+                    cache.write_at(i, cache.length + first, k[:, :count], v[:, :count])
+                    attn = fixed_shapes.attention(q, cache.k[i], cache.v[i], order, visible)  # [R, Hkv, g, D]
+                    h = h + self.layers[i].o(attn.reshape(rows, self.heads * self.head_dim))
+                if not skipped & SKIP_MLP:
+                    h = h + self._mlp(i, h)
+            out.append(h[:count])
+        return torch.cat(out)
+
+    def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer i's MLP sub-layer: x [T, H] -> its output [T, H] (before the residual add)."""
+        layer = self.layers[i]
+        gate, up = layer.gate_up(self._rms(x, layer.ln2)).chunk(2, dim=-1)
+        return layer.down(torch.nn.functional.silu(gate) * up)
+
+    def _qkv(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Layer i's rotated queries [Hkv, g, T, D] (each key/value head's group), keys and values [Hkv, T, D]."""
+        t, hq, hkv, d, g = x.shape[0], self.heads, self.kv_heads, self.head_dim, self.group
+        layer = self.layers[i]
+        qkv = layer.qkv(self._rms(x, layer.ln1))  # [T, (Hq + 2 Hkv) D]
+        if layer.qkv_bias is not None:
+            qkv = qkv + layer.qkv_bias
+        qk = rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
+        q = qk[:, :hq].reshape(t, hkv, g, d).permute(1, 2, 0, 3)  # [Hkv, g, T, D]
+        k = qk[:, hq:].transpose(0, 1)  # [Hkv, T, D]
+        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d).transpose(0, 1)  # [Hkv, T, D]
+        return q, k, v
 
     def _attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
                    cache: KVCache) -> torch.Tensor:
@@ -195,14 +254,8 @@ class LeanLlama:
         t = x.shape[0]
         hq, hkv, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         scale = 1.0 / math.sqrt(d)
-        layer = self.layers[i]
-        qkv = layer.qkv(self._rms(x, layer.ln1))  # [T, (Hq + 2 Hkv) D]
-        if layer.qkv_bias is not None:
-            qkv = qkv + layer.qkv_bias
-        qk = rotate(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)  # [T, Hq + Hkv, D]
-        q = qk[:, :hq].reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # [Hkv, g T, D]
-        k = qk[:, hq:].transpose(0, 1)  # [Hkv, T, D]
-        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d).transpose(0, 1)  # [Hkv, T, D]
+        q, k, v = self._qkv(i, x, cos, sin)
+        q = q.reshape(hkv, g * t, d)  # [Hkv, g T, D]
         keys, values = cache.write(i, k, v)  # [Hkv, S, D]
         if bias is None:
             scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)  # [Hkv, g T, S]
@@ -210,10 +263,12 @@ class LeanLlama:
             scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=scale)
         attn = torch.bmm(scores.softmax(-1), values)  # [Hkv, g T, D]
         attn = attn.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq * d)
-        return layer.o(attn)
+        return self.layers[i].o(attn)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V]."""
+        if self.fixed_rows:
+            return fixed_shapes.in_blocks(self.head, hidden, self.fixed_rows)
         return self.head(hidden)
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:

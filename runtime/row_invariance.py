@@ -4,6 +4,8 @@ numbers as the one-row steps that would have followed it, only if every kernel's
 1 to the largest step's rows. The native kernels are written so (runtime/kernels/); library kernels (oneDNN,
 cuBLAS) may pick another kernel or reduction order for another row count, so this is measured, not assumed.
 
+Steps of one fixed shape (runtime/fixed_shapes.py, the default on a GPU) make library kernels pass too.
+
 `check_rows(decoder)` runs the first decoder layers of the loaded model on random steps of n rows (causal, and a
 tree-shaped one) and on the one-row steps they stand for, over the same cache, for n up to the most rows any of
 the decoder's methods feeds the model, and refuses the decoder (naming the first n that differed) where they do.
@@ -97,9 +99,12 @@ def check_rows(decoder) -> None:
         if decoder.device.type == "cpu":
             remedy = (f"install a C++ compiler on an AVX-512 or AVX2 CPU for the native kernels, or pass a tree size "
                       f"below {found}")
+        elif decoder.model.fixed_rows is None:
+            remedy = (f"on {decoder.device} greedy output through a tree method may then differ from ar's; load it "
+                      "with fixed_shapes=True (the default off the CPU), see docs/devices.md")
         else:
-            remedy = (f"on {decoder.device} greedy output through a tree method may then differ from ar's, see "
-                      "docs/devices.md; for output identical to ar's decode on the CPU")
+            remedy = (f"on {decoder.device} this happened in steps of one shape (fixed_shapes), whose library kernels "
+                      "then differ by a row's place in the step: greedy output may differ from ar's, see docs/devices.md")
         log.warning("%s (the PyTorch layers: %s)", said, remedy)
         return
     raise ValueError(f"{said}. Load it with a smaller tree_size (--tree-size), fewer lookup_chains, or dtype float32")

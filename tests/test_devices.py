@@ -17,6 +17,7 @@ from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.jobs.cli import main
 from ppdkit.models.artifact import write_component, write_ngrams
 from ppdkit.models.draft_heads import DraftHeads
+from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.devices import check_device
@@ -69,7 +70,17 @@ def _early_head(directory, fingerprint, g):
                      "draft_vocab": torch.randperm(VOCAB, generator=g)[:64]})
 
 
-KINDS = {"ppd": _ppd, "feature": _heads("feature"), "medusa": _heads("medusa"), "skip-finetune": _skip_finetune}
+def _eagle3(directory, fingerprint, g):
+    model = load_base_model("tiny-llama").model
+    vocab = torch.randperm(VOCAB, generator=g)[:48]
+    draft = Eagle3Draft(expected_shapes(model.config, len(vocab)), model.get_output_embeddings().weight.detach()[vocab], 0)
+    write_component(directory, "eagle3", {"head_kind": "eagle3", "head_depth": 3,
+                                          "aux_layers": list(aux_layers(model.config.num_hidden_layers))},
+                    "tiny-llama", fingerprint, {}, {**{k: v.detach() for k, v in draft().items()}, "draft_vocab": vocab})
+
+
+KINDS = {"ppd": _ppd, "feature": _heads("feature"), "medusa": _heads("medusa"), "skip-finetune": _skip_finetune,
+         "eagle3": _eagle3}
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +93,11 @@ def components(tmp_path_factory):
     return root
 
 
-def _load(components, kind: str, device: str) -> Decoder:
+def _load(components, kind: str, device: str, fixed_shapes: bool | None = None) -> Decoder:
     early = components / "early-head" if kind == "ppd" else None
-    return Decoder.from_pretrained(components / kind, tree_size=9 if kind in ("feature", "medusa") else 12,
-                                   dynamic_size=kind == "ppd", early_head=early, device=device)
+    return Decoder.from_pretrained(components / kind, tree_size=9 if kind in ("feature", "medusa", "eagle3") else 12,
+                                   dynamic_size=kind == "ppd", early_head=early, device=device,
+                                   fixed_shapes=fixed_shapes)
 
 
 def _tensors(obj, where: str, seen: set) -> list[tuple[str, torch.Tensor]]:
@@ -115,6 +127,7 @@ def test_every_tensor_a_decoder_holds_is_on_its_device(components, kind):
     elsewhere = [(path, t.device) for path, t in found if t.device.type != "meta"]
     assert len(found) > 20 and not elsewhere, elsewhere[:10]
     assert decoder.model.native is None  # the native kernels are CPU code
+    assert decoder.model.fixed_rows is None  # meta decodes nothing; a GPU's steps have one shape (test below)
 
 
 def _decode_everything(decoder: Decoder, prompts: list[list[int]]) -> dict:
@@ -125,16 +138,18 @@ def _decode_everything(decoder: Decoder, prompts: list[list[int]]) -> dict:
             for i, ids in enumerate(prompts) for t in ((0.0,) if "grown" in method else (0.0, 0.8))}
 
 
-@pytest.mark.parametrize("path", ["native", "pytorch"])
+@pytest.mark.parametrize("path", ["native", "pytorch", "pytorch-fixed"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_decoding_makes_its_tensors_on_the_decoders_device(components, kind, path, monkeypatch):
+    """pytorch-fixed: the PyTorch layers in steps of one shape, as a GPU runs them (runtime/fixed_shapes.py)."""
     import ppdkit.runtime.linear as linear_module
 
     module = kernels_or_skip("native") if path == "native" else None
     monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
-    decoder = _load(components, kind, "cpu")
+    decoder = _load(components, kind, "cpu", fixed_shapes=path == "pytorch-fixed")
     decoder.dynamic_size = False  # sizes picked from measured step times would change what sampling draws
     assert (decoder.model.native is not None) == (path == "native")
+    assert (decoder.model.fixed_rows is not None) == (path == "pytorch-fixed")
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 30) for _ in range(rng.randint(2, 20))] for _ in range(3)]
     expected = _decode_everything(decoder, prompts)

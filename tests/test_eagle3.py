@@ -128,7 +128,7 @@ def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f
     assert torch.allclose(drafter.cache.k[..., :8], whole.cache.k[..., :8], atol=1e-10)
 
 
-@pytest.mark.parametrize("path", ["native", "pytorch"])
+@pytest.mark.parametrize("path", ["native", "pytorch", "pytorch-fixed"])
 def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatch):
     model, tok = tiny_model_on(path, monkeypatch)
     rng = random.Random(0)
@@ -139,6 +139,7 @@ def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatc
             name = sorted(tensors)[case % len(tensors)]
             tensors[name] = torch.full_like(tensors[name], value)
         decoder = _decoder(model, tok, tensors, vocab)
+        decoder.fix_shapes(path == "pytorch-fixed")  # a GPU's steps (runtime/fixed_shapes.py)
         assert (decoder.model.native is not None) == (path == "native")  # the path under test really runs
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])

@@ -92,12 +92,14 @@ def test_a_run_reuses_the_stages_another_run_made_from_the_same_inputs(ray_local
                                                                        capsys):
     """--reuse links the other run's stages (one data stage, two outputs) and logs their figures and datasets to the
     new run; a run made from other inputs is refused with what differs; --force redoes a linked stage in the new
-    output, leaving the other run's untouched."""
+    output, leaving the other run's untouched; the same command run again goes on."""
     first, second = tmp_path / "first", tmp_path / "second"
     assert main(["run", str(spec_file), "--stages", "data", "--output", str(first)]) == 0
     made = (first / "data" / "summary.json").stat().st_mtime_ns
     assert main(["run", str(spec_file), "--stages", "data", "--output", str(second), "--reuse", str(first)]) == 0
     assert (second / "data").is_symlink() and (second / "data" / "summary.json").stat().st_mtime_ns == made
+    # the same command again (a resumed run) finds its stages linked already, and goes on
+    assert main(["run", str(spec_file), "--stages", "data", "--output", str(second), "--reuse", str(first)]) == 0
     run = MlflowClient(tracking_uri).get_run(json.loads((second / "run.json").read_text())["run_id"])
     assert run.data.metrics["data.train_sequences"] == 5
     assert {i.tags[0].value for i in run.inputs.dataset_inputs} == {"training", "validation"}
