@@ -28,7 +28,7 @@ def first_mismatch(model: LeanLlama, rows: int, seed: int = 0) -> int | None:
     none does."""
     layers = min(CHECK_LAYERS, len(model.layers))
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(CONTEXT + rows, model.hidden, generator=g).to(model.device, model.dtype)
+    x = torch.randn(CONTEXT + rows, model.hidden, generator=g, device="cpu").to(model.device, model.dtype)
     with torch.inference_mode():
         cache = model.new_cache(CONTEXT + rows + 1)
         model.forward_layers(x[:CONTEXT], torch.arange(CONTEXT), cache, None, 0, layers)

@@ -173,16 +173,24 @@ def test_a_decoder_whose_kernels_are_not_row_invariant_is_refused(monkeypatch, t
 
 
 def test_a_gpu_decoder_whose_kernels_are_not_row_invariant_is_warned_about(monkeypatch, caplog):
-    """A GPU runs the PyTorch layers, whose cuBLAS matmuls differed between row counts on an H200: the check runs
-    there too and warns, naming the device, instead of passing in silence or refusing every tree method."""
+    """A GPU runs the PyTorch layers, whose cuBLAS matmuls differed between row counts on an H200 (without fixed
+    shapes): the check runs there too and warns, naming the device and the remedy, instead of passing in silence or
+    refusing every tree method."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(row_invariance, "first_mismatch", lambda model, rows: 8)
-    decoder = SimpleNamespace(device=torch.device("cuda"), model=SimpleNamespace(weight_format="bfloat16", native=None),
+    model = SimpleNamespace(weight_format="bfloat16", native=None, fixed_rows=None)
+    decoder = SimpleNamespace(device=torch.device("cuda"), model=model,
                               methods=lambda: ["ar", "ppd"], _tree_size=lambda method: 1 if method == "ar" else 16)
     with caplog.at_level("WARNING", logger=row_invariance.__name__):
         row_invariance.check_rows(decoder)
     assert "step of 8 rows" in caplog.text and "on cuda" in caplog.text and "differ from ar's" in caplog.text
+    assert "fixed_shapes=True" in caplog.text  # the remedy: steps of one shape (runtime/fixed_shapes.py)
+    caplog.clear()
+    model.fixed_rows = 96  # where even those differ, it says so
+    with caplog.at_level("WARNING", logger=row_invariance.__name__):
+        row_invariance.check_rows(decoder)
+    assert "in steps of one shape" in caplog.text and "fixed_shapes=True" not in caplog.text
 
 
 def test_the_precision_report_compares_answers_and_perplexity(tiny_dir, monkeypatch):
