@@ -5,10 +5,11 @@ for the native few-rows matmul, or for oneDNN where that cannot be built (runtim
 weights is most of a decoding step's cost, and Python's dispatch of ~40 small operations per layer most of the
 rest, so with the native kernels a step of up to 96 tokens runs every layer in one call
 (runtime/kernels/decoder_layers.cpp); prefill and other dtypes run the PyTorch layers below, the same
-arithmetic. bfloat16 weights (runtime/precision.py) keep everything else in float32. Everything that depends
-only on the positions and the mask (rotary tables, the additive attention bias) is computed once per forward,
-not once per layer, and grouped-query attention multiplies each key/value head by its group of query heads
-directly instead of repeating keys and values. A token tree (any visibility pattern) costs the same code as a
+arithmetic; off the CPU they run every step in one fixed shape (fix_shapes, runtime/fixed_shapes.py), so that
+library kernels give a row the same numbers in any step. bfloat16 weights (runtime/precision.py) keep everything
+else in float32. Everything that depends only on the positions and the mask (rotary tables, the additive attention
+bias) is computed once per forward, not once per layer, and grouped-query attention multiplies each key/value head
+by its group of query heads directly instead of repeating keys and values. A token tree (any visibility pattern) costs the same code as a
 single token. No Ray, DeepSpeed or MLflow is imported anywhere in runtime/.
 """
 
