@@ -107,7 +107,7 @@ class Decoder:
         self.heads: DraftHeadSet | None = None  # a draft-head component's heads (feature-head, medusa)
         self.head_tree: HeadTree | None = None  # and the calibrated tree they draft
         self.eagle3: Eagle3Set | None = None  # an eagle3 component's draft
-        self.grown_nodes: int | None = None  # eagle3's tree fixed at this many nodes (tree_size), not sized per step
+        self.grown_nodes: int | None = None  # grown trees fixed at this many nodes (tree_size), not sized per step
         # dynamic_size (runtime/tree_sizer.py): every calibrated tree, by size, and their tau and rows
         self.dynamic_size = False
         self.size_layouts: dict[int, dict[int, TreeLayout]] = {}  # ppd: size -> state -> layout
@@ -339,7 +339,7 @@ class Decoder:
         """The most rows one step of `method` feeds the model (lookup nodes carry no prompt tokens)."""
         if HEAD_TREE in get_method(method).needs and self.head_tree is not None:
             return max([self.head_tree.layout.size, *(t.layout.size for t in self.head_trees.values())])
-        if EAGLE3_DRAFT in get_method(method).needs and self.grown_nodes is not None:
+        if get_method(method).grown and self.grown_nodes is not None:
             return self.grown_nodes
         if TREES not in get_method(method).needs or not self.layouts:
             return get_method(method).chain_rows

@@ -18,6 +18,7 @@ from .dtypes import BLOCK_FORMATS, Q4
 from .gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
 from .head_loading import load_draft_heads, load_eagle3, load_skip_draft
 from .layer_skip import check_skip_map
+from .methods import get_method
 from .ppd import PromptTokenSet
 from .precision import activation_dtype, resolve_dtype
 from .profile import profile_trees
@@ -57,13 +58,15 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
         decoder.fix_shapes(fixed_shapes)  # before the profile: it times the steps decoding will run
         decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
         decoder.base_name = component.base_model["name"]
+        if tree_size is not None and any(get_method(m).grown for m in decoder.methods()):
+            # a grown tree (feature-grown*, eagle3*) of that many nodes every step: hardware where rows are nearly
+            # free (a GPU), or a measurement of tokens per step at that size
+            if tree_size < 2:
+                raise ValueError(f"tree_size {tree_size}: a grown tree holds the root and at least one guess (>= 2)")
+            decoder.grown_nodes = tree_size
         if taus:
             _size_trees(decoder, taus, ppd_trees, tree_size, dynamic_size)
-        elif decoder.eagle3 is not None and tree_size is not None:  # every tree that many nodes: hardware where
-            if tree_size < 2:  # rows are nearly free (a GPU), or a measurement of tokens per step at that size
-                raise ValueError(f"tree_size {tree_size}: an eagle3 tree holds the root and at least one guess (>= 2)")
-            decoder.grown_nodes = tree_size
-        elif decoder.eagle3 is not None:
+        elif decoder.eagle3 is not None and tree_size is None:
             # no calibrated trees: the grown tree's latency line starts from this machine's forward times by rows
             # (each size's "tau" 1: a latency profile, cached per machine like the others)
             decoder.profile = profile_trees(decoder.model, {size: 1.0 for size in LATENCY_SIZES}, base.fingerprint,

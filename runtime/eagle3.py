@@ -21,7 +21,7 @@ import torch
 from ppdkit.models.eagle3 import layer_input, layer_output, readout
 
 from .acceptance import Sampling, choose
-from .grown_tree import BEAM, DEPTH, Frontier, Proposals, grow_and_verify, grow_level, level_logp
+from .grown_tree import BEAM, DEPTH, Frontier, Proposals, grow_and_verify, grow_level, level_logp, tree_nodes
 from .kv_cache import KVCache
 from .linear import Linear
 from .llama import LeanLlama, rotate
@@ -149,8 +149,7 @@ def decode_eagle3(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[li
                   beam: int = BEAM, depth: int = DEPTH, rate: float = 0.1) -> None:
     """decode_grown with EAGLE-3's draft (`sizer` unused: the size is chosen per step, unless the decoder fixes it:
     Decoder.grown_nodes, from tree_size)."""
-    if decoder.grown_nodes is not None:  # a fixed tree wider than the default beams' proposals: sqrt(N) per level
-        nodes, beam = decoder.grown_nodes, max(beam, round(decoder.grown_nodes ** 0.5))
+    nodes, beam = tree_nodes(decoder, nodes, beam)
     grow_and_verify(decoder, Eagle3Drafter(decoder, cache.capacity, beam, depth), ids, cache, emit, sampling,
                     generator, nodes=nodes, ngrams=ngrams, beam=beam, depth=depth, rate=rate,
                     fixed=decoder.grown_nodes is not None)

@@ -219,10 +219,20 @@ def decode_grown(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[lis
                  generator: torch.Generator | None, sizer=None, *, nodes: int, ngrams: bool = False,
                  beam: int = BEAM, depth: int = DEPTH, rate: float = 0.1) -> None:
     """Read the prompt ids [P], then grow-and-verify steps of at most `nodes` nodes until `emit` says stop (the size
-    is chosen per step: `sizer` is None). `ngrams` merges ANPD's chain into every tree; `rate` weighs a step in the
-    running figures (guesses kept, their estimate, drafting time)."""
+    is chosen per step: `sizer` is None; or fixed, tree_nodes). `ngrams` merges ANPD's chain into every tree; `rate`
+    weighs a step in the running figures (guesses kept, their estimate, drafting time)."""
+    nodes, beam = tree_nodes(decoder, nodes, beam)
     grow_and_verify(decoder, FeatureDrafter(decoder), ids, cache, emit, sampling, generator, nodes=nodes,
-                    ngrams=ngrams, beam=beam, depth=depth, rate=rate)
+                    ngrams=ngrams, beam=beam, depth=depth, rate=rate, fixed=decoder.grown_nodes is not None)
+
+
+def tree_nodes(decoder, nodes: int, beam: int) -> tuple[int, int]:
+    """A grown tree's most nodes and proposals per level: the method's (the size then chosen per step), or
+    Decoder.grown_nodes (tree_size: every tree that many nodes), with sqrt(N) proposals per level so that a wide
+    tree can fill."""
+    if decoder.grown_nodes is None:
+        return nodes, beam
+    return decoder.grown_nodes, max(beam, round(decoder.grown_nodes ** 0.5))
 
 
 def grow_and_verify(decoder, drafter, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool],

@@ -45,6 +45,11 @@ class DecodingMethod:
         return self.options.get("lookup", False)
 
     @property
+    def grown(self) -> bool:
+        """Its tree is grown each step from the draft's confidence (runtime/grown_tree.py), not calibrated."""
+        return self.loop.split(":")[0] in ("grown_tree", "eagle3")
+
+    @property
     def chain_rows(self) -> int:
         """The most rows of a step of a drafter without calibrated trees (anpd, feature-grown): the root and its
         guesses; 1 for the others."""

@@ -140,6 +140,10 @@ def test_two_steps_on_two_ray_workers_match_the_recorded_losses(method, teacher_
     assert decoder.methods() == ["ar", "auto", "anpd", "self-draft", method, *grown] and decoder.head_tree.layout.size == len(trees["trees"]["8"]["parents"])
     for prompt in ("Hello there", "Name three colors."):
         assert decoder.generate(prompt, 16, method).tokens == decoder.generate(prompt, 16, "ar").tokens
+        for name in grown:  # tree_size fixes the grown trees too: every step that many nodes
+            out = decoder.generate(prompt, 16, name)
+            assert out.tokens == decoder.generate(prompt, 16, "ar").tokens and set(out.rows_per_step) <= {8, 9}
+    assert all(decoder._tree_size(name) == 8 for name in grown)
     with pytest.raises(ValueError, match="method ppd needs prompt tokens"):
         decoder.generate("Hi", 4, "ppd")
 
