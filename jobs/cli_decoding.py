@@ -143,7 +143,9 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
     serve_cmd.add_argument("--max-waiting", type=int, default=16, help="requests queued behind the one decoding "
                                                                        "(more get 503)")
     for parser_ in (decode, serve_cmd):
-        parser_.add_argument("--tree-size", type=int, help="default: the size profiled as fastest on this machine")
+        parser_.add_argument("--tree-size", type=int, help="a calibrated tree size (default: the size profiled as "
+                                                             "fastest on this machine); the grown methods' trees that "
+                                                             "many nodes every step")
         parser_.add_argument("--dynamic-size", action="store_true",
                              help="pick the tree size per step from measured step times and acceptance (ProPD 4.2)")
         parser_.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
@@ -163,7 +165,7 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
                            help="comma-separated; a tree method with +dyn picks its tree size per step, e.g. ppd+dyn; "
                                 "ar@float32 runs a method on a second decoder in that dtype (ratios in one run); "
                                 "llama.cpp, llama.cpp-lookup, llama.cpp-q4 time llama.cpp (ppdkit[llama])")
-    bench_dec.add_argument("--tree-size", type=int)
+    bench_dec.add_argument("--tree-size", type=int, help="as decode's --tree-size")
     bench_dec.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     bench_dec.add_argument("--repeats", type=int, default=1,
                            help="decode every prompt this many times per method, in turns, and count the fastest "
