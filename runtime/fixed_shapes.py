@@ -13,8 +13,9 @@ step has the same shape whatever the step:
   positions and its ancestors, which `ar` had cached as positions 0..p in that order, so both compute the same
   softmax over the same list and the same weighted sum of the same gathered values.
 Fixed shapes cost rows (an `ar` step computes ROWS rows) and a gather of the values per row: on a GPU, whose
-steps are bound by launches rather than arithmetic, that is nearly free; on a CPU the native kernels are
-row-invariant by construction and need none of this.
+steps are bound by launches rather than arithmetic, `ar` lost about a fifth of its speed (an H200, where every method
+then gave `ar`'s tokens: docs/devices.md); on a CPU the native kernels are row-invariant by construction and need
+none of this.
 """
 
 import math
