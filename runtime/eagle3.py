@@ -151,5 +151,4 @@ def decode_eagle3(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[li
     Decoder.grown_nodes, from tree_size)."""
     nodes, beam = tree_nodes(decoder, nodes, beam)
     grow_and_verify(decoder, Eagle3Drafter(decoder, cache.capacity, beam, depth), ids, cache, emit, sampling,
-                    generator, nodes=nodes, ngrams=ngrams, beam=beam, depth=depth, rate=rate,
-                    fixed=decoder.grown_nodes is not None)
+                    generator, nodes=nodes, ngrams=ngrams, beam=beam, depth=depth, rate=rate)

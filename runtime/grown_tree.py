@@ -223,7 +223,7 @@ def decode_grown(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[lis
     weighs a step in the running figures (guesses kept, their estimate, drafting time)."""
     nodes, beam = tree_nodes(decoder, nodes, beam)
     grow_and_verify(decoder, FeatureDrafter(decoder), ids, cache, emit, sampling, generator, nodes=nodes,
-                    ngrams=ngrams, beam=beam, depth=depth, rate=rate, fixed=decoder.grown_nodes is not None)
+                    ngrams=ngrams, beam=beam, depth=depth, rate=rate)
 
 
 def tree_nodes(decoder, nodes: int, beam: int) -> tuple[int, int]:
@@ -237,9 +237,11 @@ def tree_nodes(decoder, nodes: int, beam: int) -> tuple[int, int]:
 
 def grow_and_verify(decoder, drafter, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool],
                     sampling: Sampling, generator: torch.Generator | None, *, nodes: int, ngrams: bool, beam: int,
-                    depth: int, rate: float, fixed: bool = False) -> None:
+                    depth: int, rate: float) -> None:
     """decode_grown's loop for any drafter with prefill, propose and verify (FeatureDrafter's; runtime/eagle3.py's
-    Eagle3Drafter); `fixed`: every tree takes the `nodes` - 1 most valuable proposals, whatever they cost."""
+    Eagle3Drafter). Where the decoder fixes the size (Decoder.grown_nodes, tree_nodes), every tree takes the
+    `nodes` - 1 most valuable proposals, whatever they cost."""
+    fixed = decoder.grown_nodes is not None
     latency = latency_model(decoder.profile, nodes)
     root = pick(drafter.prefill(ids, cache), sampling, generator)
     chains = ChainSource(ids.tolist()) if ngrams else None

@@ -9,8 +9,8 @@ arithmetic; off the CPU they run every step in one fixed shape (fix_shapes, runt
 library kernels give a row the same numbers in any step. bfloat16 weights (runtime/precision.py) keep everything
 else in float32. Everything that depends only on the positions and the mask (rotary tables, the additive attention
 bias) is computed once per forward, not once per layer, and grouped-query attention multiplies each key/value head
-by its group of query heads directly instead of repeating keys and values. A token tree (any visibility pattern) costs the same code as a
-single token. No Ray, DeepSpeed or MLflow is imported anywhere in runtime/.
+by its group of query heads directly instead of repeating keys and values. A token tree (any visibility pattern)
+costs the same code as a single token. No Ray, DeepSpeed or MLflow is imported anywhere in runtime/.
 """
 
 import copy
@@ -198,10 +198,16 @@ class LeanLlama:
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
                 cache: KVCache, start: int, stop: int, skip: tuple[int, ...] | None = None) -> torch.Tensor:
         """Decoder layers start .. stop - 1 in PyTorch operations: x [T, H], cos/sin [T, 1, D] -> [T, H]."""
+        return self._sublayers(x, lambda i, h: self._attention(i, h, cos, sin, bias, cache), start, stop, skip)
+
+    def _sublayers(self, x: torch.Tensor, attention, start: int, stop: int,
+                   skip: tuple[int, ...] | None) -> torch.Tensor:
+        """Layers start .. stop - 1, each x + attention(i, x) then x + its MLP, a sub-layer left out where `skip`
+        says: x [T, H] -> [T, H]."""
         for i in range(start, stop):
             skipped = skip[i] if skip else 0
             if not skipped & SKIP_ATTENTION:
-                x = x + self._attention(i, x, cos, sin, bias, cache)
+                x = x + attention(i, x)
             if not skipped & SKIP_MLP:
                 x = x + self._mlp(i, x)
         return x
@@ -217,16 +223,14 @@ class LeanLlama:
             at = F.pad(positions[first:first + count], (0, rows - count))  # padding rows at position 0
             cos, sin = self.cos[at][:, None], self.sin[at][:, None]  # [R, 1, D]
             h = F.pad(x[first:first + count], (0, 0, 0, rows - count))  # [R, H]
-            for i in range(start, stop):
-                skipped = skip[i] if skip else 0
-                if not skipped & SKIP_ATTENTION:
-                    q, k, v = self._qkv(i, h, cos, sin)
-                    cache.write_at(i, cache.length + first, k[:, :count], v[:, :count])
-                    attn = fixed_shapes.attention(q, cache.k[i], cache.v[i], order, visible)  # [R, Hkv, g, D]
-                    h = h + self.layers[i].o(attn.reshape(rows, self.heads * self.head_dim))
-                if not skipped & SKIP_MLP:
-                    h = h + self._mlp(i, h)
-            out.append(h[:count])
+
+            def attention(i: int, h: torch.Tensor) -> torch.Tensor:  # this block's: its rows' keys, its order
+                q, k, v = self._qkv(i, h, cos, sin)
+                cache.write_at(i, cache.length + first, k[:, :count], v[:, :count])
+                attn = fixed_shapes.attention(q, cache.k[i], cache.v[i], order, visible)  # [R, Hkv, g, D]
+                return self.layers[i].o(attn.reshape(rows, self.heads * self.head_dim))
+
+            out.append(self._sublayers(h, attention, start, stop, skip)[:count])
         return torch.cat(out)
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
