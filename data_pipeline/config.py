@@ -34,8 +34,9 @@ class TeacherConfig(Section):
                                              "the base model's vocabulary size, checked when it loads")
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="storage of the top-k log-probabilities")
     compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="dtype of the teacher's forward and of regeneration (auto: bfloat16 where the runtime's "
-                            "auto picks it, this CPU's native AVX512-BF16 kernels or a GPU; else float32)")
+        "auto", description="dtype of the teacher's forward and of regeneration (auto: bfloat16 on this CPU's native "
+                            "AVX512-BF16 kernels or a GPU, else float32; transformers computes on floats, never on "
+                            "the runtime's gguf blocks)")
     features: bool = Field(False, description="also keep the final hidden states at every token (float16, 2 H bytes a "
                                               "token), which draft heads train on instead of running the base again")
     rows_per_shard: int = Field(32, ge=1, description="sequences per shard file (the unit of resume and retry)")

@@ -36,8 +36,9 @@ class EvaluateConfig(Section):
     limit: int = Field(5, ge=1, description="prompts decoded by every method")
     max_new_tokens: int = Field(128, ge=1, description="tokens every method decodes per prompt")
     dtype: Literal[DTYPES] = Field(
-        "auto", description="the decoder's weight precision: auto is bfloat16 where the CPU has AVX512-BF16 "
-                            "(docs/devices.md), float32 elsewhere")
+        "auto", description="the decoder's weight precision: auto is gguf where the base model has a GGUF and the "
+                            "CPU AVX512-VNNI, else bfloat16 where the CPU has AVX512-BF16, else float32 "
+                            "(docs/devices.md)")
     tree_size: int | None = Field(
         None, ge=1, description="the tree size the tree methods decode with, one of calibrate.sizes (a fixed size "
                                 "compares runs by their drafts alone); null: the size profiled as fastest here")

@@ -49,7 +49,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
     directory = _local(source)
     component = read_component(directory)
     digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
-    dtype = resolve_dtype(dtype, device)
+    dtype = resolve_dtype(dtype, device, component.base_model["name"])
     base, blocks = _base_weights(component.base_model["name"], dtype)
     read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
     base.model.to(device)  # the loaders below take the LM head's rows from it, on the device
@@ -155,7 +155,7 @@ def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: 
     component: ar and the training-free drafters (anpd); with `skip_map` (per decoder layer 0 keep, 1 skip
     the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `device` and `fixed_shapes` as from_pretrained's."""
     device = check_device(device)
-    dtype = resolve_dtype(dtype, device)
+    dtype = resolve_dtype(dtype, device, name)
     base, blocks = _base_weights(name, dtype)
     base.model.to(device)
     decoder = cls(base.model, base.tokenizer, None, None, max_length, quantized=blocks, weight_format=dtype,

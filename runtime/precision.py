@@ -13,8 +13,11 @@
   blocks); the int8 activations make its tokens its own, as every format's are.
 - `q4`: the same format for any base model, its float weights quantized by ppdkit into Q4_1 blocks (the layers) and
   Q8_0 (the output head) with llama.cpp's reference quantizer.
-- `auto` (the default): bfloat16 where it runs fast and row-invariant, a CPU whose native kernels have
-  AVX512-BF16, or a GPU; float32 elsewhere, saying so in one line.
+- `auto` (the default): gguf where the base model comes with a GGUF (SmolLM2's Q4_1) and the CPU runs the native
+  AVX512-VNNI kernel: the fastest format here (one row reads 2.6x fewer bytes than bfloat16), row-invariant and
+  lossless like the others. Else bfloat16 where it runs fast and row-invariant, a CPU whose native kernels have
+  AVX512-BF16, or a GPU; float32 elsewhere, saying so in one line. Callers that compute on transformers' model (the
+  teacher) pass no base model: for them auto is bfloat16 or float32, never a block format.
 bfloat16 gives the bfloat16 model's tokens, not the float32 model's: every method is lossless against `ar` in the
 same dtype. Who needs the float32 model's exact tokens passes `float32`.
 """
@@ -23,8 +26,10 @@ import logging
 
 import torch
 
+from ppdkit.models.catalog import BASE_GGUFS
+
 from . import linear
-from .dtypes import AUTO, BLOCK_FORMATS, DTYPES
+from .dtypes import AUTO, BLOCK_FORMATS, DTYPES, GGUF
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +57,15 @@ def gguf_kernels_here() -> bool:
     return linear.native_format(linear.QUANTIZED, linear.native_kernels())
 
 
-def resolve_dtype(requested: str, device: torch.device | str = "cpu") -> str:
+def resolve_dtype(requested: str, device: torch.device | str = "cpu", base_name: str | None = None) -> str:
     """`requested` (auto, float32, bfloat16, gguf, q4) -> the dtype the decoder runs on `device`, with one line where
-    bfloat16, gguf or q4 cannot run fast and row-invariant here (gguf and q4 then fall back to what auto picks)."""
+    bfloat16, gguf or q4 cannot run fast and row-invariant here (gguf and q4 then fall back to what auto picks).
+    `base_name`: the base model the runtime will hold, for auto's gguf (None: a float format only)."""
     if requested not in DTYPES + TEST_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {requested!r}")
+    if requested == AUTO and base_name in BASE_GGUFS and torch.device(device).type == "cpu" and gguf_kernels_here():
+        log.info("dtype auto: gguf (%s's own GGUF blocks on this CPU's AVX512-VNNI kernel)", base_name)
+        return GGUF
     if requested in BLOCK_FORMATS:
         if torch.device(device).type == "cpu" and gguf_kernels_here():
             return requested

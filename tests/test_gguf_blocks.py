@@ -2,6 +2,8 @@
 dequantization and to the converted model's weights), the PyTorch twin of the kernels' block arithmetic, and the
 native AVX512-VNNI kernel equal to the twin bit for bit, for 1 to 80 rows."""
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -164,6 +166,24 @@ def test_gguf_needs_the_base_models_own_file_and_the_int8_units(monkeypatch, cap
     monkeypatch.setattr(precision, "gguf_kernels_here", lambda: False)  # a CPU without AVX512-VNNI
     assert precision.resolve_dtype("gguf") == precision.resolve_dtype("auto")
     assert "gguf weights need the native AVX512-VNNI kernels" in caplog.text
+
+
+def test_auto_picks_gguf_where_the_base_model_has_one_and_the_cpu_its_int8_units(monkeypatch, caplog):
+    """auto is the fastest lossless format here: SmolLM2's own blocks on a CPU with AVX512-VNNI; for a base model
+    without a GGUF, a CPU without the int8 units, a GPU or a caller on transformers' model (no base), a float."""
+    from ppdkit.runtime import precision
+
+    floats = precision.resolve_dtype("auto")
+    assert floats in ("bfloat16", "float32")  # the teacher's auto: transformers computes on floats
+    assert precision.resolve_dtype("auto", base_name="tiny-llama") == floats
+    assert precision.resolve_dtype("auto", "cuda", "smollm2-135m") == "bfloat16"
+    assert precision.resolve_dtype("float32", base_name="smollm2-135m") == "float32"  # asked for: kept
+    monkeypatch.setattr(precision, "gguf_kernels_here", lambda: True)
+    with caplog.at_level(logging.INFO, logger="ppdkit.runtime.precision"):
+        assert precision.resolve_dtype("auto", base_name="smollm2-135m") == "gguf"
+    assert "dtype auto: gguf (smollm2-135m's own GGUF blocks" in caplog.text
+    monkeypatch.setattr(precision, "gguf_kernels_here", lambda: False)  # a CPU without AVX512-VNNI
+    assert precision.resolve_dtype("auto", base_name="smollm2-135m") == floats
 
 
 def test_the_q4_format_quantizes_as_llama_cpps_reference_quantizer():
