@@ -33,10 +33,11 @@ class TeacherConfig(Section):
     top_k: int = Field(64, ge=1, description="log-probabilities kept per position, plus the mass outside them; at most "
                                              "the base model's vocabulary size, checked when it loads")
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="storage of the top-k log-probabilities")
-    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    compute_dtype: Literal["auto", "float32", "bfloat16", "gguf", "q4"] = Field(
         "auto", description="dtype of the teacher's forward and of regeneration (auto: bfloat16 on this CPU's native "
-                            "AVX512-BF16 kernels or a GPU, else float32; transformers computes on floats, never on "
-                            "the runtime's gguf blocks)")
+                            "AVX512-BF16 kernels or a GPU, else float32); gguf or q4: both on the decoder's runtime "
+                            "over the base model's 4-bit blocks, the model `--dtype gguf` verifies with (needs "
+                            "base_model.quantization none and AVX512-VNNI)")
     features: bool = Field(False, description="also keep the final hidden states at every token (float16, 2 H bytes a "
                                               "token), which draft heads train on instead of running the base again")
     rows_per_shard: int = Field(32, ge=1, description="sequences per shard file (the unit of resume and retry)")

@@ -34,6 +34,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ppdkit.models.paths import file_sha256
+from ppdkit.runtime.dtypes import BLOCK_FORMATS
 
 FORMAT = "ppdkit-teacher/1"
 FEATURES_SUFFIX = ".features.safetensors"
@@ -208,6 +209,13 @@ class TeacherCache:
         """The dtype the teacher computed in (teacher.compute_dtype as its workers resolved it): the passes that
         must see the teacher's model (features for heads, calibration) compute in it too."""
         return self.manifest["dtype_model"]
+
+    @property
+    def float_dtype(self) -> str:
+        """The dtype of transformers' model for the passes that run it (calibration, features computed in training):
+        the teacher's own, or for a teacher on 4-bit blocks float32: for gguf its weights are the blocks de-quantized
+        exactly (only the blocks' int8 activations differ), for q4 those the blocks were quantized from."""
+        return "float32" if self.compute_dtype in BLOCK_FORMATS else self.compute_dtype
 
     @property
     def top_k(self) -> int:

@@ -31,6 +31,9 @@ from tqdm import tqdm
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.paths import write_json_atomic
+from ppdkit.runtime.ar import read_prompt
+from ppdkit.runtime.decoder_loading import base_weights
+from ppdkit.runtime.dtypes import BLOCK_FORMATS
 from ppdkit.runtime.llama import LeanLlama
 from ppdkit.runtime.precision import resolve_dtype
 
@@ -92,6 +95,24 @@ def teacher_sequences(model, rows: list[dict], k: int, batch_size: int, features
     return out
 
 
+def runtime_teacher_sequences(model: LeanLlama, rows: list[dict], k: int, features: bool = False
+                              ) -> list[ShardSequence]:
+    """The teacher pass on the decoder's own runtime (a block-format teacher, whose weights transformers cannot
+    multiply): each row read as `ar` reads a prompt, its LM head on the supervised positions only. Its targets are
+    therefore the model `--dtype gguf` (or q4) verifies with."""
+    out = []
+    with torch.inference_mode():
+        for r in rows:
+            ids = torch.tensor(r["input_ids"], dtype=torch.long)  # [T]
+            hidden = read_prompt(model, ids, model.new_cache(len(ids)))  # [T, H]
+            positions = torch.tensor(supervised_positions(r["loss_mask"]), dtype=torch.long)  # [P]
+            topk_ids, topk_logprobs, rest = compress_logits(model.logits(hidden[positions]), k)  # [P, V] -> top-k
+            out.append(ShardSequence(row=r["row"], input_ids=ids, positions=positions, topk_ids=topk_ids,
+                                     topk_logprobs=topk_logprobs, rest_mass=rest,
+                                     features=hidden.to(torch.float16) if features else None))
+    return out
+
+
 @ray.remote(max_restarts=3, max_task_retries=3)
 class TeacherWorker:
     """Holds one frozen base model; turns shards of rows into shard files."""
@@ -101,8 +122,13 @@ class TeacherWorker:
         log_to_file(Path(log_file))
         started = time.time()
         self.dtype = resolve_dtype(cfg.compute_dtype)  # on the actor: its own CPU decides what auto means
-        self.base = load_base_model(base.name, base.quantization, self.dtype)
-        self.runtime = regeneration_runtime(self.base, base, self.dtype, max_length) if cfg.regenerate else None
+        self.on_runtime = self.dtype in BLOCK_FORMATS  # the teacher pass too: transformers cannot multiply blocks
+        if self.on_runtime:
+            self.base, blocks = base_weights(base.name, self.dtype)
+            self.runtime = LeanLlama(self.base.model, max_length + 1, quantized=blocks, weight_format=self.dtype)
+        else:
+            self.base = load_base_model(base.name, base.quantization, self.dtype)
+            self.runtime = regeneration_runtime(self.base, base, self.dtype, max_length) if cfg.regenerate else None
         log.info("teacher worker (pid %d): %s (%s, %s) loaded in %.1f s on %d threads; regeneration on %s", os.getpid(),
                  base.name, base.quantization, self.dtype, time.time() - started, threads,
                  "no" if not cfg.regenerate else "the runtime (batched)" if self.runtime else "transformers' generate")
@@ -132,7 +158,8 @@ class TeacherWorker:
             except MalformedRow as e:
                 report.skip(f"row {r['row']}", str(e))
         started = time.time()
-        sequences = teacher_sequences(self.base.model, good, cfg.top_k, cfg.batch_size, cfg.features)
+        sequences = (runtime_teacher_sequences(self.runtime, good, cfg.top_k, cfg.features) if self.on_runtime else
+                     teacher_sequences(self.base.model, good, cfg.top_k, cfg.batch_size, cfg.features))
         record = write_shard(Path(job["path"]), sequences, self.base.model.config.vocab_size, cfg.dtype, cfg.features)
         teacher_seconds = time.time() - started
         log.info("shard %s: %d sequences, %d positions (%.0f/s), %d tokens generated (%.0f/s), %d rows skipped",

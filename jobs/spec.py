@@ -102,6 +102,29 @@ class JobSpec(Section):
         return self
 
     @model_validator(mode="after")
+    def _block_teacher_is_the_gguf_model(self) -> "JobSpec":
+        from ppdkit.models.catalog import base_gguf
+        from ppdkit.runtime.dtypes import BLOCK_FORMATS, GGUF
+
+        if self.teacher.compute_dtype not in BLOCK_FORMATS:
+            return self
+        if self.base_model.quantization != "none":
+            raise ValueError(f"teacher.compute_dtype {self.teacher.compute_dtype} runs the teacher on the runtime's "
+                             "4-bit blocks, which it makes from the unquantized model: set base_model.quantization "
+                             "none")
+        if self.teacher.regenerate and self.teacher.temperature > 0:
+            raise ValueError("sampled regeneration (teacher.temperature > 0) runs transformers' generate, which "
+                             f"cannot multiply {self.teacher.compute_dtype} blocks: use temperature 0 (greedy, on the "
+                             "runtime) or a float compute_dtype")
+        if self.teacher.compute_dtype == GGUF:
+            try:
+                base_gguf(self.base_model.name)
+            except ValueError as error:
+                raise ValueError(f"teacher.compute_dtype gguf: {error}; use q4 (the same format quantized from its "
+                                 "weights)") from None
+        return self
+
+    @model_validator(mode="after")
     def _evaluated_tree_is_calibrated(self) -> "JobSpec":
         if self.evaluate.tree_size is not None and self.evaluate.tree_size not in self.calibrate.sizes:
             raise ValueError(f"evaluate.tree_size {self.evaluate.tree_size} is not one of calibrate.sizes "

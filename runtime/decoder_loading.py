@@ -50,7 +50,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
     component = read_component(directory)
     digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
     dtype = resolve_dtype(dtype, device, component.base_model["name"])
-    base, blocks = _base_weights(component.base_model["name"], dtype)
+    base, blocks = base_weights(component.base_model["name"], dtype)
     read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
     base.model.to(device)  # the loaders below take the LM head's rows from it, on the device
     with on_device(device):  # the layouts, head trees and profile built below: on the device
@@ -87,7 +87,7 @@ def _release_float_weights(decoder: "Decoder", name: str, dtype: str, device: to
         decoder.release_hf_model(lambda: load_base_model(name, quantization="none", dtype="float32").model.to(device))
 
 
-def _base_weights(name: str, dtype: str) -> tuple[BaseModel, dict[str, QuantizedWeight] | None]:
+def base_weights(name: str, dtype: str) -> tuple[BaseModel, dict[str, QuantizedWeight] | None]:
     """The base model in `dtype` (resolved), and for gguf its own GGUF's blocks, for q4 blocks quantized from its
     weights (the model itself then float32, read for the embeddings and norms)."""
     if dtype not in BLOCK_FORMATS:
@@ -156,7 +156,7 @@ def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: 
     the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `device` and `fixed_shapes` as from_pretrained's."""
     device = check_device(device)
     dtype = resolve_dtype(dtype, device, name)
-    base, blocks = _base_weights(name, dtype)
+    base, blocks = base_weights(name, dtype)
     base.model.to(device)
     decoder = cls(base.model, base.tokenizer, None, None, max_length, quantized=blocks, weight_format=dtype,
                   fixed_shapes=fixed_shapes)

@@ -8,6 +8,7 @@ from conftest import kernels_or_skip
 from ppdkit.data_pipeline.config import TeacherConfig
 from ppdkit.data_pipeline.conversations import Conversation
 from ppdkit.data_pipeline.regenerate import regenerate_conversations
+from ppdkit.runtime import precision
 from ppdkit.runtime.batch import Request, greedy_many
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.linear import SKINNY_MAX_ROWS
@@ -19,6 +20,8 @@ def _decoder(dtype: str) -> Decoder:
     module = kernels_or_skip("native")
     if dtype == "bfloat16" and not module.bf16_available():
         pytest.skip("this CPU has no AVX512-BF16: bfloat16 runs the float32 path here")
+    if dtype == "q4" and not precision.gguf_kernels_here():
+        pytest.skip("this CPU has no AVX512-VNNI: the block formats run what auto picks here")
     return Decoder.from_base("tiny-llama", dtype=dtype, max_length=SEGMENT + 64)
 
 
@@ -38,7 +41,7 @@ def _run(decoder: Decoder, requests: list[Request], slots: int) -> dict[int, lis
     return {request.key: tokens for request, tokens in answers}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "q4"])  # q4: a block-format teacher regenerates on it
 def test_every_batched_answer_is_ar_token_for_token(dtype):
     """30 prompts through 7 slots (slots refilled as answers end, neighbours of every length) against `ar` one
     prompt at a time: identical tokens, and identical again with another number of slots."""

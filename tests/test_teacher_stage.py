@@ -93,6 +93,32 @@ def test_a_bfloat16_teacher_stays_close_to_the_float32_one(undisturbed, data_dir
     assert kl.mean() < 0.01 and kl.max() < 0.05, (kl.mean(), kl.max())
 
 
+def test_a_block_format_teacher_computes_on_the_decoders_runtime(undisturbed, data_dir, tmp_path):
+    """teacher.compute_dtype q4 (gguf for a base model with a GGUF): the teacher pass runs on the runtime over the
+    4-bit blocks, so its targets and features are those of the model `--dtype q4` verifies with, not float32's."""
+    from ppdkit.runtime import precision
+    from ppdkit.runtime.ar import read_prompt
+    from ppdkit.runtime.decoder import Decoder
+
+    if not precision.gguf_kernels_here():
+        pytest.skip("the block formats need the native AVX512-VNNI kernels")
+    summary = run_teacher_stage(BASE, DATA, TEACHER.model_copy(update={"compute_dtype": "q4", "features": True}),
+                                data_dir, tmp_path)
+    assert summary["compute_dtype"] == "q4"
+    cache, cache32 = TeacherCache(tmp_path, verify=True), TeacherCache(undisturbed[0])
+    assert cache.float_dtype == "float32"  # what calibration and computed features load transformers' model in
+    runtime = Decoder.from_base("tiny-llama", dtype="q4").model
+    moved = 0.0
+    for seq, seq32 in zip(cache.sequences("train", features=True), cache32.sequences("train"), strict=True):
+        with torch.inference_mode():
+            hidden = read_prompt(runtime, seq.input_ids, runtime.new_cache(len(seq.input_ids)))  # [T, H]
+            logp = torch.log_softmax(runtime.logits(hidden[seq.positions]).float(), -1)  # [P, V]
+        assert torch.allclose(logp.gather(1, seq.topk_ids.long()), seq.topk_logprobs.float(), atol=2e-3)
+        assert torch.allclose(seq.features.float(), hidden, atol=2e-2, rtol=1e-2)
+        moved = max(moved, (seq.topk_logprobs[:, 0].float() - seq32.topk_logprobs[:, 0].float()).abs().max().item())
+    assert moved > 1e-3  # the 4-bit model's own distributions, not float32's
+
+
 def test_kept_features_are_the_final_hidden_states_and_heads_read_them(undisturbed, data_dir, tmp_path):
     """teacher.features keeps every token's final hidden state (float16) in a checksummed companion file per shard,
     memory-mapped on reading; trainer/features.py then reads them instead of running the base model."""

@@ -46,7 +46,7 @@ def features_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir:
     if not cache.has_features:
         raise TeacherCacheError(f"{teacher_dir} keeps no features to compare with: run the teacher stage with "
                                 "teacher.features=true")
-    base = load_base_model(base_cfg.name, base_cfg.quantization, cache.compute_dtype, for_training=True)
+    base = load_base_model(base_cfg.name, base_cfg.quantization, cache.float_dtype, for_training=True)
     cache.check_base(base.fingerprint)
     seqs = []
     for seq in cache.sequences("train", features=True):

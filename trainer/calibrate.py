@@ -110,7 +110,7 @@ def calibrate(base_name: str, component_dir: Path, teacher_dir: Path, sizes: lis
     """`dtype` None: the one the teacher computed in, the model the decoder verifies with (the targets are its
     greedy tokens)."""
     cache = TeacherCache(teacher_dir)
-    dtype = dtype or cache.compute_dtype
+    dtype = dtype or cache.float_dtype
     base = load_base_model(base_name, quantization="none", dtype=dtype)
     component = read_component(component_dir, expect_fingerprint=base.fingerprint)
     split = "holdout" if cache.shards("holdout") else "train"

@@ -113,7 +113,7 @@ def train_loop_per_worker(config: dict) -> None:
     method = TRAINING_METHODS[cfg.method]
     # heads over the frozen base's features train on the teacher's own forward: features computed here (a cache
     # without teacher.features) come from the base in the dtype the teacher computed in, as kept ones did
-    dtype = cache.compute_dtype if method.reads_features else base_cfg.dtype
+    dtype = cache.float_dtype if method.reads_features else base_cfg.dtype
     base = load_base_model(base_cfg.name, base_cfg.quantization, dtype, for_training=True)
     cache.check_base(base.fingerprint)
     # kept features (teacher.features) are memory-mapped, read only by the methods that train on them
