@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from conftest import hf_greedy, tiny_model_on
+from conftest import hf_greedy, kernels_or_skip, tiny_model_on
 from test_draft_heads import VOCAB
 from test_sampling import first_two_tokens_follow_the_model
 from test_training import BASE, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
@@ -23,6 +23,7 @@ from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.models.eagle3 import readout
 from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows, forward_with_states
+from ppdkit.runtime.gguf_blocks import quantize_model
 from ppdkit.runtime.grown_tree import level_logp
 from ppdkit.runtime.head_loading import eagle3_set
 from ppdkit.runtime.tree_layout import shape_layout
@@ -41,8 +42,8 @@ def _draft_tensors(model, vocab: torch.Tensor, seed: int, scale: float = 1.0) ->
     return {name: (t.detach() * (1 + scale * torch.randn(t.shape, generator=g))) for name, t in draft().items()}
 
 
-def _decoder(model, tok, tensors: dict[str, torch.Tensor], vocab: torch.Tensor, dtype=None) -> Decoder:
-    decoder = Decoder(model, tok, None, None)
+def _decoder(model, tok, tensors: dict[str, torch.Tensor], vocab: torch.Tensor, dtype=None, **weights) -> Decoder:
+    decoder = Decoder(model, tok, None, None, **weights)
     layers = aux_layers(model.config.num_hidden_layers)
     decoder.eagle3 = eagle3_set({k: v if dtype is None else v.to(dtype) for k, v in tensors.items()}, vocab, layers,
                                 model)
@@ -128,9 +129,15 @@ def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f
     assert torch.allclose(drafter.cache.k[..., :8], whole.cache.k[..., :8], atol=1e-10)
 
 
-@pytest.mark.parametrize("path", ["native", "pytorch", "pytorch-fixed"])
+@pytest.mark.parametrize("path", ["native", "native-q4", "pytorch", "pytorch-fixed"])
 def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatch):
-    model, tok = tiny_model_on(path, monkeypatch)
+    """native-q4: 4-bit blocks on the int8 kernel, what auto runs SmolLM2's drafts on where the CPU has VNNI."""
+    model, tok = tiny_model_on(path.removesuffix("-q4"), monkeypatch)
+    weights = {}
+    if path == "native-q4":
+        if not kernels_or_skip("native").quantized_available():
+            pytest.skip("this CPU has no AVX512-VNNI: the q4 format is not built here")
+        weights = {"quantized": quantize_model(model), "weight_format": "q4"}
     rng = random.Random(0)
     vocab = torch.arange(3, VOCAB, 3)
     for case, value in enumerate((None, math.nan, math.inf, -math.inf, 1e30)):
@@ -138,9 +145,10 @@ def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatc
         if value is not None:
             name = sorted(tensors)[case % len(tensors)]
             tensors[name] = torch.full_like(tensors[name], value)
-        decoder = _decoder(model, tok, tensors, vocab)
+        decoder = _decoder(model, tok, tensors, vocab, **weights)
         decoder.fix_shapes(path == "pytorch-fixed")  # a GPU's steps (runtime/fixed_shapes.py)
-        assert (decoder.model.native is not None) == (path == "native")  # the path under test really runs
+        assert (decoder.model.native is not None) == path.startswith("native")  # the path under test really runs
+        assert decoder.model.weight_format == ("q4" if weights else "float32")
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])
             plain = decoder.generate(ids, 24, "ar").tokens

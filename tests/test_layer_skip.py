@@ -31,7 +31,7 @@ def test_a_draft_that_skips_nothing_has_every_token_accepted(path, monkeypatch):
     assert out.accepted_per_step[1:-1] == [13] * (len(out.accepted_per_step) - 2)  # 12 drafted + 1, every stage
 
 
-@pytest.mark.parametrize("path", ["native", "pytorch"])
+@pytest.mark.parametrize("path", ["native", "native-q4", "pytorch"])
 def test_random_skip_maps_never_change_greedy_output(path, monkeypatch):
     decoder = plain_tiny_decoder(path, monkeypatch)
     rng = random.Random(0)

@@ -109,7 +109,7 @@ def _fine_tuned(decoder, model, skip, seed: int, vocab_size: int) -> SkipDraft:
                                 *_noisy_norms(model, seed), vocab.sort().values)
 
 
-@pytest.mark.parametrize("path", ["native", "pytorch"])
+@pytest.mark.parametrize("path", ["native", "native-q4", "pytorch"])
 def test_fine_tuned_drafts_never_change_greedy_output(path, monkeypatch):
     decoder = plain_tiny_decoder(path, monkeypatch)
     model, layers = decoder.hf_model, len(decoder.model.layers)
