@@ -195,10 +195,10 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
                                   "do on library kernels: auto (default) on a GPU, off on a CPU (its native kernels "
                                   "need none); off on a GPU trades that for speed (docs/devices.md)")
         parser_.add_argument("--dtype", default="auto", choices=list(DTYPES),
-                             help="the weights' precision: auto (default) is gguf (the base model's own 4-bit blocks) where "
-                                  "it has a GGUF and the CPU AVX512-VNNI, else bfloat16 where the CPU has AVX512-BF16 "
-                                  "or on a GPU, else float32; every method is lossless against ar in the same dtype, "
-                                  "float32 gives the float32 model's own tokens")
+                             help="the weights' precision: auto (default) is gguf (the base model's own 4-bit blocks) "
+                                  "where it has a GGUF and the CPU AVX512-VNNI, else bfloat16 where the CPU has "
+                                  "AVX512-BF16 or on a GPU, else float32; every method is lossless against ar in the "
+                                  "same dtype, float32 gives the float32 model's own tokens")
     bench_dec.set_defaults(func=cmd_bench)
 
     precision = sub.add_parser("precision", help="what bfloat16 (or gguf) weights cost against float32: equal greedy "
