@@ -206,8 +206,8 @@ class TeacherCache:
 
     @property
     def compute_dtype(self) -> str:
-        """The dtype the teacher computed in (teacher.compute_dtype as its workers resolved it): the passes that
-        must see the teacher's model (features for heads, calibration) compute in it too."""
+        """The dtype the teacher computed in (teacher.compute_dtype as its workers resolved it); the passes that
+        must see the teacher's model on transformers (features for heads, calibration) use `float_dtype`."""
         return self.manifest["dtype_model"]
 
     @property

@@ -8,7 +8,6 @@ from conftest import kernels_or_skip
 from ppdkit.data_pipeline.config import TeacherConfig
 from ppdkit.data_pipeline.conversations import Conversation
 from ppdkit.data_pipeline.regenerate import regenerate_conversations
-from ppdkit.runtime import precision
 from ppdkit.runtime.batch import Request, greedy_many
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.linear import SKINNY_MAX_ROWS
@@ -20,7 +19,7 @@ def _decoder(dtype: str) -> Decoder:
     module = kernels_or_skip("native")
     if dtype == "bfloat16" and not module.bf16_available():
         pytest.skip("this CPU has no AVX512-BF16: bfloat16 runs the float32 path here")
-    if dtype == "q4" and not precision.gguf_kernels_here():
+    if dtype == "q4" and not module.quantized_available():
         pytest.skip("this CPU has no AVX512-VNNI: the block formats run what auto picks here")
     return Decoder.from_base("tiny-llama", dtype=dtype, max_length=SEGMENT + 64)
 
