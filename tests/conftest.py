@@ -129,19 +129,24 @@ def tiny_model_on(path: str, monkeypatch):
     return model.float().eval(), tok
 
 
+def q4_weights_or_skip(model) -> dict:
+    """The Decoder arguments that put `model`'s matmuls on 4-bit blocks quantized from its weights (the int8 kernel),
+    or skip where this CPU has no AVX512-VNNI."""
+    from ppdkit.runtime.gguf_blocks import quantize_model
+
+    if not kernels_or_skip("native").quantized_available():
+        pytest.skip("this CPU has no AVX512-VNNI: the q4 format is not built here")
+    return {"quantized": quantize_model(model), "weight_format": "q4"}
+
+
 def plain_tiny_decoder(path: str, monkeypatch):
     """The float32 tiny Llama's decoder without a component, on `path` (tiny_model_on; "native-q4": its weights
     as 4-bit blocks on the int8 kernel, what auto runs SmolLM2 on where the CPU has VNNI), checked to really run
     there."""
     from ppdkit.runtime.decoder import Decoder
-    from ppdkit.runtime.gguf_blocks import quantize_model
 
     model, tok = tiny_model_on(path.removesuffix("-q4"), monkeypatch)
-    weights = {}
-    if path == "native-q4":
-        if not kernels_or_skip("native").quantized_available():
-            pytest.skip("this CPU has no AVX512-VNNI: the q4 format is not built here")
-        weights = {"quantized": quantize_model(model), "weight_format": "q4"}
+    weights = q4_weights_or_skip(model) if path == "native-q4" else {}
     decoder = Decoder(model, tok, None, None, **weights)
     assert (decoder.model.native is not None) == path.startswith("native")
     assert decoder.model.weight_format == ("q4" if weights else "float32")

@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from conftest import hf_greedy, kernels_or_skip, tiny_model_on
+from conftest import hf_greedy, q4_weights_or_skip, tiny_model_on
 from test_draft_heads import VOCAB
 from test_sampling import first_two_tokens_follow_the_model
 from test_training import BASE, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
@@ -23,7 +23,6 @@ from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.models.eagle3 import readout
 from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows, forward_with_states
-from ppdkit.runtime.gguf_blocks import quantize_model
 from ppdkit.runtime.grown_tree import level_logp
 from ppdkit.runtime.head_loading import eagle3_set
 from ppdkit.runtime.tree_layout import shape_layout
@@ -133,11 +132,7 @@ def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f
 def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatch):
     """native-q4: 4-bit blocks on the int8 kernel, what auto runs SmolLM2's drafts on where the CPU has VNNI."""
     model, tok = tiny_model_on(path.removesuffix("-q4"), monkeypatch)
-    weights = {}
-    if path == "native-q4":
-        if not kernels_or_skip("native").quantized_available():
-            pytest.skip("this CPU has no AVX512-VNNI: the q4 format is not built here")
-        weights = {"quantized": quantize_model(model), "weight_format": "q4"}
+    weights = q4_weights_or_skip(model) if path == "native-q4" else {}
     rng = random.Random(0)
     vocab = torch.arange(3, VOCAB, 3)
     for case, value in enumerate((None, math.nan, math.inf, -math.inf, 1e30)):

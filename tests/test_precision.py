@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from conftest import kernels_or_skip
+from conftest import kernels_or_skip, q4_weights_or_skip
 from test_draft_heads import _decoder, _heads, _random_tree
 from test_lossless import _random_early_head, _random_p
 
@@ -18,7 +18,6 @@ import ppdkit.runtime.row_invariance as row_invariance
 from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.gguf_blocks import quantize_model
 from ppdkit.runtime.kernels_twin import bf16_linear_twin
 from ppdkit.runtime.linear import Linear
 from ppdkit.runtime.llama import LeanLlama
@@ -91,10 +90,8 @@ def _narrow_weights(weights: str, monkeypatch):
     (Q4_1 blocks quantized from its float32 weights, the int8 kernel)."""
     if weights == "bfloat16":
         return *_bf16_tiny(monkeypatch), {}
-    if not kernels_or_skip("native").quantized_available():
-        pytest.skip("this CPU has no AVX512-VNNI: the q4 format is not built here")
     model, tok = build_tiny_llama()
-    return model.eval(), tok, {"quantized": quantize_model(model), "weight_format": "q4"}
+    return model.eval(), tok, q4_weights_or_skip(model)
 
 
 @pytest.mark.parametrize("weights", ["bfloat16", "q4"])
