@@ -58,8 +58,9 @@ def test_the_training_forward_is_the_runtime_drafts_first_guess(path, monkeypatc
             torch.testing.assert_close(runtime, trained[t], atol=2e-5, rtol=1e-4, msg=f"case {case} position {t}")
 
 
-def test_without_skips_the_training_forward_is_the_base_model():
-    model, _ = tiny_model_on("pytorch", pytest.MonkeyPatch())
+def test_without_skips_the_training_forward_is_the_base_model(monkeypatch):
+    model, _ = tiny_model_on("pytorch", monkeypatch)  # the fixture: a bare MonkeyPatch() was never undone, and left
+    # every later test of the process without the native kernels
     ids = torch.randint(3, 300, (2, 17))
     with torch.no_grad():
         ours = draft_states(model, ids, (0,) * model.config.num_hidden_layers, DraftNorms(model)())
