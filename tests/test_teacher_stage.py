@@ -9,7 +9,7 @@ import pytest
 import torch
 from datasets import Dataset, load_from_disk
 
-from conftest import FIXTURES, kernels_or_skip
+from conftest import FIXTURES, q4_weights_or_skip
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.data_pipeline.data_stage import run_data_stage
 from ppdkit.data_pipeline.teacher_cache import TeacherCache, TeacherCacheError, file_sha256
@@ -97,19 +97,16 @@ def test_a_block_format_teacher_computes_on_the_decoders_runtime(undisturbed, da
     """teacher.compute_dtype q4 (gguf for a base model with a GGUF): the teacher pass runs on the runtime over the
     4-bit blocks, so its targets and features are those of the model `--dtype q4` verifies with, not float32's."""
     from ppdkit.runtime.ar import read_prompt
-    from ppdkit.runtime.gguf_blocks import quantize_model
     from ppdkit.runtime.llama import LeanLlama
 
-    if not kernels_or_skip("native").quantized_available():
-        pytest.skip("the block formats need the native AVX512-VNNI kernels")
+    model = load_base_model("tiny-llama").model  # the q4 decoder's model, built here as the actors built theirs
+    runtime = LeanLlama(model, DATA.max_length + 1, **q4_weights_or_skip(model))
+    assert runtime.weight_format == "q4" and runtime.native is not None
     summary = run_teacher_stage(BASE, DATA, TEACHER.model_copy(update={"compute_dtype": "q4", "features": True}),
                                 data_dir, tmp_path)
     assert summary["compute_dtype"] == "q4"
     cache, cache32 = TeacherCache(tmp_path, verify=True), TeacherCache(undisturbed[0])
     assert cache.float_dtype == "float32"  # what calibration and computed features load transformers' model in
-    model = load_base_model("tiny-llama").model  # the q4 decoder's model, built here as the actors built theirs
-    runtime = LeanLlama(model, DATA.max_length + 1, quantized=quantize_model(model), weight_format="q4")
-    assert runtime.weight_format == "q4" and runtime.native is not None
     moved = 0.0
     for seq, seq32 in zip(cache.sequences("train", features=True), cache32.sequences("train"), strict=True):
         with torch.inference_mode():
