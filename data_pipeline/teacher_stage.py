@@ -40,7 +40,8 @@ from ppdkit.runtime.precision import resolve_dtype
 from .config import DataConfig, TeacherConfig
 from .conversations import Conversation, MalformedRow, ReadReport
 from .regenerate import regenerate_conversations
-from .teacher_cache import (FORMAT, ShardSequence, compress_logits, mass_figures, read_rest_mass, write_shard)
+from .teacher_cache import (FORMAT, ShardSequence, compress_head, compress_logits, mass_figures, read_rest_mass,
+                            write_shard)
 from .templating import encode_conversation
 from .throughput import Throughput
 from .worker_log import log_to_file
@@ -106,7 +107,7 @@ def runtime_teacher_sequences(model: LeanLlama, rows: list[dict], k: int, featur
             ids = torch.tensor(r["input_ids"], dtype=torch.long)  # [T]
             hidden = read_prompt(model, ids, model.new_cache(len(ids)))  # [T, H]
             positions = torch.tensor(supervised_positions(r["loss_mask"]), dtype=torch.long)  # [P]
-            topk_ids, topk_logprobs, rest = compress_logits(model.logits(hidden[positions]), k)  # [P, V] -> top-k
+            topk_ids, topk_logprobs, rest = compress_head(model.logits, hidden[positions], k)  # [P, H] -> top-k
             out.append(ShardSequence(row=r["row"], input_ids=ids, positions=positions, topk_ids=topk_ids,
                                      topk_logprobs=topk_logprobs, rest_mass=rest,
                                      features=hidden.to(torch.float16) if features else None))

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ppdkit.models.loading import check_model_type
 
 from . import fixed_shapes
+from .causal_attention import causal_attention
 from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight, concat_rows
 from .kv_cache import KVCache
@@ -188,6 +189,9 @@ class LeanLlama:
         if self.fixed_rows:
             return self._fixed_layers(x, positions, cache, mask, start, stop, skip)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
+        causal = mask is None and t > 1
+        if causal and not (self.native is not None and t <= SKINNY_MAX_ROWS):  # a prompt: causal_attention
+            return self._layers(x, cos, sin, None, cache, start, stop, skip, causal=True)
         bias = _attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
         if self.native is not None and t <= SKINNY_MAX_ROWS:
             return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps,
@@ -196,9 +200,12 @@ class LeanLlama:
         return self._layers(x, cos, sin, bias, cache, start, stop, skip)
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
-                cache: KVCache, start: int, stop: int, skip: tuple[int, ...] | None = None) -> torch.Tensor:
-        """Decoder layers start .. stop - 1 in PyTorch operations: x [T, H], cos/sin [T, 1, D] -> [T, H]."""
-        return self._sublayers(x, lambda i, h: self._attention(i, h, cos, sin, bias, cache), start, stop, skip)
+                cache: KVCache, start: int, stop: int, skip: tuple[int, ...] | None = None,
+                causal: bool = False) -> torch.Tensor:
+        """Decoder layers start .. stop - 1 in PyTorch operations: x [T, H], cos/sin [T, 1, D] -> [T, H].
+        `causal`: the rows see the cache and the rows before them (bias unused), computed in query blocks."""
+        return self._sublayers(x, lambda i, h: self._attention(i, h, cos, sin, bias, cache, causal), start, stop,
+                               skip)
 
     def _sublayers(self, x: torch.Tensor, attention, start: int, stop: int,
                    skip: tuple[int, ...] | None) -> torch.Tensor:
@@ -253,15 +260,19 @@ class LeanLlama:
         return q, k, v
 
     def _attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
-                   cache: KVCache) -> torch.Tensor:
+                   cache: KVCache, causal: bool = False) -> torch.Tensor:
         """Layer i's attention sub-layer: x [T, H] -> its output [T, H] (before the residual add); writes the
         new keys/values."""
         t = x.shape[0]
         hq, hkv, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         scale = 1.0 / math.sqrt(d)
         q, k, v = self._qkv(i, x, cos, sin)
-        q = q.reshape(hkv, g * t, d)  # [Hkv, g T, D]
+        length = cache.length
         keys, values = cache.write(i, k, v)  # [Hkv, S, D]
+        if causal:
+            attn = causal_attention(q, keys, values, length, scale)  # [Hkv, g, T, D]
+            return self.layers[i].o(attn.permute(2, 0, 1, 3).reshape(t, hq * d))
+        q = q.reshape(hkv, g * t, d)  # [Hkv, g T, D]
         if bias is None:
             scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)  # [Hkv, g T, S]
         else:

@@ -8,6 +8,7 @@ from conftest import hf_greedy, kernels_or_skip
 
 from ppdkit.models.tiny import build_tiny_llama
 import ppdkit.runtime.linear as linear_module
+from ppdkit.runtime.causal_attention import causal_attention
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.methods import LOOKUP_LENGTHS
 from ppdkit.runtime.linear import Linear
@@ -39,6 +40,19 @@ def test_lean_forward_equals_transformers_with_an_incremental_cache(tiny_f64):
         parts.append(lean.forward(lean.embed_ids(ids[a:b]), torch.arange(a, b), cache, None))
         cache.commit(None, b - a)
     assert torch.allclose(lean.logits(torch.cat(parts)), ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("length,block", [(0, 64), (0, 7), (5, 64), (5, 16)])
+def test_causal_attention_in_blocks_equals_one_masked_product(length, block):
+    """Prompt rows after `length` cached ones, in query blocks, against the full-width causal bias."""
+    g = torch.Generator().manual_seed(length + block)
+    hkv, group, t, d = 2, 3, 150, 8
+    q = torch.randn(hkv, group, t, d, generator=g, dtype=torch.float64)
+    keys, values = (torch.randn(hkv, length + t, d, generator=g, dtype=torch.float64) for _ in range(2))
+    bias = _attention_bias(None, length, t, group, torch.float64, torch.device("cpu"))  # [g T, S]
+    scores = torch.baddbmm(bias, q.reshape(hkv, group * t, d), keys.transpose(1, 2), alpha=0.3)
+    reference = torch.bmm(scores.softmax(-1), values).view(hkv, group, t, d)
+    assert torch.allclose(causal_attention(q, keys, values, length, 0.3, block), reference, atol=1e-12, rtol=0)
 
 
 def test_pruned_cache_equals_a_cache_built_from_the_kept_tokens(tiny_f64):
