@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from ppdkit.data_pipeline.teacher_cache import (STORAGE_DTYPES, ShardSequence, compress_logits, id_dtype, read_shard,
-                                                reconstruct_logprobs, write_shard)
+from ppdkit.data_pipeline.teacher_cache import (HEAD_ROWS, STORAGE_DTYPES, ShardSequence, compress_head,
+                                                compress_logits, id_dtype, read_shard, reconstruct_logprobs,
+                                                write_shard)
 from ppdkit.models.tiny import build_tiny_llama
 
 
@@ -21,6 +22,16 @@ def test_compression_keeps_the_top_and_the_exact_rest_mass():
     assert torch.allclose(logp, full.gather(1, ids))
     assert torch.allclose(rest + logp.exp().sum(-1), torch.ones(5), atol=1e-6)
     assert (logp[:, :-1] >= logp[:, 1:]).all()
+
+
+@pytest.mark.parametrize("positions", [1, HEAD_ROWS, 2 * HEAD_ROWS + 5])
+def test_the_head_in_blocks_compresses_as_the_whole_product(positions):
+    """compress_head cuts the positions into blocks of HEAD_ROWS; every position keeps its own row's result."""
+    g = torch.Generator().manual_seed(positions)
+    hidden, weight = torch.randn(positions, 8, generator=g), torch.randn(100, 8, generator=g)
+    head = lambda h: (h[:, None, :] * weight).sum(-1)  # [P, V]: each row computed alone, whatever the block
+    for blocked, whole in zip(compress_head(head, hidden, 10), compress_logits(head(hidden), 10), strict=True):
+        assert torch.equal(blocked, whole)
 
 
 def test_reconstruction_is_exact_with_the_whole_vocabulary():
