@@ -189,11 +189,11 @@ class LeanLlama:
         if self.fixed_rows:
             return self._fixed_layers(x, positions, cache, mask, start, stop, skip)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
-        causal = mask is None and t > 1
-        if causal and not (self.native is not None and t <= SKINNY_MAX_ROWS):  # a prompt: causal_attention
+        native = self.native is not None and t <= SKINNY_MAX_ROWS
+        if mask is None and t > 1 and not native:  # a prompt on the PyTorch layers: causal_attention
             return self._layers(x, cos, sin, None, cache, start, stop, skip, causal=True)
         bias = _attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
-        if self.native is not None and t <= SKINNY_MAX_ROWS:
+        if native:
             return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps,
                                               cos[:, 0], sin[:, 0], bias, cache.k[start:stop], cache.v[start:stop],
                                               cache.length, list(skip[start:stop]) if skip else [], None)
@@ -267,10 +267,9 @@ class LeanLlama:
         hq, hkv, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         scale = 1.0 / math.sqrt(d)
         q, k, v = self._qkv(i, x, cos, sin)
-        length = cache.length
-        keys, values = cache.write(i, k, v)  # [Hkv, S, D]
+        keys, values = cache.write(i, k, v)  # [Hkv, S, D]: the committed rows (cache.length), then these
         if causal:
-            attn = causal_attention(q, keys, values, length, scale)  # [Hkv, g, T, D]
+            attn = causal_attention(q, keys, values, cache.length, scale)  # [Hkv, g, T, D]
             return self.layers[i].o(attn.permute(2, 0, 1, 3).reshape(t, hq * d))
         q = q.reshape(hkv, g * t, d)  # [Hkv, g T, D]
         if bias is None:
