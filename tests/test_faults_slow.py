@@ -3,6 +3,7 @@ a full or read-only output. Real `ppdkit run` processes, real local Rays, a real
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -261,9 +262,12 @@ def test_killed_driver_and_stopped_server_then_rerun_matches_an_undisturbed_run(
     # the workers' lines go to the stage's log files, not the terminal
     assert f"resumed from step-{latest:06d}" in (out / "train" / "worker-0.log").read_text()
     error = job.text().strip().splitlines()[-1]
-    assert error == (f"ppdkit: error: the MLflow tracking server {mlflow_server.uri} stopped answering while "
-                     "uploading component. Start it again, then rerun the same command: finished stages are kept "
-                     "and the interrupted one resumes"), error
+    # which of the stage's two uploads (the component, then its tree pictures) meets the stopped server depends on
+    # how long the server takes to go down beside the calibration: either is the same clear error
+    assert re.fullmatch(re.escape(f"ppdkit: error: the MLflow tracking server {mlflow_server.uri} stopped answering "
+                                  "while uploading ") + "(component|trees)" +
+                        re.escape(". Start it again, then rerun the same command: finished stages are kept and the "
+                                  "interrupted one resumes"), error), error
     assert (out / "train" / "summary.json").is_file() and (out / "calibrate" / "component" / "trees.json").is_file()
     assert not (out / "calibrate" / "summary.json").exists()  # not marked complete: it never reached MLflow
 

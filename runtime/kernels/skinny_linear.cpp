@@ -7,8 +7,14 @@
 // - bfloat16 (AVX512-BF16), panels [N/16, K/2, 16, 2]: x is rounded to bfloat16 (to nearest even) and
 //   VDPBF16PS adds two exact products a k-pair, odd k first, into float32 sums, k-pairs in order (the
 //   PyTorch twin, runtime/kernels_twin.py, does exactly these roundings).
+// - bfloat16 on AMX tiles (AMX-BF16), the same panels with K padded to a multiple of 32: a B tile is 16
+//   consecutive k-pair rows of one panel (1 KB), an A tile up to 16 rows of x's 32 k values, and TDPBF16PS adds
+//   the 32 products of a k-block into each float32 sum, k-blocks in order. The hardware's rounding inside a
+//   k-block is its own (it matches neither sequential order of the SDM's pseudo-code, measured), so this path
+//   has no bit-for-bit twin; it is held to the twin within a bound and to row invariance (tests/test_amx.py).
 // A row's sums never depend on the other rows of the call, so its result is the same for any number of rows
-// (the decoder's losslessness rests on this; runtime/row_invariance.py checks it at load).
+// (the decoder's losslessness rests on this; runtime/row_invariance.py checks it at load). The two bfloat16
+// paths round differently, so a process packs every weight for one of them (skinny_pack's `kernel`).
 // Built on first use with -march=native (runtime/native.py falls back to oneDNN on other CPUs).
 #include "skinny_linear.h"
 
@@ -17,7 +23,15 @@
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define PPDKIT_AMX 1
+#endif
 
 namespace {
 
@@ -136,9 +150,138 @@ void passes(int64_t m, const typename F::X* x, const typename F::W* w, float* y,
   }
 }
 
+#ifdef PPDKIT_AMX
+// AMX: Linux enables the tile registers per process on request (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
+bool amx_permitted() {
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return permitted;
+}
+
+// The 64-byte tile configuration. Loaded with an asm whose memory operand is all 64 bytes: GCC 12's
+// _tile_loadconfig declares an 8-byte read, so the stores that fill the rest may be dropped (AMX then faults).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+inline void load_config(const TileConfig& config) { asm volatile("ldtilecfg %0" ::"m"(config)); }
+
+constexpr int64_t kBlock = 32;  // k values per tile: 16 k-pairs of bfloat16, 64 bytes
+
+// Tiles: tmm0-3 sums, tmm4-5 x (rows 0-15, 16-31), tmm6-7 weights. `rows` <= 16 for one x tile (sums for four
+// panels), else two (sums for two panels, both x tiles).
+TileConfig tile_config(int64_t rows) {
+  TileConfig config;
+  const uint8_t top = static_cast<uint8_t>(rows < 16 ? rows : 16), bottom = static_cast<uint8_t>(rows - top);
+  const bool two = bottom > 0;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64;
+  config.rows[0] = config.rows[1] = config.rows[4] = top;
+  config.rows[2] = config.rows[3] = two ? bottom : top;
+  config.rows[5] = two ? bottom : 1;
+  config.rows[6] = config.rows[7] = 16;
+  return config;
+}
+
+// Panels [p0, p1) for `rows` <= 32 rows of x (bfloat16 [rows, k_blocks * 32], row stride x_stride elements) into
+// y [rows, n_dim]; w: panels [N/16, k_blocks * 16, 16, 2]. A panel's sums gain its k-blocks in order.
+void amx_panels(const uint16_t* x, int64_t x_stride, const uint16_t* w, float* y, int64_t rows, int64_t k_blocks,
+                int64_t n_dim, int64_t p0, int64_t p1) {
+  const TileConfig config = tile_config(rows);
+  load_config(config);
+  const int64_t x_bytes = x_stride * 2, y_bytes = n_dim * 4, panel = k_blocks * kBlock * kPanel;
+  const uint16_t* x_low = x + 16 * x_stride;
+  auto tile = [&](int64_t p, int64_t block) { return w + p * panel + block * kBlock * kPanel; };
+  if (rows <= 16) {
+    int64_t p = p0;
+    for (; p + 4 <= p1; p += 4) {  // four panels a pass: four independent sums, two weight tiles in turn
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t b = 0; b < k_blocks; ++b) {
+        _tile_loadd(4, x + b * kBlock, x_bytes);
+        _tile_loadd(6, tile(p, b), 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, tile(p + 1, b), 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(6, tile(p + 2, b), 64);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_loadd(7, tile(p + 3, b), 64);
+        _tile_dpbf16ps(3, 4, 7);
+      }
+      _tile_stored(0, y + p * kPanel, y_bytes);
+      _tile_stored(1, y + (p + 1) * kPanel, y_bytes);
+      _tile_stored(2, y + (p + 2) * kPanel, y_bytes);
+      _tile_stored(3, y + (p + 3) * kPanel, y_bytes);
+    }
+    for (; p < p1; ++p) {  // the last panels, one at a time: the same k-block order
+      _tile_zero(0);
+      for (int64_t b = 0; b < k_blocks; ++b) {
+        _tile_loadd(4, x + b * kBlock, x_bytes);
+        _tile_loadd(6, tile(p, b), 64);
+        _tile_dpbf16ps(0, 4, 6);
+      }
+      _tile_stored(0, y + p * kPanel, y_bytes);
+    }
+  } else {
+    int64_t p = p0;
+    for (; p + 2 <= p1; p += 2) {  // two panels for both x tiles
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t b = 0; b < k_blocks; ++b) {
+        _tile_loadd(4, x + b * kBlock, x_bytes);
+        _tile_loadd(5, x_low + b * kBlock, x_bytes);
+        _tile_loadd(6, tile(p, b), 64);
+        _tile_loadd(7, tile(p + 1, b), 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, y + p * kPanel, y_bytes);
+      _tile_stored(1, y + (p + 1) * kPanel, y_bytes);
+      _tile_stored(2, y + 16 * n_dim + p * kPanel, y_bytes);
+      _tile_stored(3, y + 16 * n_dim + (p + 1) * kPanel, y_bytes);
+    }
+    for (; p < p1; ++p) {
+      _tile_zero(0); _tile_zero(2);
+      for (int64_t b = 0; b < k_blocks; ++b) {
+        _tile_loadd(4, x + b * kBlock, x_bytes);
+        _tile_loadd(5, x_low + b * kBlock, x_bytes);
+        _tile_loadd(6, tile(p, b), 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+      }
+      _tile_stored(0, y + p * kPanel, y_bytes);
+      _tile_stored(2, y + 16 * n_dim + p * kPanel, y_bytes);
+    }
+  }
+  _tile_release();  // the tile state is large: leave none behind for the next context switch
+}
+
+// y [M, n_dim] = x W^T in balanced passes of at most 32 rows, each reading W once; threads split the panels in
+// groups of four (a group's panels run in one pass of amx_panels).
+void amx_passes(int64_t m, const uint16_t* x, const uint16_t* w, float* y, int64_t k_blocks, int64_t n_dim) {
+  const int64_t count = (m + 31) / 32, panels = n_dim / kPanel, stride = k_blocks * kBlock;
+  for (int64_t pass = 0, row = 0; pass < count; ++pass) {
+    const int64_t rows = (m - row) / (count - pass);
+    at::parallel_for(0, (panels + 3) / 4, 2, [&](int64_t g0, int64_t g1) {
+      amx_panels(x + row * stride, stride, w, y + row * n_dim, rows, k_blocks, n_dim, g0 * 4,
+                 std::min(g1 * 4, panels));
+    });
+    row += rows;
+  }
+}
+#endif
+
 }  // namespace
 
 bool skinny_linear_available() { return true; }
+
+bool skinny_amx_available() {
+#ifdef PPDKIT_AMX
+  return amx_permitted();
+#else
+  return false;
+#endif
+}
 
 bool skinny_bf16_available() {
 #ifdef __AVX512BF16__
@@ -148,8 +291,10 @@ bool skinny_bf16_available() {
 #endif
 }
 
-torch::Tensor skinny_pack(const torch::Tensor& weight) {
+torch::Tensor skinny_pack(const torch::Tensor& weight, const std::string& kernel) {
   TORCH_CHECK(weight.dim() == 2, "pack takes a [N, K] weight");
+  TORCH_CHECK(kernel == "auto" || kernel == "amx" || kernel == "avx512",
+              "pack's kernel is auto, amx or avx512, not ", kernel);
   const int64_t n = weight.size(0), k = weight.size(1), padded = (n + kPanel - 1) / kPanel * kPanel;
   if (weight.scalar_type() == torch::kFloat32) {  // [N, K] -> [ceil(N/P), K, P], zero padded
     auto w = torch::zeros({padded, k}, weight.options());
@@ -158,11 +303,16 @@ torch::Tensor skinny_pack(const torch::Tensor& weight) {
   }
   TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 && skinny_bf16_available(),
               "pack takes a float32 weight, or a bfloat16 one where the CPU has AVX512-BF16");
-  // [N, K] -> [ceil(N/16), ceil(K/2), 16, 2]: a panel row is 16 columns' k-pair, one VDPBF16PS operand
-  const int64_t k_even = (k + 1) / 2 * 2;
+  const bool amx = kernel == "amx" || (kernel == "auto" && skinny_amx_available());
+  TORCH_CHECK(!amx || skinny_amx_available(), "pack: this CPU or build has no AMX-BF16 tiles");
+  // [N, K] -> [ceil(N/16), ceil(K/2), 16, 2]: a panel row is 16 columns' k-pair, one VDPBF16PS operand. For
+  // AMX, K padded to whole tiles and viewed [ceil(N/16), K/32, 16, 16, 2]: a tile of 16 panel rows per k-block
+  // (the fifth dimension tells skinny_linear which path the panels are for).
+  const int64_t k_even = amx ? (k + 31) / 32 * 32 : (k + 1) / 2 * 2;
   auto w = torch::zeros({padded, k_even}, weight.options());
   w.narrow(0, 0, n).narrow(1, 0, k).copy_(weight);
-  return w.view({padded / kPanel, kPanel, k_even / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+  auto panels = w.view({padded / kPanel, kPanel, k_even / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+  return amx ? panels.view({padded / kPanel, k_even / 32, 16, kPanel, 2}) : panels;
 }
 
 torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features) {
@@ -173,6 +323,17 @@ torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed,
     TORCH_CHECK(k == packed.size(1), "skinny_linear: x [M, K] must match the packed weight's K");
     auto xc = x.contiguous();
     passes<Float32>(m, xc.data_ptr<float>(), packed.data_ptr<float>(), y.data_ptr<float>(), k, padded);
+  } else if (packed.dim() == 5) {
+#ifdef PPDKIT_AMX
+    TORCH_CHECK(packed.scalar_type() == torch::kBFloat16 && (k + 31) / 32 == packed.size(1),
+                "skinny_linear: x [M, K] must match the AMX-packed bfloat16 weight's K");
+    auto xb = torch::zeros({m, packed.size(1) * 32}, x.options().dtype(torch::kBFloat16));
+    xb.narrow(1, 0, k).copy_(x);  // rounded to nearest even, as PyTorch rounds; zeros up to whole tiles
+    amx_passes(m, reinterpret_cast<const uint16_t*>(xb.data_ptr()),
+               reinterpret_cast<const uint16_t*>(packed.data_ptr()), y.data_ptr<float>(), packed.size(1), padded);
+#else
+    TORCH_CHECK(false, "skinny_linear: built without AMX, so it takes no AMX-packed weight");
+#endif
   } else {
 #ifdef __AVX512BF16__
     TORCH_CHECK(packed.scalar_type() == torch::kBFloat16 && packed.dim() == 4 && (k + 1) / 2 == packed.size(1),
@@ -194,7 +355,8 @@ torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed,
 
 bool skinny_linear_available() { return false; }
 bool skinny_bf16_available() { return false; }
-torch::Tensor skinny_pack(const torch::Tensor&) { TORCH_CHECK(false, "built without AVX-512 or AVX2"); }
+bool skinny_amx_available() { return false; }
+torch::Tensor skinny_pack(const torch::Tensor&, const std::string&) { TORCH_CHECK(false, "built without AVX-512 or AVX2"); }
 torch::Tensor skinny_linear(const torch::Tensor&, const torch::Tensor&, int64_t) {
   TORCH_CHECK(false, "built without AVX-512 or AVX2");
 }

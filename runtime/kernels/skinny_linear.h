@@ -3,7 +3,12 @@
 #pragma once
 #include <torch/extension.h>
 
+#include <string>
+
 bool skinny_linear_available();                          // false where built without AVX-512 or AVX2
 bool skinny_bf16_available();                            // bfloat16 weights: built with AVX512-BF16
-torch::Tensor skinny_pack(const torch::Tensor& weight);  // float32 [N, K] -> [ceil(N/P), K, P]; bfloat16 -> [.., K/2, P, 2]
+bool skinny_amx_available();                             // bfloat16 on AMX tiles: built with AMX and Linux allows them
+// float32 [N, K] -> [ceil(N/P), K, P]; bfloat16 -> [.., K/2, P, 2] (kernel avx512) or [.., K/32, 16, P, 2] (amx);
+// kernel auto: amx where available
+torch::Tensor skinny_pack(const torch::Tensor& weight, const std::string& kernel);
 torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features);
