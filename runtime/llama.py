@@ -109,6 +109,7 @@ class LeanLlama:
         # (the native layers have no biases: a model with them runs its steps on the PyTorch layers below)
         biased = any(layer.qkv_bias is not None for layer in self.layers)
         self.native = linears[0].native if all(lin.native is not None for lin in linears) and not biased else None
+        self.kernel = self.head.kernel  # bfloat16's native kernel (amx or avx512), one for every weight; else None
         self.native_weights = _native_weights(self.layers) if self.native else []
         self.native_shape = [self.heads, self.kv_heads, self.head_dim, cfg.intermediate_size, self.hidden]
         self.fixed_rows: int | None = None  # fix_shapes: every step this many rows, for row-invariant library kernels

@@ -26,6 +26,8 @@ def runtime_key(model: LeanLlama) -> str:
     cost far less than float32 ones) and the runtime's revision: what a cached measurement (tree profile, auto's
     trial) holds for."""
     path_kind = ("native" if model.native is not None else "torch") + "-" + model.weight_format
+    if model.kernel is not None:
+        path_kind += f"-{model.kernel}"  # bfloat16 on AMX tiles or AVX512-BF16: rows cost very differently
     if model.device.type != "cpu":
         path_kind += f"-{model.device}"  # another device's timings hold there only
     return f"{machine_key()}-{path_kind}-r{RUNTIME_REVISION}"

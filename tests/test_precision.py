@@ -1,8 +1,9 @@
 """The runtime's precision (runtime/precision.py) and the property its losslessness rests on: the native kernels'
 result for a row never depends on how many rows share the call (runtime/row_invariance.py), on every instruction
-path this CPU has, in float32 and bfloat16; the bfloat16 kernel equals its PyTorch twin bit for bit; every
-decoding method gives `ar`'s tokens in bfloat16 and on 4-bit blocks; `auto` picks bfloat16 only where its kernels
-run."""
+path this CPU has, in float32 and bfloat16 (AVX512-BF16 dot products, and AMX tiles where the CPU has them); the
+AVX512-BF16 kernel equals its PyTorch twin bit for bit, the AMX one lies within float32 summation's bound of it;
+every decoding method gives `ar`'s tokens in bfloat16 on both kernels and on 4-bit blocks; `auto` picks bfloat16
+only where its kernels run."""
 
 import logging
 import random
@@ -29,6 +30,9 @@ ROWS = 80  # the most rows the tests put through one call: past the largest tree
 SHAPES = [(100, 37), (64, 576), (49, 16)]  # odd K, a model's width, fewer columns than a panel pair
 
 
+BF16_KERNELS = ["avx512", "amx"]  # bfloat16's two native kernels (runtime/native.bf16_kernel)
+
+
 def _bf16_kernels(variant: str = "native"):
     module = kernels_or_skip(variant)
     if not module.bf16_available():
@@ -36,16 +40,34 @@ def _bf16_kernels(variant: str = "native"):
     return module
 
 
-@pytest.mark.parametrize("variant,dtype", [("native", torch.float32), ("avx2", torch.float32),
-                                           ("native", torch.bfloat16)])
+def _bf16_kernel(kernel: str, monkeypatch):
+    """The native module, with bfloat16 weights packed for `kernel` in this test (skipped where the CPU lacks it)."""
+    module = _bf16_kernels()
+    if kernel == "amx" and not module.amx_available():
+        pytest.skip("this CPU has no AMX-BF16 tiles")
+    monkeypatch.setenv("PPDKIT_BF16_KERNEL", kernel)
+    return module
+
+
+PATHS = [("native", torch.float32), ("avx2", torch.float32), ("avx512", torch.bfloat16), ("amx", torch.bfloat16)]
+
+
+def _path(variant: str, dtype: torch.dtype, monkeypatch):
+    """The native module of a (build or bfloat16 kernel, dtype) path, put where Linear finds it."""
+    module = _bf16_kernel(variant, monkeypatch) if dtype == torch.bfloat16 else kernels_or_skip(variant)
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    return module
+
+
+@pytest.mark.parametrize("variant,dtype", PATHS)
 def test_every_row_is_the_same_whatever_the_rows_in_the_call(variant, dtype, monkeypatch):
     """1 to 80 rows of random weights: each row's result is bit for bit its one-row result, on each build."""
-    module = _bf16_kernels() if dtype == torch.bfloat16 else kernels_or_skip(variant)
-    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    module = _path(variant, dtype, monkeypatch)
     g = torch.Generator().manual_seed(0)
     for out_features, in_features in SHAPES:
         layer = Linear(torch.randn(out_features, in_features, generator=g).to(dtype))
         assert layer.native is module and layer.panels.dtype == dtype
+        assert layer.kernel == (variant if dtype == torch.bfloat16 else None)
         x = torch.randn(ROWS, in_features, generator=g)
         single = torch.cat([layer(x[i:i + 1]) for i in range(ROWS)])
         for rows in range(1, ROWS + 1):
@@ -60,19 +82,47 @@ def test_the_bfloat16_kernel_equals_its_pytorch_twin():
     for out_features, in_features in SHAPES:
         weight = torch.randn(out_features, in_features, generator=g).bfloat16()
         x = torch.randn(7, in_features, generator=g)
-        native = module.linear(x, module.pack(weight), out_features)
+        native = module.linear(x, module.pack(weight, "avx512"), out_features)
         assert torch.equal(native, bf16_linear_twin(x, weight)), (out_features, in_features)
         exact = x.double() @ weight.double().T
         assert torch.allclose(native.double(), exact, atol=0.05 * in_features ** 0.5, rtol=0.02)
 
 
-@pytest.mark.parametrize("variant,dtype", [("native", torch.float32), ("avx2", torch.float32),
-                                           ("native", torch.bfloat16)])
+def test_the_amx_kernel_sums_the_twins_products_within_float32s_bound(monkeypatch):
+    """AMX tiles round inside a k-block in their own way (no bit-for-bit twin), so they are held to the exact sum of
+    the twin's bfloat16 products: within K float32 roundings of it, |error| <= K 2^-24 sum |x w|. A wrong panel,
+    tile or padding breaks this by orders of magnitude."""
+    module = _bf16_kernel("amx", monkeypatch)
+    g = torch.Generator().manual_seed(4)
+    for out_features, in_features in [*SHAPES, (1536, 576), (576, 1536)]:
+        weight = torch.randn(out_features, in_features, generator=g).bfloat16()
+        x = torch.randn(40, in_features, generator=g)  # two x tiles: rows 0-15 and 16-39
+        native = module.linear(x, module.pack(weight, "amx"), out_features).double()
+        xb, wb = x.bfloat16().double(), weight.double()
+        exact, magnitude = xb @ wb.T, xb.abs() @ wb.abs().T
+        assert ((native - exact).abs() <= in_features * 2.0 ** -24 * magnitude).all(), (out_features, in_features)
+        twin = bf16_linear_twin(x[:3], weight).double()
+        assert not torch.equal(native[:3], twin) or in_features < 32  # a path of its own, not the twin's rounding
+
+
+def test_a_bfloat16_kernel_the_cpu_lacks_or_misspelled_is_refused(monkeypatch):
+    module = _bf16_kernels()
+    monkeypatch.setenv("PPDKIT_BF16_KERNEL", "tiles")
+    with pytest.raises(ValueError, match="PPDKIT_BF16_KERNEL must be one of auto, amx, avx512, not 'tiles'"):
+        Linear(torch.randn(32, 32).bfloat16())
+    monkeypatch.setenv("PPDKIT_BF16_KERNEL", "auto")
+    assert Linear(torch.randn(32, 32).bfloat16()).kernel == ("amx" if module.amx_available() else "avx512")
+    if not module.amx_available():
+        monkeypatch.setenv("PPDKIT_BF16_KERNEL", "amx")
+        with pytest.raises(ValueError, match="no AMX-BF16 tiles"):
+            Linear(torch.randn(32, 32).bfloat16())
+
+
+@pytest.mark.parametrize("variant,dtype", PATHS)
 def test_the_native_decoder_layers_are_row_invariant(variant, dtype, monkeypatch):
     """A causal step of n rows over a cache gives each row exactly what n one-row steps give (attention, softmax,
     SwiGLU and the norms included), n = 1..80, on the tiny model."""
-    module = _bf16_kernels() if dtype == torch.bfloat16 else kernels_or_skip(variant)
-    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
+    _path(variant, dtype, monkeypatch)
     model, _ = build_tiny_llama()
     lean = LeanLlama(model.to(dtype).eval(), 256)
     assert lean.native is not None and lean.weight_dtype == dtype and lean.dtype == torch.float32
@@ -85,16 +135,20 @@ def _bf16_tiny(monkeypatch):
     return model.bfloat16().eval(), tok
 
 
+NARROW = ["bfloat16-avx512", "bfloat16-amx", "q4"]  # bfloat16 on each of its kernels, and 4-bit blocks
+
+
 def _narrow_weights(weights: str, monkeypatch):
-    """The tiny model and the Decoder arguments that put its matmuls on `weights`' native kernel: bfloat16, or q4
-    (Q4_1 blocks quantized from its float32 weights, the int8 kernel)."""
-    if weights == "bfloat16":
+    """The tiny model and the Decoder arguments that put its matmuls on `weights`' native kernel: bfloat16 on AMX
+    tiles or AVX512-BF16, or q4 (Q4_1 blocks quantized from its float32 weights, the int8 kernel)."""
+    if weights.startswith("bfloat16"):
+        _bf16_kernel(weights.removeprefix("bfloat16-"), monkeypatch)
         return *_bf16_tiny(monkeypatch), {}
     model, tok = build_tiny_llama()
     return model.eval(), tok, q4_weights_or_skip(model)
 
 
-@pytest.mark.parametrize("weights", ["bfloat16", "q4"])
+@pytest.mark.parametrize("weights", NARROW)
 def test_every_method_gives_ars_tokens_on_narrow_weights(weights, monkeypatch):
     """bfloat16 weights, or 4-bit blocks, on the native kernels: ppd, ppd-lookup, ppd-head, ppd-prune, anpd and
     self-draft give ar's tokens on the same weights, with random prompt tokens and trees, and lookup tables that
@@ -109,7 +163,8 @@ def test_every_method_gives_ars_tokens_on_narrow_weights(weights, monkeypatch):
                                  rng.choice(["ensemble", "decoder", "encoder"]), head)
         tree = best_tree_for_size(_random_p(rng, k), rng.choice([8, 16, 32, 64]), n)
         plain = Decoder(model, tok, None, None, **narrow)
-        assert plain.model.native is not None and plain.model.weight_format == weights
+        assert plain.model.native is not None and plain.model.weight_format == weights.split("-")[0]
+        assert plain.model.kernel == (weights.split("-")[1] if "-" in weights else None)
         ids = [rng.randrange(3, 40) for _ in range(rng.randint(2, 30))]
         truth = plain.generate(ids, 32, "ar").tokens
         table = build_ngram_table([ids + truth] * 2, max_n=3, branches=3, length=6)
@@ -123,7 +178,7 @@ def test_every_method_gives_ars_tokens_on_narrow_weights(weights, monkeypatch):
     assert emitted / steps > 1.3  # chains were accepted: multi-row steps decided the output
 
 
-@pytest.mark.parametrize("weights", ["bfloat16", "q4"])
+@pytest.mark.parametrize("weights", NARROW)
 def test_draft_heads_give_ars_tokens_on_narrow_weights(weights, monkeypatch):
     """Random feature and Medusa heads over bfloat16 weights or 4-bit blocks, with trees of up to 64 nodes."""
     model, tok, narrow = _narrow_weights(weights, monkeypatch)
