@@ -4,12 +4,14 @@ Writes docs/measurements/step-costs.json (`--out`): this machine's read bandwidt
 array on the runtime's threads, the fastest of 15: a stream the prefetcher follows, as the kernels' panels are;
 the fastest, because what other tenants of the VM take varies from one second to the next), the
 bytes a step's matmuls read (every packed weight, the LM head included), and per dtype the median latency of one
-forward plus LM head of n new rows over 256 cached tokens (runtime/profile.py's measure_latency). Run it on an
+forward plus LM head of n new rows over 256 cached tokens (runtime/profile.py's measure_latency), bfloat16 on each
+of its kernels this CPU has (AVX512-BF16 dot products, AMX tiles). Run it on an
 idle machine: `python docs/tools/step_costs.py`.
 """
 
 import argparse
 import json
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,9 +20,10 @@ import torch
 
 from ppdkit.jobs.bench import machine_info
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.native import native_kernels
 from ppdkit.runtime.profile import measure_latency
 
-ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80)
 OUT = Path(__file__).resolve().parents[1] / "measurements" / "step-costs.json"
 
 
@@ -53,13 +56,18 @@ def main() -> None:
     bandwidth = read_bandwidth()
     report = {"base": args.base, "context": args.context, "read_bytes_per_s": bandwidth, "dtypes": {},
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info()}
-    for dtype in ("float32", "bfloat16"):
+    native = native_kernels()
+    kernels = ["avx512", "amx"] if native is not None and native.amx_available() else ["avx512"]
+    for dtype, kernel in [("float32", None), *(("bfloat16", kernel) for kernel in kernels)]:
+        if kernel:  # bfloat16 on each of its native kernels (runtime/native.bf16_kernel)
+            os.environ["PPDKIT_BF16_KERNEL"] = kernel
         decoder = Decoder.from_base(args.base, dtype=dtype)
         size = weight_bytes(decoder)
         latency = {n: measure_latency(decoder.model, n, args.context, repeats=9) for n in ROWS}
-        report["dtypes"][dtype] = {"weight_bytes": size, "read_once_ms": 1000 * size / bandwidth,
-                                   "latency_ms": {str(n): 1000 * s for n, s in latency.items()},
-                                   "x_one_row": {str(n): s / latency[1] for n, s in latency.items()}}
+        report["dtypes"][f"{dtype}-{kernel}" if kernel else dtype] = {
+            "weight_bytes": size, "read_once_ms": 1000 * size / bandwidth,
+            "latency_ms": {str(n): 1000 * s for n, s in latency.items()},
+            "x_one_row": {str(n): s / latency[1] for n, s in latency.items()}}
         del decoder
     args.out.write_text(json.dumps(report, indent=2))
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; wrote {args.out}")
