@@ -11,6 +11,17 @@ rows of keys, vectorized across keys (runtime/kernels/decoder_layers.cpp), with 
 
 import torch
 
+VECTOR = 16  # floats in a cache line, and in an AVX-512 register
+
+
+def cache_width(capacity: int) -> int:
+    """The slots to allocate for at least `capacity` on the native layers: a whole number of cache lines (a key
+    row's vector loads then never straddle two lines) and an odd one, so that the 64 rows of a head's transposed
+    keys fall in different sets of the L1 cache (a width of a multiple of 1024 floats put all 64 in one set and
+    read them from L2)."""
+    lines = -(-capacity // VECTOR)
+    return VECTOR * (lines if lines % 2 else lines + 1)
+
 
 class KVCache:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,

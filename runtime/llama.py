@@ -26,7 +26,7 @@ from . import fixed_shapes
 from .causal_attention import causal_attention
 from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight, concat_rows
-from .kv_cache import KVCache
+from .kv_cache import KVCache, cache_width
 from .linear import SKINNY_MAX_ROWS, Linear
 from .precision import activation_dtype, dtype_name
 
@@ -138,6 +138,8 @@ class LeanLlama:
                 raise ValueError(f"a KV cache of {capacity} slots: fixed-shape steps have {fixed} (max_length "
                                  f"{self.max_positions}); load the decoder with a larger max_length")
             capacity = fixed
+        elif self.native is not None:
+            capacity = cache_width(capacity)
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "quantized_linear.h"
 #include "skinny_linear.h"
@@ -101,15 +106,33 @@ inline Floats exp_block(Floats x) {
   return keep ? result : Floats{};
 }
 
+// The `width` <= 16 floats at p as a block, padded with `pad`. A whole block is one vector load; only a short
+// one goes through a copy of its own length (a library call, then a stalled load: dear at every block).
+inline Floats load_block(const float* p, int64_t width, float pad) {
+  Floats block;
+  if (width == kBlock) {
+    std::memcpy(&block, p, sizeof(Floats));
+  } else {
+    block = Floats{} + pad;
+    std::memcpy(&block, p, width * sizeof(float));
+  }
+  return block;
+}
+
+inline void store_block(float* p, int64_t width, const Floats& block) {
+  if (width == kBlock) {
+    std::memcpy(p, &block, sizeof(Floats));
+  } else {
+    std::memcpy(p, &block, width * sizeof(float));
+  }
+}
+
 // f(block of 16) over xs[0, n) in place, the last block padded with `pad`.
 template <typename F>
 void blocks(float* xs, int64_t n, float pad, F f) {
   for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
     const int64_t width = std::min(kBlock, n - j0);
-    Floats block = Floats{} + pad;
-    std::memcpy(&block, xs + j0, width * sizeof(float));
-    block = f(block);
-    std::memcpy(xs + j0, &block, width * sizeof(float));
+    store_block(xs + j0, width, f(load_block(xs + j0, width, pad)));
   }
 }
 
@@ -124,21 +147,121 @@ void blocks(float* xs, int64_t n, float pad, F f) {
 constexpr int64_t kLanes = 16;
 constexpr int64_t kChunk = 64;  // scores or outputs a thread keeps in registers at once (4 AVX-512 registers)
 
-// out[c] = the sum over i < n, in order, of a[i] * b[i * stride + c], for c < width <= kChunk: kChunk FMA chains
-// held in registers (a chunk of scores over the head dimension, a chunk of outputs over the keys).
-inline void chained_sums(const float* a, int64_t n, const float* b, int64_t stride, int64_t width, float* out) {
-  float acc[kChunk] = {};
+// out_r[c] = the sum over i < n, in order, of a_r[i] * b[i * stride + c], for c < width <= kChunk and the R rows
+// a_r -> out_r: kChunk FMA chains a row held in registers (a chunk of scores over the head dimension, a chunk of
+// outputs over the keys). The rows share each load of b; each row's chain is the same whatever R is.
+template <int R>
+inline void chained_sums(const float* const* a, int64_t n, const float* b, int64_t stride, int64_t width,
+                         float* const* out) {
+#ifdef __AVX512F__
+  // The same FMAs in registers (the compiler's own vectorization spills R x 64 sums, and runs a short chunk, the
+  // last keys of a row, one float at a time): lanes past `width` load zeros and are not stored.
+  __mmask16 valid[4];
+  for (int c = 0; c < 4; ++c) {
+    const int64_t lanes = std::clamp<int64_t>(width - 16 * c, 0, 16);
+    valid[c] = static_cast<__mmask16>((1u << lanes) - 1u);
+  }
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; ++i) {
-    const float ai = a[i];
     const float* row = b + i * stride;
-    if (width == kChunk) {
-#pragma omp simd
-      for (int64_t c = 0; c < kChunk; ++c) acc[c] = std::fma(ai, row[c], acc[c]);
-    } else {
-      for (int64_t c = 0; c < width; ++c) acc[c] = std::fma(ai, row[c], acc[c]);
+    const __m512 b0 = _mm512_maskz_loadu_ps(valid[0], row), b1 = _mm512_maskz_loadu_ps(valid[1], row + 16),
+                 b2 = _mm512_maskz_loadu_ps(valid[2], row + 32), b3 = _mm512_maskz_loadu_ps(valid[3], row + 48);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 ai = _mm512_set1_ps(a[r][i]);
+      acc[r][0] = _mm512_fmadd_ps(ai, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(ai, b1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(ai, b2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(ai, b3, acc[r][3]);
     }
   }
-  std::copy_n(acc, width, out);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_mask_storeu_ps(out[r] + 16 * c, valid[c], acc[r][c]);
+#else
+  float acc[R][kChunk] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = b + i * stride;
+    if (width == kChunk) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float ai = a[r][i];
+#pragma omp simd
+        for (int64_t c = 0; c < kChunk; ++c) acc[r][c] = std::fma(ai, row[c], acc[r][c]);
+      }
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int64_t c = 0; c < width; ++c) acc[r][c] = std::fma(a[r][i], row[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) std::copy_n(acc[r], width, out[r]);
+#endif
+}
+
+constexpr int kRowsTogether = 4;  // query rows of one key/value head that share the loads of its keys and values
+
+// chained_sums for 1 to kRowsTogether rows.
+inline void chained_sums(int rows, const float* const* a, int64_t n, const float* b, int64_t stride, int64_t width,
+                         float* const* out) {
+  switch (rows) {
+    case 1: return chained_sums<1>(a, n, b, stride, width, out);
+    case 2: return chained_sums<2>(a, n, b, stride, width, out);
+    case 3: return chained_sums<3>(a, n, b, stride, width, out);
+    default: return chained_sums<kRowsTogether>(a, n, b, stride, width, out);
+  }
+}
+
+// A row's scores w [n] (bias b [n] or none) -> its attention weights, in place; scratch: n + 16 floats.
+void softmax(float* w, int64_t n, const float* b, float scale, float* scratch) {
+  if (b) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) w[j] = std::fma(w[j], scale, b[j]);
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) w[j] *= scale;
+  }
+  Floats tops = Floats{} - INFINITY;  // a maximum is exact in any order: 16 lanes, then across them
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const Floats block = load_block(w + j0, std::min(kBlock, n - j0), -INFINITY);
+    tops = tops > block ? tops : block;
+  }
+  float top = -INFINITY;
+  for (int64_t lane = 0; lane < kBlock; ++lane) top = std::max(top, tops[lane]);
+  blocks(w, n, -INFINITY, [top](Floats x) { return exp_block(x - top); });
+  // The total over the keys this row sees, in their order: a tree node's ancestors sit at other cache
+  // positions than in the one-row steps that would have decoded them (masked keys between them), so a key's
+  // lane is its rank among the visible keys, not its position.
+  // The visible weights are gathered in order into `seen` (masked ones are exact zeros and skipped), then lane
+  // i sums seen[i], seen[i + 16], ... in order: 16-wide blocks added as vectors, the last one padded with zeros
+  // (adding +0 to a sum of non-negative weights changes nothing).
+  float* seen = scratch;
+  int64_t count = 0;
+  if (b) {
+    int64_t j = 0;
+#ifdef __AVX512F__
+    for (; j + 16 <= n; j += 16) {  // the visible weights of 16 keys, packed in order
+      const __mmask16 visible = _mm512_cmp_ps_mask(_mm512_loadu_ps(b + j), _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+      // packed in a register, stored whole (a compressing store to memory is microcoded and slow); the
+      // floats past the packed ones are overwritten by the next store, or ignored (seen has 16 to spare)
+      _mm512_storeu_ps(seen + count, _mm512_maskz_compress_ps(visible, _mm512_loadu_ps(w + j)));
+      count += __builtin_popcount(visible);
+    }
+#endif
+    for (; j < n; ++j)
+      if (b[j] != -INFINITY) seen[count++] = w[j];
+  } else {
+    seen = w, count = n;
+  }
+  Floats lanes{};
+  for (int64_t j0 = 0; j0 < count; j0 += kLanes) {
+    lanes = lanes + load_block(seen + j0, std::min(kLanes, count - j0), 0.f);
+  }
+  for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the fixed tree: 16 -> 8 -> 4 -> 2 -> 1
+    for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += lanes[lane + width];
+  const float inverse = 1.f / lanes[0];
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) w[j] *= inverse;
 }
 
 // window: none (every row sees the cache slots [0, s)), or per token r of the step the slots [window[2 r],
@@ -152,38 +275,48 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
   const float* bs = bias ? bias->data_ptr<float>() : nullptr;
   float* as = attn.data_ptr<float>();
   float* ws = scratch.data_ptr<float>();
-  at::parallel_for(0, hkv * rows, 1, [&](int64_t first, int64_t last) {
+  // Work items: up to kRowsTogether rows of one key/value head that see the same keys (all of a step's rows, or
+  // with a window one token's query heads), so the rows share the reads of those keys and values.
+  const int64_t together = window ? std::min<int64_t>(kRowsTogether, rows / tokens) : kRowsTogether;
+  const int64_t row_groups = window ? tokens * ((rows / tokens + together - 1) / together)
+                                    : (rows + together - 1) / together;
+  at::parallel_for(0, hkv * row_groups, 1, [&](int64_t first, int64_t last) {
     for (int64_t item = first; item < last; ++item) {
-      const int64_t head = item / rows, r = item % rows;
-      const int64_t token = r % tokens;  // grouped rows: query head (h % g) of token r sits at (h % g) T + r
+      const int64_t head = item / row_groups, group = item % row_groups;
+      // the group's rows: r0, r0 + step, ... (a window's group: one token's query heads, `tokens` rows apart)
+      int64_t r0, step, count;
+      if (window) {
+        const int64_t per_token = (rows / tokens + together - 1) / together, token = group / per_token;
+        const int64_t first_head = (group % per_token) * together;
+        r0 = first_head * tokens + token, step = tokens, count = std::min(together, rows / tokens - first_head);
+      } else {
+        r0 = group * together, step = 1, count = std::min(together, rows - r0);
+      }
+      const int64_t token = r0 % tokens;  // grouped rows: query head (h % g) of token r sits at (h % g) T + r
       const int64_t lo = window ? window[2 * token] : 0, n = window ? window[2 * token + 1] + 1 - lo : s;
-      const float* qr = qs + item * d;
       const float* kt = k + head * d * capacity + lo;
       const float* values = v + (head * capacity + lo) * d;
-      float* w = ws + item * s;
-      for (int64_t j0 = 0; j0 < n; j0 += kChunk)  // scores: sums over the head dimension
-        chained_sums(qr, d, kt + j0, capacity, std::min(kChunk, n - j0), w + j0);
-      float top = -INFINITY;
-      const float* b = bs ? bs + r * s : nullptr;
-      for (int64_t j = 0; j < n; ++j) {
-        w[j] = b ? std::fma(w[j], scale, b[j]) : w[j] * scale;
-        top = std::max(top, w[j]);
+      const float* qr[kRowsTogether];
+      float* w[kRowsTogether];
+      float* out[kRowsTogether];
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t row = head * rows + r0 + i * step;
+        qr[i] = qs + row * d, w[i] = ws + row * s, out[i] = as + row * d;
       }
-      blocks(w, n, -INFINITY, [top](Floats x) { return exp_block(x - top); });
-      // The total over the keys this row sees, in their order: a tree node's ancestors sit at other cache
-      // positions than in the one-row steps that would have decoded them (masked keys between them), so a key's
-      // lane is its rank among the visible keys, not its position.
-      float lanes[kLanes] = {};
-      for (int64_t j = 0, seen = 0; j < n; ++j)
-        if (!b || b[j] != -INFINITY) lanes[seen++ % kLanes] += w[j];
-      for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the fixed tree: 16 -> 8 -> 4 -> 2 -> 1
-        for (int64_t lane = 0; lane < width; ++lane) lanes[lane] += lanes[lane + width];
-      const float inverse = 1.f / lanes[0];
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) w[j] *= inverse;
-      float* out = as + item * d;
-      for (int64_t e0 = 0; e0 < d; e0 += kChunk)  // outputs: sums over the keys
-        chained_sums(w, n, values + e0, d, std::min(kChunk, d - e0), out + e0);
+      const int c = static_cast<int>(count);
+      for (int64_t j0 = 0; j0 < n; j0 += kChunk) {  // scores: sums over the head dimension
+        float* chunk[kRowsTogether];
+        for (int i = 0; i < c; ++i) chunk[i] = w[i] + j0;
+        chained_sums(c, qr, d, kt + j0, capacity, std::min(kChunk, n - j0), chunk);
+      }
+      std::vector<float> gathered(bs ? n + kLanes : 0);
+      for (int64_t i = 0; i < count; ++i)
+        softmax(w[i], n, bs ? bs + (r0 + i * step) * s : nullptr, scale, gathered.data());
+      for (int64_t e0 = 0; e0 < d; e0 += kChunk) {  // outputs: sums over the keys
+        float* chunk[kRowsTogether];
+        for (int i = 0; i < c; ++i) chunk[i] = out[i] + e0;
+        chained_sums(c, w, n, values + e0, d, std::min(kChunk, d - e0), chunk);
+      }
     }
   });
   return attn;

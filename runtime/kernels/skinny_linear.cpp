@@ -169,35 +169,37 @@ inline void load_config(const TileConfig& config) { asm volatile("ldtilecfg %0" 
 
 constexpr int64_t kBlock = 32;  // k values per tile: 16 k-pairs of bfloat16, 64 bytes
 
-// Tiles: tmm0-3 sums, tmm4-5 x (rows 0-15, 16-31), tmm6-7 weights. `rows` <= 16 for one x tile (sums for four
-// panels), else two (sums for two panels, both x tiles).
+
+// Tiles: tmm0-3 sums (four panels), tmm4 x, tmm6-7 weights; every tile of x and of sums `rows` (<= 16) rows.
 TileConfig tile_config(int64_t rows) {
   TileConfig config;
-  const uint8_t top = static_cast<uint8_t>(rows < 16 ? rows : 16), bottom = static_cast<uint8_t>(rows - top);
-  const bool two = bottom > 0;
   for (int t = 0; t < 8; ++t) config.colsb[t] = 64;
-  config.rows[0] = config.rows[1] = config.rows[4] = top;
-  config.rows[2] = config.rows[3] = two ? bottom : top;
-  config.rows[5] = two ? bottom : 1;
+  for (int t : {0, 1, 2, 3, 4}) config.rows[t] = static_cast<uint8_t>(rows);
+  config.rows[5] = 1;  // unused
   config.rows[6] = config.rows[7] = 16;
   return config;
 }
 
-// Panels [p0, p1) for `rows` <= 32 rows of x (bfloat16 [rows, k_blocks * 32], row stride x_stride elements) into
-// y [rows, n_dim]; w: panels [N/16, k_blocks * 16, 16, 2]. A panel's sums gain its k-blocks in order.
-void amx_panels(const uint16_t* x, int64_t x_stride, const uint16_t* w, float* y, int64_t rows, int64_t k_blocks,
+// Panels [p0, p1) for x in `tiles` tiles of `rows` <= 16 rows (bfloat16 [tiles * rows, k_blocks * 32], zero rows
+// past the real ones) into y [tiles * rows, n_dim]; w: panels [N/16, k_blocks * 16, 16, 2]. Four panels at a
+// time, every tile of x against them in turn: the four panels (at most 4 x 48 KB here) come from memory for
+// the first tile and from L2 for the others, so W is read once whatever the rows. A panel's sums gain its
+// k-blocks in order; a row's sums depend on nothing else.
+void amx_panels(const uint16_t* x, const uint16_t* w, float* y, int64_t rows, int64_t tiles, int64_t k_blocks,
                 int64_t n_dim, int64_t p0, int64_t p1) {
   const TileConfig config = tile_config(rows);
   load_config(config);
-  const int64_t x_bytes = x_stride * 2, y_bytes = n_dim * 4, panel = k_blocks * kBlock * kPanel;
-  const uint16_t* x_low = x + 16 * x_stride;
+  const int64_t x_stride = k_blocks * kBlock, x_bytes = x_stride * 2, y_bytes = n_dim * 4;
+  const int64_t panel = k_blocks * kBlock * kPanel;
   auto tile = [&](int64_t p, int64_t block) { return w + p * panel + block * kBlock * kPanel; };
-  if (rows <= 16) {
-    int64_t p = p0;
-    for (; p + 4 <= p1; p += 4) {  // four panels a pass: four independent sums, two weight tiles in turn
+  int64_t p = p0;
+  for (; p + 4 <= p1; p += 4) {  // four independent sums, two weight tiles in turn
+    for (int64_t t = 0; t < tiles; ++t) {
+      const uint16_t* xt = x + t * rows * x_stride;
+      float* yt = y + t * rows * n_dim;
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       for (int64_t b = 0; b < k_blocks; ++b) {
-        _tile_loadd(4, x + b * kBlock, x_bytes);
+        _tile_loadd(4, xt + b * kBlock, x_bytes);
         _tile_loadd(6, tile(p, b), 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_loadd(7, tile(p + 1, b), 64);
@@ -207,67 +209,35 @@ void amx_panels(const uint16_t* x, int64_t x_stride, const uint16_t* w, float* y
         _tile_loadd(7, tile(p + 3, b), 64);
         _tile_dpbf16ps(3, 4, 7);
       }
-      _tile_stored(0, y + p * kPanel, y_bytes);
-      _tile_stored(1, y + (p + 1) * kPanel, y_bytes);
-      _tile_stored(2, y + (p + 2) * kPanel, y_bytes);
-      _tile_stored(3, y + (p + 3) * kPanel, y_bytes);
+      _tile_stored(0, yt + p * kPanel, y_bytes);
+      _tile_stored(1, yt + (p + 1) * kPanel, y_bytes);
+      _tile_stored(2, yt + (p + 2) * kPanel, y_bytes);
+      _tile_stored(3, yt + (p + 3) * kPanel, y_bytes);
     }
-    for (; p < p1; ++p) {  // the last panels, one at a time: the same k-block order
+  }
+  for (; p < p1; ++p) {  // the last panels, one at a time: the same k-block order
+    for (int64_t t = 0; t < tiles; ++t) {
+      const uint16_t* xt = x + t * rows * x_stride;
       _tile_zero(0);
       for (int64_t b = 0; b < k_blocks; ++b) {
-        _tile_loadd(4, x + b * kBlock, x_bytes);
+        _tile_loadd(4, xt + b * kBlock, x_bytes);
         _tile_loadd(6, tile(p, b), 64);
         _tile_dpbf16ps(0, 4, 6);
       }
-      _tile_stored(0, y + p * kPanel, y_bytes);
-    }
-  } else {
-    int64_t p = p0;
-    for (; p + 2 <= p1; p += 2) {  // two panels for both x tiles
-      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-      for (int64_t b = 0; b < k_blocks; ++b) {
-        _tile_loadd(4, x + b * kBlock, x_bytes);
-        _tile_loadd(5, x_low + b * kBlock, x_bytes);
-        _tile_loadd(6, tile(p, b), 64);
-        _tile_loadd(7, tile(p + 1, b), 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, y + p * kPanel, y_bytes);
-      _tile_stored(1, y + (p + 1) * kPanel, y_bytes);
-      _tile_stored(2, y + 16 * n_dim + p * kPanel, y_bytes);
-      _tile_stored(3, y + 16 * n_dim + (p + 1) * kPanel, y_bytes);
-    }
-    for (; p < p1; ++p) {
-      _tile_zero(0); _tile_zero(2);
-      for (int64_t b = 0; b < k_blocks; ++b) {
-        _tile_loadd(4, x + b * kBlock, x_bytes);
-        _tile_loadd(5, x_low + b * kBlock, x_bytes);
-        _tile_loadd(6, tile(p, b), 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(2, 5, 6);
-      }
-      _tile_stored(0, y + p * kPanel, y_bytes);
-      _tile_stored(2, y + 16 * n_dim + p * kPanel, y_bytes);
+      _tile_stored(0, y + t * rows * n_dim + p * kPanel, y_bytes);
     }
   }
   _tile_release();  // the tile state is large: leave none behind for the next context switch
 }
 
-// y [M, n_dim] = x W^T in balanced passes of at most 32 rows, each reading W once; threads split the panels in
-// groups of four (a group's panels run in one pass of amx_panels).
-void amx_passes(int64_t m, const uint16_t* x, const uint16_t* w, float* y, int64_t k_blocks, int64_t n_dim) {
-  const int64_t count = (m + 31) / 32, panels = n_dim / kPanel, stride = k_blocks * kBlock;
-  for (int64_t pass = 0, row = 0; pass < count; ++pass) {
-    const int64_t rows = (m - row) / (count - pass);
-    at::parallel_for(0, (panels + 3) / 4, 2, [&](int64_t g0, int64_t g1) {
-      amx_panels(x + row * stride, stride, w, y + row * n_dim, rows, k_blocks, n_dim, g0 * 4,
-                 std::min(g1 * 4, panels));
-    });
-    row += rows;
-  }
+// y [tiles * rows, n_dim] = x W^T for x [tiles * rows, k_blocks * 32] in tiles of `rows` rows; threads split the
+// panels in groups of four.
+void amx_linear(const uint16_t* x, const uint16_t* w, float* y, int64_t rows, int64_t tiles, int64_t k_blocks,
+                int64_t n_dim) {
+  const int64_t panels = n_dim / kPanel;
+  at::parallel_for(0, (panels + 3) / 4, 2, [&](int64_t g0, int64_t g1) {
+    amx_panels(x, w, y, rows, tiles, k_blocks, n_dim, g0 * 4, std::min(g1 * 4, panels));
+  });
 }
 #endif
 
@@ -327,10 +297,14 @@ torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed,
 #ifdef PPDKIT_AMX
     TORCH_CHECK(packed.scalar_type() == torch::kBFloat16 && (k + 31) / 32 == packed.size(1),
                 "skinny_linear: x [M, K] must match the AMX-packed bfloat16 weight's K");
-    auto xb = torch::zeros({m, packed.size(1) * 32}, x.options().dtype(torch::kBFloat16));
-    xb.narrow(1, 0, k).copy_(x);  // rounded to nearest even, as PyTorch rounds; zeros up to whole tiles
-    amx_passes(m, reinterpret_cast<const uint16_t*>(xb.data_ptr()),
-               reinterpret_cast<const uint16_t*>(packed.data_ptr()), y.data_ptr<float>(), packed.size(1), padded);
+    // rows in tiles of up to 16; x rounded to nearest even, as PyTorch rounds, with zeros up to whole tiles
+    const int64_t rows = std::min<int64_t>(m, 16), tiles = (m + 15) / 16;
+    auto xb = torch::zeros({tiles * rows, packed.size(1) * 32}, x.options().dtype(torch::kBFloat16));
+    xb.narrow(0, 0, m).narrow(1, 0, k).copy_(x);
+    auto yt = tiles * rows == m ? y : torch::empty({tiles * rows, padded}, x.options());
+    amx_linear(reinterpret_cast<const uint16_t*>(xb.data_ptr()), reinterpret_cast<const uint16_t*>(packed.data_ptr()),
+               yt.data_ptr<float>(), rows, tiles, packed.size(1), padded);
+    if (tiles * rows != m) y = yt.narrow(0, 0, m);
 #else
     TORCH_CHECK(false, "skinny_linear: built without AMX, so it takes no AMX-packed weight");
 #endif
