@@ -12,5 +12,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decoder_layers", &decoder_layers);
   m.def("quantized_available", &quantized_available);
   m.def("quantized_pack", &quantized_pack);
-  m.def("quantized_linear", &quantized_linear);
+  m.def("quantized_amx_available", &quantized_amx_available);
+  m.def("quantized_linear", &quantized_linear, pybind11::arg("x"), pybind11::arg("packed"),
+        pybind11::arg("out_features"), pybind11::arg("amx_from_rows") = -1);
 }

@@ -15,17 +15,21 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #ifdef __AVX512VNNI__
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace {
 
 constexpr int64_t kLanes = 16;  // outputs per panel
 constexpr int64_t kBlock = 32;  // weights per block
 constexpr int kMaxRows = 12;    // rows per pass: 12 sums, 8 weight vectors and the scales fit in 32 registers
+constexpr int64_t kAmxRows = 4;  // from this many rows AMX-INT8 tiles, where the CPU has them (amx_from_rows)
 
 struct Activations {
   torch::Tensor codes;       // [M, K] int8
@@ -122,6 +126,103 @@ void panels(const Activations& a, int64_t row0, const uint8_t* __restrict w, flo
   }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define PPDKIT_AMX_INT8 1
+// AMX-INT8 for many rows: TDPBSUD sums a block's 32 products of x's signed codes and the weight's unsigned codes
+// exactly in int32 for up to 16 rows and a panel's 16 outputs at once: the same integers VPDPBUSD gives, so the
+// float32 steps after it (the same as panels()'s, in the same order) make the same bits, and a row's result is
+// the same on either path. One panel at a time, its 16 x 16 sums in registers; a block's int32 sums go through a
+// 1 KB tile store. Q4_1's nibbles are unpacked into the tile's 8 rows of k-quads first (rows 0-3 the low nibbles,
+// k = 4h + j, rows 4-7 the high ones, k = 16 + 4h + j: row g holds k = 4g .. 4g + 3).
+bool amx_int8_permitted() {
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return permitted;
+}
+
+struct alignas(64) TileConfig {  // loaded by an asm reading all 64 bytes (GCC 12's _tile_loadconfig reads 8)
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Panels [p0, p1) for x's rows in `tiles` tiles of `rows` (codes [tiles * rows, K], zero rows past the `m` real
+// ones), into y [m, n_dim].
+template <bool Q4>
+void amx_panels(const Activations& a, const int8_t* codes, int64_t m, int64_t rows, int64_t tiles,
+                const uint8_t* __restrict w, float* __restrict y, int64_t blocks, int64_t n_dim, int64_t p0,
+                int64_t p1) {
+  constexpr int64_t codes_bytes = Q4 ? kQ4Codes : kQ8Codes, stride = Q4 ? kQ4Stride : kQ8Stride;
+  TileConfig config;
+  config.rows[0] = config.rows[1] = static_cast<uint8_t>(rows);  // tmm0: sums, tmm1: x codes, tmm2: weights
+  config.colsb[0] = 64, config.colsb[1] = kBlock;
+  config.rows[2] = 8, config.colsb[2] = 64;
+  asm volatile("ldtilecfg %0" ::"m"(config));
+  const int64_t k = blocks * kBlock;
+  const float* dx = a.scale.data_ptr<float>();
+  const float* dxs = a.scaled_sum.data_ptr<float>();
+  const int32_t* xs = a.code_sum.data_ptr<int32_t>();
+  alignas(64) int32_t sums[16][kLanes];
+  alignas(64) uint8_t unpacked[Q4 ? kQ8Codes : 1];
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t p = p0; p < p1; ++p) {
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t r0 = t * rows, count = std::min(rows, m - r0);
+      __m512 acc[16];
+      for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = w + (p * blocks + b) * stride;
+        const uint8_t* tile = block;
+        if constexpr (Q4) {
+          for (int h = 0; h < 4; ++h) {
+            const __m512i v = _mm512_loadu_si512(block + h * 64);
+            _mm512_store_si512(unpacked + h * 64, _mm512_and_si512(v, low));
+            _mm512_store_si512(unpacked + (h + 4) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+          }
+          tile = unpacked;
+        }
+        _tile_zero(0);
+        _tile_loadd(1, codes + r0 * k + b * kBlock, k);
+        _tile_loadd(2, tile, 64);
+        _tile_dpbsud(0, 1, 2);
+        _tile_stored(0, sums, 64);
+        const __m512 scale = _mm512_loadu_ps(reinterpret_cast<const float*>(block + codes_bytes));
+        const __m512 minimum = Q4 ? _mm512_loadu_ps(reinterpret_cast<const float*>(block + codes_bytes + kLanes * 4))
+                                  : _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r) {  // panels()'s float32 steps, in its order (unrolled: acc stays in registers)
+          if (r >= count) break;
+          const int64_t row = r0 + r;
+          __m512i s = _mm512_load_si512(sums[r]);
+          if constexpr (!Q4) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * xs[row * blocks + b]));
+          const __m512 term = _mm512_mul_ps(_mm512_mul_ps(scale, _mm512_set1_ps(dx[row * blocks + b])),
+                                            _mm512_cvtepi32_ps(s));
+          acc[r] = _mm512_add_ps(acc[r], term);
+          if constexpr (Q4) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(minimum, _mm512_set1_ps(dxs[row * blocks + b])));
+        }
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r)
+        if (r < count) _mm512_storeu_ps(y + (r0 + r) * n_dim + p * kLanes, acc[r]);
+    }
+  }
+  _tile_release();
+}
+
+template <bool Q4>
+void amx_linear(const Activations& a, int64_t m, const uint8_t* w, float* y, int64_t blocks, int64_t n_dim) {
+  const int64_t rows = std::min<int64_t>(m, 16), tiles = (m + 15) / 16, k = blocks * kBlock;
+  torch::Tensor padded = a.codes;  // the x tiles read whole tiles of rows: zeros past the real ones
+  if (tiles * rows != m) {
+    padded = torch::zeros({tiles * rows, k}, a.codes.options());
+    padded.narrow(0, 0, m).copy_(a.codes);
+  }
+  const int8_t* codes = padded.data_ptr<int8_t>();
+  at::parallel_for(0, n_dim / kLanes, 4, [&](int64_t p0, int64_t p1) {
+    amx_panels<Q4>(a, codes, m, rows, tiles, w, y, blocks, n_dim, p0, p1);
+  });
+}
+#endif
+
 template <bool Q4, int Rows>
 void dispatch(int64_t rows, const Activations& a, int64_t row0, const uint8_t* w, float* y, int64_t blocks,
               int64_t n_dim) {
@@ -172,7 +273,16 @@ torch::Tensor quantized_pack(const torch::Tensor& codes, const torch::Tensor& sc
 
 bool is_quantized(const torch::Tensor& packed) { return packed.scalar_type() == torch::kUInt8; }
 
-torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features) {
+bool quantized_amx_available() {
+#ifdef PPDKIT_AMX_INT8
+  return amx_int8_permitted();
+#else
+  return false;
+#endif
+}
+
+torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features,
+                               int64_t amx_from_rows) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "quantized_linear takes float32 x [M, K]");
   TORCH_CHECK(packed.dim() == 3 && (packed.size(2) == kQ4Stride || packed.size(2) == kQ8Stride),
               "quantized_linear takes panels made by quantized_pack");
@@ -182,6 +292,16 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& pack
   const Activations a = quantize_rows(x.contiguous());
   auto y = torch::empty({m, n_dim}, x.options());
   const uint8_t* w = packed.data_ptr<uint8_t>();
+#ifdef PPDKIT_AMX_INT8
+  if (m >= (amx_from_rows < 0 ? kAmxRows : amx_from_rows) && amx_int8_permitted()) {  // the same bits as the passes below, for fewer instructions
+    if (q4) {
+      amx_linear<true>(a, m, w, y.data_ptr<float>(), blocks, n_dim);
+    } else {
+      amx_linear<false>(a, m, w, y.data_ptr<float>(), blocks, n_dim);
+    }
+    return n_dim == out_features ? y : y.narrow(1, 0, out_features);
+  }
+#endif
   const int64_t count = (m + kMaxRows - 1) / kMaxRows;  // balanced passes: 18 rows as 9 + 9
   for (int64_t pass = 0, row = 0; pass < count; ++pass) {
     const int64_t rows = (m - row) / (count - pass);
@@ -198,11 +318,12 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& pack
 #else  // no AVX512-VNNI at build time: the 4-bit format is not offered
 
 bool quantized_available() { return false; }
+bool quantized_amx_available() { return false; }
 bool is_quantized(const torch::Tensor& packed) { return packed.scalar_type() == torch::kUInt8; }
 torch::Tensor quantized_pack(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
   TORCH_CHECK(false, "built without AVX512-VNNI");
 }
-torch::Tensor quantized_linear(const torch::Tensor&, const torch::Tensor&, int64_t) {
+torch::Tensor quantized_linear(const torch::Tensor&, const torch::Tensor&, int64_t, int64_t) {
   TORCH_CHECK(false, "built without AVX512-VNNI");
 }
 
