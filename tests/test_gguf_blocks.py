@@ -123,6 +123,25 @@ def test_the_vnni_kernel_equals_its_twin_for_1_to_80_rows(make):
             assert torch.equal(module.quantized_linear(x[:rows], packed, n), twin[:rows]), (n, k, rows)
 
 
+@pytest.mark.parametrize("make", [_random_q4_1, _random_q8_0], ids=["Q4_1", "Q8_0"])
+def test_the_amx_int8_tiles_give_the_vnni_kernels_bits(make):
+    """Where the CPU has AMX-INT8, many rows go through its tiles: the same exact integer sums as VPDPBUSD, then the
+    same float32 steps, so every row equals the VNNI path's (and the twin's) for 1 to 80 rows, on either path."""
+    module = _vnni_kernels()
+    if not module.quantized_amx_available():
+        pytest.skip("this CPU has no AMX-INT8 tiles")
+    g = torch.Generator().manual_seed(5)
+    for n, k in ((40, 128), (192, 576), (7, 32)):
+        weight = make(n, k, g)
+        packed = _packed(module, weight)
+        x = torch.randn(80, k, generator=g)
+        x[20, 32:64] = 0.0
+        vnni = module.quantized_linear(x, packed, n, amx_from_rows=10 ** 6)
+        assert torch.equal(vnni, quantized_linear_twin(x, weight)), (n, k)
+        for rows in (1, 2, 15, 16, 17, 33, 80):
+            assert torch.equal(module.quantized_linear(x[:rows], packed, n, amx_from_rows=1), vnni[:rows]), (n, rows)
+
+
 def test_the_vnni_kernel_on_smollm2s_own_blocks(gguf_tensors):
     module = _vnni_kernels()
     g = torch.Generator().manual_seed(3)

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #ifdef __AVX512VNNI__
 #include <immintrin.h>
@@ -29,7 +30,7 @@ namespace {
 constexpr int64_t kLanes = 16;  // outputs per panel
 constexpr int64_t kBlock = 32;  // weights per block
 constexpr int kMaxRows = 12;    // rows per pass: 12 sums, 8 weight vectors and the scales fit in 32 registers
-constexpr int64_t kAmxRows = 4;  // from this many rows AMX-INT8 tiles, where the CPU has them (amx_from_rows)
+constexpr int64_t kAmxRows = 8;  // from this many rows AMX-INT8 tiles, where the CPU has them (amx_from_rows)
 
 struct Activations {
   torch::Tensor codes;       // [M, K] int8
@@ -156,35 +157,48 @@ void amx_panels(const Activations& a, const int8_t* codes, int64_t m, int64_t ro
   config.rows[0] = config.rows[1] = static_cast<uint8_t>(rows);  // tmm0: sums, tmm1: x codes, tmm2: weights
   config.colsb[0] = 64, config.colsb[1] = kBlock;
   config.rows[2] = 8, config.colsb[2] = 64;
+  config.rows[3] = static_cast<uint8_t>(rows), config.colsb[3] = 64;  // tmm3: the next block's sums
   asm volatile("ldtilecfg %0" ::"m"(config));
   const int64_t k = blocks * kBlock;
   const float* dx = a.scale.data_ptr<float>();
   const float* dxs = a.scaled_sum.data_ptr<float>();
   const int32_t* xs = a.code_sum.data_ptr<int32_t>();
-  alignas(64) int32_t sums[16][kLanes];
-  alignas(64) uint8_t unpacked[Q4 ? kQ8Codes : 1];
+  alignas(64) int32_t sums[2][16][kLanes];  // a block's int32 sums, two blocks in turn (tmm0 and tmm3)
+  std::vector<uint8_t> unpacked(Q4 ? blocks * kQ8Codes + 64 : 0);  // a panel's weight tiles, Q4_1 unpacked once
+  uint8_t* tiles_q4 = Q4 ? reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(unpacked.data()) + 63) & ~63ull)
+                         : nullptr;
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = w + p * blocks * stride;
+    if constexpr (Q4) {
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int h = 0; h < 4; ++h) {
+          const __m512i v = _mm512_loadu_si512(panel + b * stride + h * 64);
+          _mm512_store_si512(tiles_q4 + b * kQ8Codes + h * 64, _mm512_and_si512(v, low));
+          _mm512_store_si512(tiles_q4 + b * kQ8Codes + (h + 4) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+        }
+    }
+    auto weights = [&](int64_t b) -> const uint8_t* { return Q4 ? tiles_q4 + b * kQ8Codes : panel + b * stride; };
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t r0 = t * rows, count = std::min(rows, m - r0);
+      const int8_t* xt = codes + r0 * k;
       __m512 acc[16];
       for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+      // block b's sums are in sums[b % 2]; block b + 1's tile product is issued before b's float32 steps run
+      _tile_zero(0);
+      _tile_loadd(1, xt, k);
+      _tile_loadd(2, weights(0), 64);
+      _tile_dpbsud(0, 1, 2);
+      _tile_stored(0, sums[0], 64);
       for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* block = w + (p * blocks + b) * stride;
-        const uint8_t* tile = block;
-        if constexpr (Q4) {
-          for (int h = 0; h < 4; ++h) {
-            const __m512i v = _mm512_loadu_si512(block + h * 64);
-            _mm512_store_si512(unpacked + h * 64, _mm512_and_si512(v, low));
-            _mm512_store_si512(unpacked + (h + 4) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-          }
-          tile = unpacked;
+        if (b + 1 < blocks) {
+          _tile_zero(3);
+          _tile_loadd(1, xt + (b + 1) * kBlock, k);
+          _tile_loadd(2, weights(b + 1), 64);
+          _tile_dpbsud(3, 1, 2);
+          _tile_stored(3, sums[(b + 1) % 2], 64);
         }
-        _tile_zero(0);
-        _tile_loadd(1, codes + r0 * k + b * kBlock, k);
-        _tile_loadd(2, tile, 64);
-        _tile_dpbsud(0, 1, 2);
-        _tile_stored(0, sums, 64);
+        const uint8_t* block = panel + b * stride;
         const __m512 scale = _mm512_loadu_ps(reinterpret_cast<const float*>(block + codes_bytes));
         const __m512 minimum = Q4 ? _mm512_loadu_ps(reinterpret_cast<const float*>(block + codes_bytes + kLanes * 4))
                                   : _mm512_setzero_ps();
@@ -192,7 +206,7 @@ void amx_panels(const Activations& a, const int8_t* codes, int64_t m, int64_t ro
         for (int r = 0; r < 16; ++r) {  // panels()'s float32 steps, in its order (unrolled: acc stays in registers)
           if (r >= count) break;
           const int64_t row = r0 + r;
-          __m512i s = _mm512_load_si512(sums[r]);
+          __m512i s = _mm512_load_si512(sums[b % 2][r]);
           if constexpr (!Q4) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * xs[row * blocks + b]));
           const __m512 term = _mm512_mul_ps(_mm512_mul_ps(scale, _mm512_set1_ps(dx[row * blocks + b])),
                                             _mm512_cvtepi32_ps(s));
