@@ -10,6 +10,7 @@ from ppdkit.models.tiny import build_tiny_llama
 import ppdkit.runtime.linear as linear_module
 from ppdkit.runtime.causal_attention import causal_attention
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.kv_cache import cache_width
 from ppdkit.runtime.methods import LOOKUP_LENGTHS
 from ppdkit.runtime.linear import Linear
 from ppdkit.runtime.llama import LeanLlama, _attention_bias
@@ -314,3 +315,16 @@ def test_a_drafters_own_time_counts_in_the_profile(monkeypatch, tmp_path):
     rows = {row["size"]: row for row in profile["rows"]}
     assert rows[8]["draft_ms"] == 10_000 and rows[8]["latency_ms"] > 10_000 and rows[4]["draft_ms"] == 0
     assert profile["chosen"] == 4
+
+
+def test_kv_cache_rows_are_an_odd_number_of_cache_lines():
+    """The native layers' cache is at least as wide as asked, whole 16-float lines (no vector load of a key row
+    straddles two), and an odd number of them (the 64 transposed rows of a head's keys fall in different L1 sets)."""
+    for capacity in (1, 15, 16, 17, 256, 289, 1024, 4096, 4097):
+        width = cache_width(capacity)
+        assert width >= capacity and width % 16 == 0 and (width // 16) % 2 == 1 and width - capacity < 32, capacity
+    model, _ = build_tiny_llama()
+    lean = LeanLlama(model.eval(), 256)
+    if lean.native is not None:
+        assert lean.new_cache(4096).capacity == 4112 and lean.new_cache(4096).k.shape[-1] == 4112
+

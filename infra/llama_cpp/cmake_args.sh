@@ -6,7 +6,7 @@
 # 8-byte read, so the stores that fill the 64-byte tile configuration can be dropped (llama.cpp issue 20824). So on
 # such a CPU we build with clang when it and its OpenMP runtime are installed (`apt-get install clang libomp-dev`),
 # defining __AMX_INT8__ because clang 14 spells it __AMXINT8__ and the AMX code would otherwise be compiled out;
-# without clang we say so on stderr. The clang branch has not run since it was written: no machine since had AMX.
+# without clang the GCC build leaves the AMX kernels out (they would crash) and says so on stderr.
 set -euo pipefail
 args="-DGGML_NATIVE=ON"
 if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
@@ -15,8 +15,13 @@ if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
         args="$args -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++"
         args="$args -DCMAKE_C_FLAGS=-D__AMX_INT8__=1 -DCMAKE_CXX_FLAGS=-D__AMX_INT8__=1"
     else
+        # GCC's native build would compile the AMX kernels too (-march=native defines __AMX_INT8__) and crash on
+        # the first batch (seen: a general protection fault in libggml-cpu): leave the tiles out of it
+        no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        args="$args -DCMAKE_C_FLAGS='$no_amx' -DCMAKE_CXX_FLAGS='$no_amx'"
         echo "setup-llama: this CPU has AMX-INT8, but llama.cpp's AMX kernels need clang and libomp" \
-             "(apt-get install clang libomp-dev; GCC 12 miscompiles them): building its GCC native build" >&2
+             "(apt-get install clang libomp-dev; GCC 12 miscompiles them): building its GCC native build" \
+             "without them (its VNNI path, about half as fast)" >&2
     fi
 fi
 echo "$args"
