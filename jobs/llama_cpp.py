@@ -13,6 +13,7 @@ differently, and it makes no promise that drafting leaves them unchanged.
 
 import importlib.util
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -72,26 +73,40 @@ def widened_gguf(source: Path, dtype: str, out: Path | None = None) -> Path:
 
 
 class LlamaCpp:
-    """One GGUF loaded in llama.cpp, greedy, with `threads` threads; `lookup` adds its prompt-lookup drafting."""
+    """One GGUF loaded in llama.cpp, greedy, with `threads` threads; `lookup` adds its prompt-lookup drafting.
+
+    llama.cpp runs on a thread of its own. Its AMX kernels configure a thread's tiles once and then use them, but
+    oneDNN's AMX kernels (PyTorch's bfloat16 matmuls: prefill, transformers' baselines) release the tiles of the
+    thread they ran on, so llama.cpp on the caller's thread died on its next tile load (SIGILL, seen). The thread
+    that drives llama.cpp runs nothing else."""
 
     def __init__(self, path: Path, threads: int, lookup: bool = False, context: int = 2048):
         if not llama_cpp_available():
             raise ValueError(f"the llama.cpp baseline needs llama-cpp-python: {INSTALL_HINT}")
+        self.path = path
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama.cpp")
+        self.llm = self.thread.submit(self._load, path, threads, lookup, context).result()
+        self.eos = self.llm.token_eos()
+
+    @staticmethod
+    def _load(path: Path, threads: int, lookup: bool, context: int):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS) if lookup else None
-        self.path = path
-        self.llm = Llama(model_path=str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads,
-                         draft_model=draft, verbose=False)
-        self.eos = self.llm.token_eos()
+        return Llama(model_path=str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                     draft_model=draft, verbose=False)
 
     def close(self) -> None:
         """Free the model now: llama-cpp-python's own finalizer, run at interpreter exit, can fail noisily."""
-        self.llm.close()
+        self.thread.submit(self.llm.close).result()
+        self.thread.shutdown()
 
     def generate(self, ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy new tokens after the prompt ids, up to max_new_tokens or the end token (kept, as ppdkit keeps it)."""
+        return self.thread.submit(self._generate, ids, max_new_tokens).result()
+
+    def _generate(self, ids: list[int], max_new_tokens: int) -> list[int]:
         out: list[int] = []
         self.llm.reset()  # else it keeps the KV cache of a prefix shared with the last call, evaluates the prompt in
         # other batches and, its kernels not being row-invariant, can answer otherwise (seen: a repeat that differed)

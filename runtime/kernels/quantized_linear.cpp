@@ -22,8 +22,8 @@
 
 #ifdef __AVX512VNNI__
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+
+#include "amx_tiles.h"
 
 namespace {
 
@@ -135,17 +135,6 @@ void panels(const Activations& a, int64_t row0, const uint8_t* __restrict w, flo
 // the same on either path. One panel at a time, its 16 x 16 sums in registers; a block's int32 sums go through a
 // 1 KB tile store. Q4_1's nibbles are unpacked into the tile's 8 rows of k-quads first (rows 0-3 the low nibbles,
 // k = 4h + j, rows 4-7 the high ones, k = 16 + 4h + j: row g holds k = 4g .. 4g + 3).
-bool amx_int8_permitted() {
-  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return permitted;
-}
-
-struct alignas(64) TileConfig {  // loaded by an asm reading all 64 bytes (GCC 12's _tile_loadconfig reads 8)
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Panels [p0, p1) for x's rows in `tiles` tiles of `rows` (codes [tiles * rows, K], zero rows past the `m` real
 // ones), into y [m, n_dim].
 template <bool Q4>
@@ -153,12 +142,12 @@ void amx_panels(const Activations& a, const int8_t* codes, int64_t m, int64_t ro
                 const uint8_t* __restrict w, float* __restrict y, int64_t blocks, int64_t n_dim, int64_t p0,
                 int64_t p1) {
   constexpr int64_t codes_bytes = Q4 ? kQ4Codes : kQ8Codes, stride = Q4 ? kQ4Stride : kQ8Stride;
-  TileConfig config;
+  amx::TileConfig config;
   config.rows[0] = config.rows[1] = static_cast<uint8_t>(rows);  // tmm0: sums, tmm1: x codes, tmm2: weights
   config.colsb[0] = 64, config.colsb[1] = kBlock;
   config.rows[2] = 8, config.colsb[2] = 64;
   config.rows[3] = static_cast<uint8_t>(rows), config.colsb[3] = 64;  // tmm3: the next block's sums
-  asm volatile("ldtilecfg %0" ::"m"(config));
+  const amx::Scope tiles_in_use(config);
   const int64_t k = blocks * kBlock;
   const float* dx = a.scale.data_ptr<float>();
   const float* dxs = a.scaled_sum.data_ptr<float>();
@@ -219,7 +208,6 @@ void amx_panels(const Activations& a, const int8_t* codes, int64_t m, int64_t ro
         if (r < count) _mm512_storeu_ps(y + (r0 + r) * n_dim + p * kLanes, acc[r]);
     }
   }
-  _tile_release();
 }
 
 template <bool Q4>
@@ -289,7 +277,7 @@ bool is_quantized(const torch::Tensor& packed) { return packed.scalar_type() == 
 
 bool quantized_amx_available() {
 #ifdef PPDKIT_AMX_INT8
-  return amx_int8_permitted();
+  return amx::permitted();
 #else
   return false;
 #endif
@@ -307,7 +295,8 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& pack
   auto y = torch::empty({m, n_dim}, x.options());
   const uint8_t* w = packed.data_ptr<uint8_t>();
 #ifdef PPDKIT_AMX_INT8
-  if (m >= (amx_from_rows < 0 ? kAmxRows : amx_from_rows) && amx_int8_permitted()) {  // the same bits as the passes below, for fewer instructions
+  // the same bits as the passes below, in fewer instructions
+  if (m >= (amx_from_rows < 0 ? kAmxRows : amx_from_rows) && amx::permitted()) {
     if (q4) {
       amx_linear<true>(a, m, w, y.data_ptr<float>(), blocks, n_dim);
     } else {

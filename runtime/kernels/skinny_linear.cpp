@@ -27,9 +27,8 @@
 #include <cstdint>
 #include <string>
 
+#include "amx_tiles.h"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
 #define PPDKIT_AMX 1
 #endif
 
@@ -151,21 +150,7 @@ void passes(int64_t m, const typename F::X* x, const typename F::W* w, float* y,
 }
 
 #ifdef PPDKIT_AMX
-// AMX: Linux enables the tile registers per process on request (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
-bool amx_permitted() {
-  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return permitted;
-}
-
-// The 64-byte tile configuration. Loaded with an asm whose memory operand is all 64 bytes: GCC 12's
-// _tile_loadconfig declares an 8-byte read, so the stores that fill the rest may be dropped (AMX then faults).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-inline void load_config(const TileConfig& config) { asm volatile("ldtilecfg %0" ::"m"(config)); }
+using amx::TileConfig;
 
 constexpr int64_t kBlock = 32;  // k values per tile: 16 k-pairs of bfloat16, 64 bytes
 
@@ -187,8 +172,7 @@ TileConfig tile_config(int64_t rows) {
 // k-blocks in order; a row's sums depend on nothing else.
 void amx_panels(const uint16_t* x, const uint16_t* w, float* y, int64_t rows, int64_t tiles, int64_t k_blocks,
                 int64_t n_dim, int64_t p0, int64_t p1) {
-  const TileConfig config = tile_config(rows);
-  load_config(config);
+  const amx::Scope tiles_in_use(tile_config(rows));
   const int64_t x_stride = k_blocks * kBlock, x_bytes = x_stride * 2, y_bytes = n_dim * 4;
   const int64_t panel = k_blocks * kBlock * kPanel;
   auto tile = [&](int64_t p, int64_t block) { return w + p * panel + block * kBlock * kPanel; };
@@ -227,7 +211,6 @@ void amx_panels(const uint16_t* x, const uint16_t* w, float* y, int64_t rows, in
       _tile_stored(0, y + t * rows * n_dim + p * kPanel, y_bytes);
     }
   }
-  _tile_release();  // the tile state is large: leave none behind for the next context switch
 }
 
 // y [tiles * rows, n_dim] = x W^T for x [tiles * rows, k_blocks * 32] in tiles of `rows` rows; threads split the
@@ -247,7 +230,7 @@ bool skinny_linear_available() { return true; }
 
 bool skinny_amx_available() {
 #ifdef PPDKIT_AMX
-  return amx_permitted();
+  return amx::permitted();
 #else
   return false;
 #endif
