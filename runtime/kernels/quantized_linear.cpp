@@ -74,6 +74,17 @@ inline __m512i broadcast4(const int8_t* p) {  // x's codes k .. k + 3 in every l
   return _mm512_set1_epi32(v);
 }
 
+// One block's float32 steps for one row and a panel's 16 outputs: the contract both paths (VNNI, AMX) share and
+// runtime/kernels_twin.py writes down. s: the block's exact integer sums (Q8_0: before taking off 128 x the sum of
+// x's codes); dx, dxs, code_sum: x's scale, scale x code sum, and code sum for the block.
+template <bool Q4>
+inline __m512 add_block(__m512 acc, __m512i s, __m512 scale, __m512 minimum, float dx, float dxs, int32_t code_sum) {
+  if constexpr (!Q4) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * code_sum));
+  acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(scale, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(s)));
+  if constexpr (Q4) acc = _mm512_add_ps(acc, _mm512_mul_ps(minimum, _mm512_set1_ps(dxs)));
+  return acc;
+}
+
 constexpr int64_t kQ4Codes = kLanes * kBlock / 2, kQ8Codes = kLanes * kBlock;  // code bytes per panel block
 constexpr int64_t kQ4Stride = kQ4Codes + 2 * kLanes * 4, kQ8Stride = kQ8Codes + kLanes * 4;  // with the floats
 
@@ -115,11 +126,8 @@ void panels(const Activations& a, int64_t row0, const uint8_t* __restrict w, flo
         __m512i s = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int g = 0; g < 8; ++g) s = _mm512_dpbusd_epi32(s, wv[g], broadcast4(xr + 4 * g));
-        if constexpr (!Q4) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * xs[r * blocks + b]));
-        const __m512 term = _mm512_mul_ps(_mm512_mul_ps(scale, _mm512_set1_ps(dx[r * blocks + b])),
-                                          _mm512_cvtepi32_ps(s));
-        acc[r] = _mm512_add_ps(acc[r], term);
-        if constexpr (Q4) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(minimum, _mm512_set1_ps(dxs[r * blocks + b])));
+        const int64_t i = r * blocks + b;
+        acc[r] = add_block<Q4>(acc[r], s, scale, minimum, dx[i], dxs[i], xs[i]);
       }
     }
 #pragma GCC unroll 12
@@ -194,13 +202,8 @@ void amx_panels(const Activations& a, const int8_t* codes, int64_t m, int64_t ro
 #pragma GCC unroll 16
         for (int r = 0; r < 16; ++r) {  // panels()'s float32 steps, in its order (unrolled: acc stays in registers)
           if (r >= count) break;
-          const int64_t row = r0 + r;
-          __m512i s = _mm512_load_si512(sums[b % 2][r]);
-          if constexpr (!Q4) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * xs[row * blocks + b]));
-          const __m512 term = _mm512_mul_ps(_mm512_mul_ps(scale, _mm512_set1_ps(dx[row * blocks + b])),
-                                            _mm512_cvtepi32_ps(s));
-          acc[r] = _mm512_add_ps(acc[r], term);
-          if constexpr (Q4) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(minimum, _mm512_set1_ps(dxs[row * blocks + b])));
+          const int64_t i = (r0 + r) * blocks + b;
+          acc[r] = add_block<Q4>(acc[r], _mm512_load_si512(sums[b % 2][r]), scale, minimum, dx[i], dxs[i], xs[i]);
         }
       }
 #pragma GCC unroll 16
