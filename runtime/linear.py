@@ -13,14 +13,14 @@ The results differ only in summation order (about 1e-6 relative in float32).
 
 bfloat16 weights (the runtime's `dtype`, runtime/precision.py) take the same native kernel with AVX512-BF16 dot
 products: half the bytes to read, two products per lane and instruction; or, where the CPU has them, AMX tiles
-(runtime/native.bf16_kernel), on which 1 to 16 rows cost the same and 32 rows 1.4x one (SmolLM2's 30 layers, 2
-cores: 7.1 ms a row, 30 GB/s read; AVX512-BF16 takes 8.3 ms for one row and 56 ms for 32). Its activations stay
-float32 and are rounded to bfloat16 as the kernel reads them; prefill runs oneDNN's bfloat16 matmul on the same
-weights.
+(runtime/native.bf16_kernel), on which 1 to 16 rows cost about the same and 32 rows 1.5x one (SmolLM2's 30
+layers, 2 cores: 7-10 ms a row, 21-30 GB/s read; AVX512-BF16 takes 6x as long for 32 rows as for one). Its
+activations stay float32 and are rounded to bfloat16 as the kernel reads them; prefill runs oneDNN's bfloat16
+matmul on the same weights.
 
-A GGUF's 4-bit and 8-bit blocks (runtime/gguf_blocks.py) take runtime/kernels/quantized_linear.cpp (AVX512-VNNI)
-for every number of rows, prefill too: there is no other copy of the weights to multiply, and its rows never
-depend on each other.
+A GGUF's 4-bit and 8-bit blocks (runtime/gguf_blocks.py) take runtime/kernels/quantized_linear.cpp (AVX512-VNNI,
+and AMX-INT8 tiles from 8 rows where the CPU has them: the same bits) for every number of rows, prefill too: there
+is no other copy of the weights to multiply, and its rows never depend on each other.
 """
 
 import torch

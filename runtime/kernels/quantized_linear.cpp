@@ -2,8 +2,9 @@
 // (w = d q + m, q in 0..15) or Q8_0 (w = d q, q int8). The arithmetic is runtime/kernels_twin.py's
 // quantized_linear_twin, bit for bit:
 // - x is quantized per row and block: amax / 127 its scale dx, round-half-even(x * (127 / amax)) its int8 codes;
-// - per output and block, AVX512-VNNI's VPDPBUSD sums the products of the weight's unsigned codes and x's signed
-//   codes exactly in int32 (Q8_0's signed codes are stored plus 128, and 128 * sum(x codes) taken off after);
+// - per output and block, AVX512-VNNI's VPDPBUSD (or, from 8 rows where the CPU has them, AMX-INT8's TDPBSUD)
+//   sums the products of the weight's unsigned codes and x's signed codes exactly in int32 (Q8_0's signed codes
+//   are stored plus 128, and 128 * sum(x codes) taken off after);
 // - per block in order, the float32 sum gains (dw * dx) * s, then for Q4_1 mw * (dx * sum(x codes)), each product
 //   and sum rounded once (-ffp-contract=off: no FMA).
 // Panels hold 16 outputs (one vector of lanes), packed into one uint8 tensor [N/16, B, bytes]: per block the 16

@@ -9,9 +9,11 @@
 //   PyTorch twin, runtime/kernels_twin.py, does exactly these roundings).
 // - bfloat16 on AMX tiles (AMX-BF16), the same panels with K padded to a multiple of 32: a B tile is 16
 //   consecutive k-pair rows of one panel (1 KB), an A tile up to 16 rows of x's 32 k values, and TDPBF16PS adds
-//   the 32 products of a k-block into each float32 sum, k-blocks in order. The hardware's rounding inside a
-//   k-block is its own (it matches neither sequential order of the SDM's pseudo-code, measured), so this path
-//   has no bit-for-bit twin; it is held to the twin within a bound and to row invariance (tests/test_amx.py).
+//   the 32 products of a k-block into each float32 sum, k-blocks in order; rows in tiles of 16, every tile
+//   against four panels in turn, so W comes from memory once whatever the rows. The hardware's rounding inside
+//   a k-block is its own (it matches neither sequential order of the SDM's pseudo-code, measured), so this path
+//   has no bit-for-bit twin; it is held to the twin within a bound and to row invariance
+//   (tests/test_precision.py).
 // A row's sums never depend on the other rows of the call, so its result is the same for any number of rows
 // (the decoder's losslessness rests on this; runtime/row_invariance.py checks it at load). The two bfloat16
 // paths round differently, so a process packs every weight for one of them (skinny_pack's `kernel`).
