@@ -88,7 +88,7 @@ BF16_KERNELS = ("auto", "amx", "avx512")
 
 def bf16_kernel(native: ModuleType) -> str:
     """The native kernel bfloat16 weights are packed for in this process: AMX tiles where the CPU has them
-    (a 32-row step costs 1.4x a one-row step there, against 6.8x on AVX512-BF16 dot products), else AVX512-BF16.
+    (their 32-row matmuls cost about 1.5x one row, against about 6x on AVX512-BF16 dot products), else AVX512-BF16.
     PPDKIT_BF16_KERNEL=amx|avx512 picks one (the tests run both). Every weight of a process takes the same: the two
     round differently inside a sum, and a decoder's rows must all come from one kernel."""
     requested = os.environ.get("PPDKIT_BF16_KERNEL", "auto")

@@ -281,6 +281,7 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
   const int64_t row_groups = window ? tokens * ((rows / tokens + together - 1) / together)
                                     : (rows + together - 1) / together;
   at::parallel_for(0, hkv * row_groups, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> gathered(bs ? s + kLanes : 0);  // softmax's scratch, once per thread's items (n <= s)
     for (int64_t item = first; item < last; ++item) {
       const int64_t head = item / row_groups, group = item % row_groups;
       // the group's rows: r0, r0 + step, ... (a window's group: one token's query heads, `tokens` rows apart)
@@ -309,7 +310,6 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
         for (int i = 0; i < c; ++i) chunk[i] = w[i] + j0;
         chained_sums(c, qr, d, kt + j0, capacity, std::min(kChunk, n - j0), chunk);
       }
-      std::vector<float> gathered(bs ? n + kLanes : 0);
       for (int64_t i = 0; i < count; ++i)
         softmax(w[i], n, bs ? bs + (r0 + i * step) * s : nullptr, scale, gathered.data());
       for (int64_t e0 = 0; e0 < d; e0 += kChunk) {  // outputs: sums over the keys

@@ -156,7 +156,6 @@ using amx::TileConfig;
 
 constexpr int64_t kBlock = 32;  // k values per tile: 16 k-pairs of bfloat16, 64 bytes
 
-
 // Tiles: tmm0-3 sums (four panels), tmm4 x, tmm6-7 weights; every tile of x and of sums `rows` (<= 16) rows.
 TileConfig tile_config(int64_t rows) {
   TileConfig config;
@@ -315,7 +314,9 @@ torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed,
 bool skinny_linear_available() { return false; }
 bool skinny_bf16_available() { return false; }
 bool skinny_amx_available() { return false; }
-torch::Tensor skinny_pack(const torch::Tensor&, const std::string&) { TORCH_CHECK(false, "built without AVX-512 or AVX2"); }
+torch::Tensor skinny_pack(const torch::Tensor&, const std::string&) {
+  TORCH_CHECK(false, "built without AVX-512 or AVX2");
+}
 torch::Tensor skinny_linear(const torch::Tensor&, const torch::Tensor&, int64_t) {
   TORCH_CHECK(false, "built without AVX-512 or AVX2");
 }
