@@ -23,7 +23,7 @@ from ppdkit.runtime.methods import HEAD_TREE, METHODS, TREES, get_method
 from ppdkit.runtime.native import cpu_info
 from ppdkit.runtime.dtypes import DTYPES
 
-from .llama_cpp import LLAMA_METHODS, llama_runners, system_info
+from .llama_cpp import LLAMA_METHODS, llama_runners
 
 log = logging.getLogger(__name__)
 HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
@@ -233,7 +233,7 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
             "dtype": weights, "fixed_rows": decoder.model.fixed_rows,  # steps of one shape (runtime/fixed_shapes.py)
             "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": machine_info(), "command": command, "results": results,
-            **({"llama_cpp_system": system_info()} if llama else {})}
+            **({"llama_cpp_system": next(iter(llama.values())).system} if llama else {})}
 
 
 def machine_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:

@@ -12,8 +12,11 @@ differently, and it makes no promise that drafting leaves them unchanged.
 """
 
 import importlib.util
+import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 LLAMA_METHODS = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-q4")
 INSTALL_HINT = 'pip install "ppdkit[llama]"   (llama-cpp-python, built for this CPU: a few minutes)'
 LOOKUP_TOKENS = 10  # drafted tokens per step, as transformers' prompt lookup in hf-pld
+WORKER = Path(__file__).with_name("llama_cpp_worker.py")
 
 
 def llama_cpp_available() -> bool:
@@ -75,54 +79,47 @@ def widened_gguf(source: Path, dtype: str, out: Path | None = None) -> Path:
 class LlamaCpp:
     """One GGUF loaded in llama.cpp, greedy, with `threads` threads; `lookup` adds its prompt-lookup drafting.
 
-    llama.cpp runs on a thread of its own. Its AMX kernels configure a thread's tiles once and then use them, but
-    oneDNN's AMX kernels (PyTorch's bfloat16 matmuls: prefill, transformers' baselines) release the tiles of the
-    thread they ran on, so llama.cpp on the caller's thread died on its next tile load (SIGILL, seen). The thread
-    that drives llama.cpp runs nothing else."""
+    llama.cpp runs in a process of its own (jobs/llama_cpp_worker.py, which says why), driven over a pipe: a
+    request costs well under a millisecond, against the second or so of the generation it asks for."""
 
     def __init__(self, path: Path, threads: int, lookup: bool = False, context: int = 2048):
         if not llama_cpp_available():
             raise ValueError(f"the llama.cpp baseline needs llama-cpp-python: {INSTALL_HINT}")
         self.path = path
-        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama.cpp")
-        self.llm = self.thread.submit(self._load, path, threads, lookup, context).result()
-        self.eos = self.llm.token_eos()
+        settings = {"path": str(path), "threads": threads, "context": context,
+                    "lookup_tokens": LOOKUP_TOKENS if lookup else 0}
+        self.process = subprocess.Popen([sys.executable, str(WORKER), json.dumps(settings)], text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        hello = self._reply("loading")
+        self.eos, self.system = hello["eos"], hello["system"]
 
-    @staticmethod
-    def _load(path: Path, threads: int, lookup: bool, context: int):
-        from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS) if lookup else None
-        return Llama(model_path=str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads,
-                     draft_model=draft, verbose=False)
+    def _reply(self, doing: str) -> dict:
+        line = self.process.stdout.readline()
+        if line:
+            return json.loads(line)
+        code = self.process.wait()
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        raise RuntimeError(f"llama.cpp's process ended ({how}) while {doing} {self.path.name}; what it printed is "
+                           "above. If it crashed, rebuild llama-cpp-python for this CPU (make setup-llama) and "
+                           "report it with the line `llama.cpp built for` of a bench that ran")
 
     def close(self) -> None:
-        """Free the model now: llama-cpp-python's own finalizer, run at interpreter exit, can fail noisily."""
-        self.thread.submit(self.llm.close).result()
-        self.thread.shutdown()
+        """End llama.cpp's process (it frees the model itself when its input ends)."""
+        try:
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass  # it had ended
+        self.process.wait(timeout=60)
+        self.process.stdout.close()
 
     def generate(self, ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy new tokens after the prompt ids, up to max_new_tokens or the end token (kept, as ppdkit keeps it)."""
-        return self.thread.submit(self._generate, ids, max_new_tokens).result()
-
-    def _generate(self, ids: list[int], max_new_tokens: int) -> list[int]:
-        out: list[int] = []
-        self.llm.reset()  # else it keeps the KV cache of a prefix shared with the last call, evaluates the prompt in
-        # other batches and, its kernels not being row-invariant, can answer otherwise (seen: a repeat that differed)
-        for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
-            out.append(token)
-            if token == self.eos or len(out) >= max_new_tokens:
-                break
-        return out
-
-
-def system_info() -> str:
-    """What llama.cpp was built to use on this CPU (its own line: AVX512_VNNI = 1, AMX_INT8 = 1, ...), so a report
-    shows whether it ran its fast path."""
-    import llama_cpp
-
-    return llama_cpp.llama_print_system_info().decode(errors="replace").strip(" |\n")
+        try:
+            self.process.stdin.write(json.dumps({"ids": ids, "max_new_tokens": max_new_tokens}) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it has ended: _reply says how
+        return self._reply("generating with")["tokens"]
 
 
 def llama_runners(base: str, dtype: str, methods: list[str], threads: int) -> dict[str, LlamaCpp]:
@@ -137,4 +134,12 @@ def llama_runners(base: str, dtype: str, methods: list[str], threads: int) -> di
     source = base_gguf(base)
     same = widened_gguf(source, dtype) if {"llama.cpp", "llama.cpp-lookup"} & set(wanted) else None
     files = {"llama.cpp": (same, False), "llama.cpp-lookup": (same, True), "llama.cpp-q4": (source, False)}
-    return {m: LlamaCpp(files[m][0], threads, lookup=files[m][1]) for m in wanted}
+    runners: dict[str, LlamaCpp] = {}
+    try:
+        for method in wanted:
+            runners[method] = LlamaCpp(files[method][0], threads, lookup=files[method][1])
+    except BaseException:
+        for runner in runners.values():  # no process left behind
+            runner.close()
+        raise
+    return runners

@@ -36,6 +36,17 @@ def pytest_configure(config):
     os.environ.pop("RAY_ADDRESS", None)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The CPU the suite ran on, last (where a CI log's tail shows it): kernels and llama.cpp's build follow it."""
+    from ppdkit.runtime.native import cpu_info
+
+    info = cpu_info()
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
+    flags = [flag for flag in wanted if flag in info.get("flags", "").split()]
+    terminalreporter.write_line(f"ran on: {info.get('model name', 'an unknown CPU')}, {os.cpu_count()} cores, "
+                                f"{' '.join(flags) or 'none of ' + ' '.join(wanted)}")
+
+
 def pytest_unconfigure(config):
     for path in _made_cache:
         shutil.rmtree(path, ignore_errors=True)

@@ -2,6 +2,9 @@
 weights ppdkit's runtime holds, and `ppdkit bench` times it beside ar on the same prompt ids, comparing llama.cpp's
 prompt lookup with its own plain decoding. The slow test needs llama-cpp-python (CI installs the extra)."""
 
+import os
+import signal
+
 import numpy as np
 import pytest
 import torch
@@ -46,3 +49,17 @@ def test_llama_cpp_runs_the_same_weights_beside_ar(tmp_path):
     assert all(r["new_tokens"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
     assert "AVX" in report["llama_cpp_system"]  # what llama.cpp was built to use, kept with its figures
     assert rows["ar"]["identical_to_greedy"] == 1.0 and 0.0 <= rows["llama.cpp-lookup"]["identical_to_greedy"] <= 1.0
+
+
+def test_a_crash_in_llama_cpp_is_named_and_ends_its_process_alone():
+    pytest.importorskip("llama_cpp")
+    runner = llama_module.LlamaCpp(base_gguf("smollm2-135m"), threads=1)
+    try:
+        assert len(runner.generate([1, 2, 3], 3)) == 3 and "AVX" in runner.system
+        os.kill(runner.process.pid, signal.SIGSEGV)  # what a fault in llama.cpp's kernels does to its process
+        with pytest.raises(RuntimeError, match=r"llama.cpp's process ended \(signal SIGSEGV\) while generating "
+                                               r"with SmolLM2-135M-Instruct.Q4_1.gguf.*make setup-llama"):
+            runner.generate([1, 2, 3], 3)
+    finally:
+        runner.close()
+    assert runner.process.returncode == -signal.SIGSEGV  # and this process goes on
