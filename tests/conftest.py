@@ -38,13 +38,9 @@ def pytest_configure(config):
 
 def pytest_terminal_summary(terminalreporter):
     """The CPU the suite ran on, last (where a CI log's tail shows it): kernels and llama.cpp's build follow it."""
-    from ppdkit.runtime.native import cpu_info
+    from ppdkit.jobs.bench import describe_machine, machine_info
 
-    info = cpu_info()
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
-    flags = [flag for flag in wanted if flag in info.get("flags", "").split()]
-    terminalreporter.write_line(f"ran on: {info.get('model name', 'an unknown CPU')}, {os.cpu_count()} cores, "
-                                f"{' '.join(flags) or 'none of ' + ' '.join(wanted)}")
+    terminalreporter.write_line(f"ran on: {describe_machine(machine_info())}")
 
 
 def pytest_unconfigure(config):
