@@ -30,6 +30,9 @@ LLAMA_METHODS = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-q4")
 INSTALL_HINT = 'pip install "ppdkit[llama]"   (llama-cpp-python, built for this CPU: a few minutes)'
 LOOKUP_TOKENS = 10  # drafted tokens per step, as transformers' prompt lookup in hf-pld
 WORKER = Path(__file__).with_name("llama_cpp_worker.py")
+# --no-cache-dir in the Makefile too: pip reuses a wheel it built before, whatever CMAKE_ARGS says (a cached GCC build
+# with the AMX kernels, which crash on any prompt, ran in place of the clang build on a CI machine)
+REBUILD_HINT = "pip uninstall -y llama-cpp-python && make setup-llama   (it builds with --no-cache-dir)"
 
 
 def llama_cpp_available() -> bool:
@@ -100,8 +103,7 @@ class LlamaCpp:
         code = self.process.wait()
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         raise RuntimeError(f"llama.cpp's process ended ({how}) while {doing} {self.path.name}; what it printed is "
-                           "above. If it crashed, rebuild llama-cpp-python for this CPU (make setup-llama) and "
-                           "report it with the line `llama.cpp built for` of a bench that ran")
+                           f"above. If it crashed, rebuild llama-cpp-python for this CPU: {REBUILD_HINT}")
 
     def close(self) -> None:
         """End llama.cpp's process (it frees the model itself when its input ends)."""
@@ -143,3 +145,24 @@ def llama_runners(base: str, dtype: str, methods: list[str], threads: int) -> di
             runner.close()
         raise
     return runners
+
+
+def check_build(base: str = "smollm2-135m") -> str:
+    """Run the installed llama.cpp once on the base model's GGUF, a prompt of several tokens (a batch: the kernels
+    a bad build crashes in), and return what it was built to use. `make setup-llama` runs it after the build, so a
+    build that crashes fails there, with its cause, rather than in the middle of a bench or the test suite."""
+    from ppdkit.models.catalog import base_gguf
+
+    runner = LlamaCpp(base_gguf(base), threads=1)
+    try:
+        runner.generate(list(range(1, 33)), 4)
+    finally:
+        runner.close()
+    return runner.system
+
+
+if __name__ == "__main__":
+    try:
+        print(f"llama.cpp built for: {check_build()}")
+    except RuntimeError as error:
+        sys.exit(f"setup-llama: the llama.cpp just installed does not run here. {error}")

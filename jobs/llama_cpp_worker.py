@@ -2,9 +2,9 @@
 that it imports llama-cpp-python and nothing of ppdkit or PyTorch).
 
 Why a process of its own: llama.cpp shares nothing with the bench then. In the bench's process its AMX kernels
-lost their tiles to oneDNN's (SIGILL, seen), and a crash of llama.cpp (a segmentation fault, seen once on a CI
-machine) killed the bench's process with no word of what had crashed; here it ends this process alone, and the
-bench stops with an error that names llama.cpp and the file.
+lost their tiles to oneDNN's (SIGILL, seen), and a crash of llama.cpp (a segmentation fault on a CI machine: pip had
+reused a cached GCC build of its AMX kernels) killed the bench's process with no word of what had crashed; here it
+ends this process alone, and the bench stops with an error that names llama.cpp and the file.
 
 Protocol, one JSON object per line: argv[1] holds the settings; the first line written says
 {"eos": ..., "system": ...} once the model is loaded; then each line read, {"ids": [...], "max_new_tokens": N},

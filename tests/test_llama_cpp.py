@@ -51,6 +51,11 @@ def test_llama_cpp_runs_the_same_weights_beside_ar(tmp_path):
     assert rows["ar"]["identical_to_greedy"] == 1.0 and 0.0 <= rows["llama.cpp-lookup"]["identical_to_greedy"] <= 1.0
 
 
+def test_setup_llama_runs_the_build_once_and_names_what_it_was_built_for():
+    pytest.importorskip("llama_cpp")
+    assert "AVX" in llama_module.check_build()  # a prompt of 32 tokens and 4 new ones went through its kernels
+
+
 def test_a_crash_in_llama_cpp_is_named_and_ends_its_process_alone():
     pytest.importorskip("llama_cpp")
     runner = llama_module.LlamaCpp(base_gguf("smollm2-135m"), threads=1)
