@@ -14,7 +14,7 @@ come from the verification forward itself, run in segments that stop at the draf
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,8 +23,8 @@ from ppdkit.models.eagle3 import layer_input, layer_output, readout
 from .acceptance import Sampling, choose
 from .grown_tree import BEAM, DEPTH, Frontier, Proposals, grow_and_verify, grow_level, level_logp, tree_nodes
 from .kv_cache import KVCache
-from .linear import Linear
-from .llama import LeanLlama, rotate
+from .linear import SKINNY_MAX_ROWS, Linear
+from .llama import LeanLlama, attention_bias, rotate
 
 
 @dataclass
@@ -39,6 +39,10 @@ class Eagle3Set:
     kv_heads: int
     head_dim: int
     eps: float
+    # the layer in one native call (runtime/kernels/decoder_layers.cpp eagle3_layer) where the CPU kernels run its
+    # matrices: its norms and packed panels, and {Hq, Hkv, D, I, H}; empty: the PyTorch operations below
+    native_weights: list[torch.Tensor] = field(default_factory=list)
+    native_shape: list[int] = field(default_factory=list)
 
     def new_cache(self, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         return KVCache(1, self.kv_heads, self.head_dim, capacity, dtype, device)
@@ -64,13 +68,20 @@ def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch
     w, r = draft.weights, len(tokens)
     hq, hkv, d = draft.heads, draft.kv_heads, draft.head_dim
     group = hq // hkv
+    bias = attention_bias(visible, cache.length, r, group, model.dtype, model.device)  # [g R, length + R]
+    if draft.native_weights and model.native is not None and r <= SKINNY_MAX_ROWS:
+        # one call, not ~60 small operations: their dispatch cost more than the layer's arithmetic (~0.6 of 0.9 ms
+        # a level for 4 rows on 2 cores)
+        cache.reserve(r)
+        return model.native.eagle3_layer(model.embed_ids(tokens), hidden.contiguous(), draft.native_weights,
+                                         draft.native_shape, draft.eps, model.cos[positions], model.sin[positions],
+                                         bias, cache.k, cache.v, cache.length)
     x = layer_input(model.embed_ids(tokens), hidden, w, draft.eps)  # [R, 2H]
     qkv = w["qkv"](x)  # [R, (Hq + 2 Hkv) D]
     cos, sin = model.cos[positions][:, None], model.sin[positions][:, None]  # [R, 1, D]
     qk = rotate(qkv[:, :(hq + hkv) * d].view(r, hq + hkv, d), cos, sin)
     q = qk[:, :hq].reshape(r, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * r, d)  # [Hkv, g R, D]
     keys, values = cache.write(0, qk[:, hq:].transpose(0, 1), qkv[:, (hq + hkv) * d:].view(r, hkv, d).transpose(0, 1))
-    bias = torch.zeros(visible.shape, dtype=q.dtype).masked_fill_(~visible, -math.inf).repeat(group, 1)
     scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=1.0 / math.sqrt(d))  # [Hkv, g R, S]
     attended = torch.bmm(scores.softmax(-1), values).view(hkv, group, r, d).permute(2, 0, 1, 3).reshape(r, hq * d)
     return layer_output(attended, hidden, w, draft.eps)

@@ -83,8 +83,19 @@ def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tu
     t = {name: value.to(model.device, weight_dtype if value.dim() == 2 else dtype) for name, value in tensors.items()}
     qkv = torch.cat([t[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])
     weights = {name: Linear(value) if value.dim() == 2 else value for name, value in t.items()}
-    return Eagle3Set({**weights, "qkv": Linear(qkv)}, vocab.to(model.device), layers, config.num_attention_heads,
-                     config.num_key_value_heads, head_dim(config), config.rms_norm_eps)
+    draft = Eagle3Set({**weights, "qkv": Linear(qkv)}, vocab.to(model.device), layers, config.num_attention_heads,
+                      config.num_key_value_heads, head_dim(config), config.rms_norm_eps)
+    gate_up = Linear(torch.cat([t["midlayer.mlp.gate_proj.weight"], t["midlayer.mlp.up_proj.weight"]]))
+    p = "midlayer."
+    matrices = [draft.weights["qkv"], weights[p + "self_attn.o_proj.weight"], gate_up, weights[p + "mlp.down_proj.weight"]]
+    if dtype == torch.float32 and all(m.native is not None for m in matrices):  # the layer in one native call
+        draft.native_weights = [t[p + "input_layernorm.weight"].contiguous(), t[p + "hidden_norm.weight"].contiguous(),
+                                matrices[0].panels, matrices[1].panels,
+                                t[p + "post_attention_layernorm.weight"].contiguous(), gate_up.panels,
+                                matrices[3].panels]
+        draft.native_shape = [draft.heads, draft.kv_heads, draft.head_dim, gate_up.out_features // 2,
+                              config.hidden_size]
+    return draft
 
 
 def checked_draft_vocab(component: Component, vocab_size: int):

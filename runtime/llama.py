@@ -195,7 +195,7 @@ class LeanLlama:
         native = self.native is not None and t <= SKINNY_MAX_ROWS
         if mask is None and t > 1 and not native:  # a prompt on the PyTorch layers: causal_attention
             return self._layers(x, cos, sin, None, cache, start, stop, skip, causal=True)
-        bias = _attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
+        bias = attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
         if native:
             return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps,
                                               cos[:, 0], sin[:, 0], bias, cache.k[start:stop], cache.v[start:stop],
@@ -315,7 +315,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def _attention_bias(mask: torch.Tensor | None, length: int, t: int, group: int, dtype: torch.dtype,
+def attention_bias(mask: torch.Tensor | None, length: int, t: int, group: int, dtype: torch.dtype,
                     device: torch.device) -> torch.Tensor | None:
     """The additive bias [group * t, length + t] of a visibility mask (None: causal), one row per query
     head of a group, in the order the grouped queries are laid out; None when nothing is masked."""

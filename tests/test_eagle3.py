@@ -106,6 +106,35 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
         cache.commit(None, 1)
 
 
+def test_the_native_draft_layer_is_the_pytorch_one(monkeypatch):
+    """The draft layer in one native call (where the CPU kernels run its matrices) gives the PyTorch operations'
+    h and writes the same keys and values, for tree rows that see parts of the cache."""
+    import dataclasses
+
+    model, tok = tiny_model_on("native", monkeypatch)
+    vocab = torch.arange(3, VOCAB, 3)
+    decoder = _decoder(model, tok, _draft_tensors(model, vocab, 4, 0.5), vocab)
+    native = decoder.eagle3
+    assert native.native_weights  # the path under test really runs
+    pytorch = dataclasses.replace(native, native_weights=[], native_shape=[])
+    g = torch.Generator().manual_seed(0)
+    caches = [native.new_cache(64, torch.float32, "cpu") for _ in range(2)]
+    for cache in caches:  # the same committed rows in both
+        cache.k[..., :20] = torch.randn(cache.k[..., :20].shape, generator=g.manual_seed(1))
+        cache.v[:, :, :20] = torch.randn(cache.v[:, :, :20].shape, generator=g.manual_seed(2))
+        cache.length = 20
+    for rows in (1, 4, 11):
+        hidden = torch.randn(rows, model.config.hidden_size, generator=g)
+        tokens = torch.randint(0, VOCAB, (rows,), generator=g)
+        visible = torch.rand(rows, 20 + rows, generator=g) < 0.6
+        visible[:, 20:] |= torch.eye(rows, dtype=torch.bool)  # each row sees itself
+        h = [draft_rows(decoder.model, draft, cache, hidden, tokens, torch.full((rows,), 20 + rows), visible)
+             for draft, cache in zip((native, pytorch), caches)]
+        assert torch.allclose(h[0], h[1], atol=1e-5, rtol=1e-5), rows
+        for a, b in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), rows
+
+
 def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f64):
     """Steps of a real decode: after each proposal the draft cache holds one row per verified position (the text
     so far), whatever the tree held, and its rows are those a drafter that read the whole text at once holds."""

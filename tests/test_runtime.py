@@ -13,7 +13,7 @@ from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.kv_cache import cache_width
 from ppdkit.runtime.methods import LOOKUP_LENGTHS
 from ppdkit.runtime.linear import Linear
-from ppdkit.runtime.llama import LeanLlama, _attention_bias
+from ppdkit.runtime.llama import LeanLlama, attention_bias
 from ppdkit.runtime.lookup import ContextIndex
 from ppdkit.runtime.native import native_kernels
 from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
@@ -50,7 +50,7 @@ def test_causal_attention_in_blocks_equals_one_masked_product(length, block):
     hkv, group, t, d = 2, 3, 150, 8
     q = torch.randn(hkv, group, t, d, generator=g, dtype=torch.float64)
     keys, values = (torch.randn(hkv, length + t, d, generator=g, dtype=torch.float64) for _ in range(2))
-    bias = _attention_bias(None, length, t, group, torch.float64, torch.device("cpu"))  # [g T, S]
+    bias = attention_bias(None, length, t, group, torch.float64, torch.device("cpu"))  # [g T, S]
     scores = torch.baddbmm(bias, q.reshape(hkv, group * t, d), keys.transpose(1, 2), alpha=0.3)
     reference = torch.bmm(scores.softmax(-1), values).view(hkv, group, t, d)
     assert torch.allclose(causal_attention(q, keys, values, length, 0.3, block), reference, atol=1e-12, rtol=0)
@@ -191,7 +191,7 @@ def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatc
             mask[:, 20:] |= torch.eye(t, dtype=torch.bool)
         positions = 20 + torch.arange(t)
         cos, sin = lean.cos[positions][:, None], lean.sin[positions][:, None]
-        bias = _attention_bias(mask, 20, t, lean.group, lean.dtype, lean.device)
+        bias = attention_bias(mask, 20, t, lean.group, lean.dtype, lean.device)
         native = lean.native.decoder_layers(x, lean.native_weights, lean.native_shape, lean.eps, cos[:, 0], sin[:, 0],
                                             bias, caches[0].k, caches[0].v, 20, skip, None)
         ours = lean._layers(x, cos, sin, bias, caches[1], 0, layers, tuple(skip))

@@ -10,6 +10,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &skinny_pack, pybind11::arg("weight"), pybind11::arg("kernel") = "auto");
   m.def("linear", &skinny_linear);
   m.def("decoder_layers", &decoder_layers);
+  m.def("eagle3_layer", &eagle3_layer);
   m.def("quantized_available", &quantized_available);
   m.def("quantized_pack", &quantized_pack);
   m.def("quantized_amx_available", &quantized_amx_available);

@@ -342,6 +342,95 @@ torch::Tensor swiglu(const torch::Tensor& gate_up, int64_t inter) {
   return out;
 }
 
+// The step's shapes and buffers, shared by its layers.
+struct Step {
+  int64_t hq, hkv, d, inter, hidden, g, t, capacity, s;
+  float eps, scale;
+  const int64_t* slots;  // window's pairs, row by row, or none
+  const std::optional<torch::Tensor>* bias;
+  torch::Tensor cos, sin, q, merged;  // q: queries grouped by their key/value head [Hkv, g T, D]; merged [T, Hq D]
+
+  // Query head h at token r sits at row (h / g) * g T + (h % g) T + r of the grouped layout [Hkv, g T, D]
+  // (the order of attention_bias's rows and of runtime/llama.py's grouped queries).
+  int64_t grouped_row(int64_t head, int64_t r) const { return (head / g) * g * t + (head % g) * t + r; }
+};
+
+// The attention sub-layer on its normed input [T, in] (in: H, or EAGLE-3's 2H) -> its output projection [T, H];
+// the rows' keys/values are written into cache layer `layer` at positions [length, length + T) (or window's slots).
+torch::Tensor attention_block(Step& st, const torch::Tensor& normed, const torch::Tensor& qkv_panels,
+                              const torch::Tensor& o_panels, const torch::Tensor& cache_k,
+                              const torch::Tensor& cache_v, int64_t layer, int64_t length) {
+  const int64_t hq = st.hq, hkv = st.hkv, d = st.d, t = st.t, capacity = st.capacity;
+  const int64_t qkv_width = (hq + 2 * hkv) * d;
+  auto qkv = project(normed, qkv_panels, qkv_width).contiguous();  // [T, (Hq + 2 Hkv) D]
+  rotate(qkv, hq + hkv, d, st.cos, st.sin);
+  const float* qkvs = qkv.data_ptr<float>();
+  float* ks = cache_k.data_ptr<float>() + layer * hkv * capacity * d;
+  float* vs = cache_v.data_ptr<float>() + layer * hkv * capacity * d;
+  float* qs = st.q.data_ptr<float>();
+  for (int64_t r = 0; r < t; ++r) {
+    const float* row = qkvs + r * qkv_width;
+    for (int64_t head = 0; head < hq; ++head) std::copy_n(row + head * d, d, qs + st.grouped_row(head, r) * d);
+    const int64_t slot = st.slots ? st.slots[2 * r + 1] : length + r;
+    for (int64_t kv = 0; kv < hkv; ++kv) {
+      copy_finite(row + (hq + kv) * d, d, ks + kv * d * capacity + slot, capacity);
+      copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + slot) * d, 1);
+    }
+  }
+  auto attn = attention(st.q, ks, vs, capacity, st.s, *st.bias, st.scale, t, st.slots);  // [Hkv, g T, D]
+  const float* as = attn.data_ptr<float>();
+  float* ms = st.merged.data_ptr<float>();
+  for (int64_t head = 0; head < hq; ++head)
+    for (int64_t r = 0; r < t; ++r) std::copy_n(as + st.grouped_row(head, r) * d, d, ms + r * hq * d + head * d);
+  return project(st.merged, o_panels, st.hidden);
+}
+
+// x += the SwiGLU MLP of rms_norm(x, ln2).
+void mlp_block(const Step& st, torch::Tensor& x, const torch::Tensor& ln2, const torch::Tensor& gate_up_panels,
+               const torch::Tensor& down_panels) {
+  auto gate_up = project(rms_norm(x, ln2, st.eps), gate_up_panels, 2 * st.inter).contiguous();  // [T, 2 I]
+  x.add_(project(swiglu(gate_up, st.inter), down_panels, st.hidden));
+}
+
+// The checks and shapes both entry points share; s: the most keys a row sees (without a window).
+Step make_step(const torch::Tensor& x, const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
+               const torch::Tensor& sin, const std::optional<torch::Tensor>& bias, const torch::Tensor& cache_k,
+               const torch::Tensor& cache_v, int64_t length, const std::optional<torch::Tensor>& window) {
+  TORCH_CHECK(shape.size() == 5, "decoder_layers: 5 shape values");
+  Step st{};
+  st.hq = shape[0], st.hkv = shape[1], st.d = shape[2], st.inter = shape[3], st.hidden = shape[4];
+  st.g = st.hq / st.hkv, st.t = x.size(0), st.capacity = cache_v.size(2), st.bias = &bias;
+  st.s = length + st.t;
+  if (window) {
+    TORCH_CHECK(!bias && window->scalar_type() == torch::kInt64 && window->is_contiguous() && window->dim() == 2 &&
+                window->size(0) == st.t && window->size(1) == 2, "decoder_layers: window [T, 2] int64, without bias");
+    st.slots = window->data_ptr<int64_t>();
+    st.s = 1;
+    for (int64_t r = 0; r < st.t; ++r) {
+      TORCH_CHECK(0 <= st.slots[2 * r] && st.slots[2 * r] <= st.slots[2 * r + 1] &&
+                  st.slots[2 * r + 1] < st.capacity, "decoder_layers: window row ", r, " outside the cache");
+      st.s = std::max(st.s, st.slots[2 * r + 1] + 1 - st.slots[2 * r]);
+    }
+  }
+  st.eps = static_cast<float>(eps), st.scale = 1.f / std::sqrt(static_cast<float>(st.d));
+  TORCH_CHECK(st.slots || st.s <= st.capacity, "KV cache full: ", st.s, " tokens > capacity ", st.capacity);
+  for (const auto* tensor : {&x, &cos, &sin, &cache_k, &cache_v})
+    TORCH_CHECK(tensor->scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only");
+  TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous() && cache_k.size(1) == st.hkv &&
+              cache_k.size(2) == st.d && cache_k.size(3) == st.capacity && cache_v.size(1) == st.hkv &&
+              cache_v.size(3) == st.d,
+              "decoder_layers: the KV cache must be contiguous keys [layers, Hkv, D, capacity] and values "
+              "[layers, Hkv, capacity, D]");
+  TORCH_CHECK(x.dim() == 2 && cos.size(0) == st.t && cos.size(1) == st.d, "decoder_layers: x [T, .] and cos/sin [T, D]");
+  TORCH_CHECK(!bias || (bias->size(0) == st.g * st.t && bias->size(1) == st.s &&
+                        bias->scalar_type() == torch::kFloat32 && bias->is_contiguous()),
+              "decoder_layers: bias [g T, S], float32");
+  st.cos = cos.contiguous(), st.sin = sin.contiguous();
+  st.q = torch::empty({st.hkv, st.g * st.t, st.d}, x.options());
+  st.merged = torch::empty({st.t, st.hq * st.d}, x.options());
+  return st;
+}
+
 }  // namespace
 
 // x [T, H] -> [T, H] after every layer (before the final norm). weights: 6 per layer (ln1, qkv panels,
@@ -355,81 +444,46 @@ torch::Tensor swiglu(const torch::Tensor& gate_up, int64_t inter) {
 // key/value is written at slot window[r][1], and the row sees slots window[r][0] .. window[r][1] (its own
 // sequence, causally; bias must be none). A row's arithmetic is then that of its sequence decoded alone.
 torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
-                             const std::vector<int64_t>& shape, double eps_d, const torch::Tensor& cos,
+                             const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
                              const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
                              const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length,
                              const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window) {
-  TORCH_CHECK(shape.size() == 5 && weights.size() % 6 == 0, "decoder_layers: 5 shape values, 6 weights a layer");
-  const int64_t hq = shape[0], hkv = shape[1], d = shape[2], inter = shape[3], hidden = shape[4];
-  const int64_t g = hq / hkv, t = x_in.size(0), capacity = cache_v.size(2);
-  const int64_t* slots = nullptr;  // window's pairs, row by row
-  int64_t s = length + t;  // the most keys a row sees
-  if (window) {
-    TORCH_CHECK(!bias && window->scalar_type() == torch::kInt64 && window->is_contiguous() && window->dim() == 2 &&
-                window->size(0) == t && window->size(1) == 2, "decoder_layers: window [T, 2] int64, without bias");
-    slots = window->data_ptr<int64_t>();
-    s = 1;
-    for (int64_t r = 0; r < t; ++r) {
-      TORCH_CHECK(0 <= slots[2 * r] && slots[2 * r] <= slots[2 * r + 1] && slots[2 * r + 1] < capacity,
-                  "decoder_layers: window row ", r, " outside the cache");
-      s = std::max(s, slots[2 * r + 1] + 1 - slots[2 * r]);
-    }
-  }
-  const int64_t qkv_width = (hq + 2 * hkv) * d;
-  const float eps = static_cast<float>(eps_d), scale = 1.f / std::sqrt(static_cast<float>(d));
-  TORCH_CHECK(slots || s <= capacity, "KV cache full: ", s, " tokens > capacity ", capacity);
-  for (const auto* tensor : {&x_in, &cos, &sin, &cache_k, &cache_v})
-    TORCH_CHECK(tensor->scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only");
+  TORCH_CHECK(weights.size() % 6 == 0, "decoder_layers: 6 weights a layer");
+  Step st = make_step(x_in, shape, eps, cos, sin, bias, cache_k, cache_v, length, window);
+  TORCH_CHECK(x_in.size(1) == st.hidden, "decoder_layers: x [T, H]");
   for (size_t i = 0; i < weights.size(); i += 3)  // the norms (ln1, ln2 of each layer) in float32 too
     TORCH_CHECK(weights[i].scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only (norms)");
-  TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous() && cache_k.size(1) == hkv && cache_k.size(2) == d &&
-              cache_k.size(3) == capacity && cache_v.size(1) == hkv && cache_v.size(3) == d,
-              "decoder_layers: the KV cache must be contiguous keys [layers, Hkv, D, capacity] and values "
-              "[layers, Hkv, capacity, D]");
   TORCH_CHECK(cache_k.size(0) * 6 == static_cast<int64_t>(weights.size()), "decoder_layers: one cache layer per layer");
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == hidden && cos.size(0) == t && cos.size(1) == d,
-              "decoder_layers: x [T, H] and cos/sin [T, D]");
-  TORCH_CHECK(!bias || (bias->size(0) == g * t && bias->size(1) == s && bias->scalar_type() == torch::kFloat32 &&
-                        bias->is_contiguous()), "decoder_layers: bias [g T, S], float32");
   TORCH_CHECK(skip.empty() || skip.size() * 6 == weights.size(), "decoder_layers: one skip mask per layer");
   auto x = x_in.contiguous().clone();
-  auto q = torch::empty({hkv, g * t, d}, x.options());  // queries grouped by their key/value head
-  auto merged = torch::empty({t, hq * d}, x.options());  // attention output, heads side by side
-  const auto cos_c = cos.contiguous(), sin_c = sin.contiguous();
-  // Query head h at token r sits at row (h / g) * g T + (h % g) T + r of the grouped layout [Hkv, g T, D]
-  // (the order of _attention_bias's rows and of runtime/llama.py's grouped queries).
-  const auto grouped_row = [g, t](int64_t head, int64_t r) { return (head / g) * g * t + (head % g) * t + r; };
   for (size_t layer = 0; layer < weights.size() / 6; ++layer) {
     const torch::Tensor* w = &weights[layer * 6];
     const int64_t skipped = skip.empty() ? 0 : skip[layer];
-    if (!(skipped & 1)) {
-      auto qkv = project(rms_norm(x, w[0], eps), w[1], qkv_width).contiguous();  // [T, (Hq + 2 Hkv) D]
-      rotate(qkv, hq + hkv, d, cos_c, sin_c);
-      const float* qkvs = qkv.data_ptr<float>();
-      float* ks = cache_k.data_ptr<float>() + layer * hkv * capacity * d;
-      float* vs = cache_v.data_ptr<float>() + layer * hkv * capacity * d;
-      float* qs = q.data_ptr<float>();
-      for (int64_t r = 0; r < t; ++r) {
-        const float* row = qkvs + r * qkv_width;
-        for (int64_t head = 0; head < hq; ++head) std::copy_n(row + head * d, d, qs + grouped_row(head, r) * d);
-        const int64_t slot = slots ? slots[2 * r + 1] : length + r;
-        for (int64_t kv = 0; kv < hkv; ++kv) {
-          copy_finite(row + (hq + kv) * d, d, ks + kv * d * capacity + slot, capacity);
-          copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + slot) * d, 1);
-        }
-      }
-      auto attn = attention(q, ks, vs, capacity, s, bias, scale, t, slots);  // [Hkv, g T, D]
-      const float* as = attn.data_ptr<float>();
-      float* ms = merged.data_ptr<float>();
-      for (int64_t head = 0; head < hq; ++head)
-        for (int64_t r = 0; r < t; ++r)
-          std::copy_n(as + grouped_row(head, r) * d, d, ms + r * hq * d + head * d);
-      x.add_(project(merged, w[2], hidden));
-    }
-    if (skipped & 2) continue;
-    auto gate_up = project(rms_norm(x, w[3], eps), w[4], 2 * inter).contiguous();  // [T, 2 I]
-    auto act = swiglu(gate_up, inter);  // [T, I]
-    x.add_(project(act, w[5], hidden));
+    if (!(skipped & 1)) x.add_(attention_block(st, rms_norm(x, w[0], st.eps), w[1], w[2], cache_k, cache_v, layer, length));
+    if (!(skipped & 2)) mlp_block(st, x, w[3], w[4], w[5]);
   }
+  return x;
+}
+
+// EAGLE-3's draft layer (models/eagle3.py layer_input and layer_output) on T rows: embeds [T, H] (the tokens'
+// embeddings) and hidden [T, H] (g or a parent's h) -> h [T, H]. The attention reads [norm(embeds), norm(hidden)]
+// [T, 2H]; its residual is hidden. weights: input norm, hidden norm, qkv panels (2H wide), o panels, post-attention
+// norm, gate/up panels, down panels; the cache is the draft's own (one layer); the rest as decoder_layers.
+torch::Tensor eagle3_layer(const torch::Tensor& embeds, const torch::Tensor& hidden,
+                           const std::vector<torch::Tensor>& weights, const std::vector<int64_t>& shape, double eps,
+                           const torch::Tensor& cos, const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
+                           const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length) {
+  TORCH_CHECK(weights.size() == 7, "eagle3_layer: 7 weights");
+  Step st = make_step(hidden, shape, eps, cos, sin, bias, cache_k, cache_v, length, std::nullopt);
+  TORCH_CHECK(embeds.scalar_type() == torch::kFloat32 && embeds.sizes() == hidden.sizes() &&
+              hidden.size(1) == st.hidden && cache_k.size(0) == 1, "eagle3_layer: embeds and hidden [T, H] float32, "
+              "a one-layer cache");
+  for (int i : {0, 1, 4})
+    TORCH_CHECK(weights[i].scalar_type() == torch::kFloat32, "eagle3_layer runs float32 tensors only (norms)");
+  auto normed = torch::cat({rms_norm(embeds.contiguous(), weights[0], st.eps),
+                            rms_norm(hidden.contiguous(), weights[1], st.eps)}, 1);  // [T, 2H]
+  auto x = hidden.contiguous().clone();
+  x.add_(attention_block(st, normed, weights[2], weights[3], cache_k, cache_v, 0, length));
+  mlp_block(st, x, weights[4], weights[5], weights[6]);
   return x;
 }
