@@ -232,27 +232,31 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
             "repeats": repeats, "tree_size": tree_size, "profile": decoder.profile, "device": str(decoder.device),
             "dtype": weights, "fixed_rows": decoder.model.fixed_rows,  # steps of one shape (runtime/fixed_shapes.py)
             "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine_info(), "command": command, "results": results,
+            "machine": machine_info(device=decoder.device), "command": command, "results": results,
             **({"llama_cpp_system": next(iter(llama.values())).system} if llama else {})}
 
 
-def machine_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
-    """Where a report was measured: CPU model, cores, torch threads, the matmul ISA flags, torch and ppdkit versions."""
+def machine_info(cpuinfo: Path = Path("/proc/cpuinfo"), device: torch.device | None = None) -> dict:
+    """Where a report was measured: CPU model, cores, torch threads, the matmul ISA flags, torch and ppdkit versions;
+    with a CUDA `device`, the GPU's name too (the CPU is then its host)."""
     from ppdkit.registry.tracking import ppdkit_commit
 
     fields = cpu_info(cpuinfo)  # {} off Linux: platform's name stands in and the flags are unknown
     flags = set(fields.get("flags", "").split())
-    return {"cpu": fields.get("model name") or platform.processor() or platform.machine(),
+    gpu = {"gpu": torch.cuda.get_device_name(device)} if device is not None and device.type == "cuda" else {}
+    return {**gpu, "cpu": fields.get("model name") or platform.processor() or platform.machine(),
             "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "isa": [f for f in ISA_FLAGS if f in flags] if flags else None,
             "torch": torch.__version__, "ppdkit_commit": ppdkit_commit()}
 
 
 def describe_machine(machine: dict) -> str:
-    """One line for a table's caption or a plot's title: `AMD EPYC, 2 cores (2 threads), avx512f+avx512_bf16`."""
+    """One line for a table's caption or a plot's title: `AMD EPYC, 2 cores (2 threads), avx512f+avx512_bf16`
+    (`NVIDIA H200 beside ...` for a GPU's report)."""
     flags = machine.get("isa")
     isa = "ISA flags unknown" if flags is None else "+".join(flags) or "no AVX-512 or AMX"
-    return (f"{machine.get('cpu', '?')}, {machine.get('logical_cores', '?')} cores "
+    gpu = f"{machine['gpu']} beside " if machine.get("gpu") else ""
+    return (f"{gpu}{machine.get('cpu', '?')}, {machine.get('logical_cores', '?')} cores "
             f"({machine.get('torch_threads', '?')} threads), {isa}")
 
 

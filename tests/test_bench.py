@@ -85,6 +85,8 @@ def test_machine_info_reads_the_cpu_model_and_only_the_isa_flags_that_matter(tmp
                                                     % torch.get_num_threads())
     unknown = bench.machine_info(tmp_path / "absent")  # not Linux: the platform's name, flags unknown
     assert unknown["isa"] is None and "ISA flags unknown" in bench.describe_machine(unknown)
+    assert "gpu" not in bench.machine_info(cpuinfo, torch.device("cpu"))  # a GPU's report names it first:
+    assert bench.describe_machine({**machine, "gpu": "NVIDIA H200"}).startswith("NVIDIA H200 beside Example Xeon")
 
 
 def _row(method, tokens_per_s, per_step, identical=1.0, **extra):
