@@ -85,17 +85,24 @@ def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tu
     weights = {name: Linear(value) if value.dim() == 2 else value for name, value in t.items()}
     draft = Eagle3Set({**weights, "qkv": Linear(qkv)}, vocab.to(model.device), layers, config.num_attention_heads,
                       config.num_key_value_heads, head_dim(config), config.rms_norm_eps)
-    gate_up = Linear(torch.cat([t["midlayer.mlp.gate_proj.weight"], t["midlayer.mlp.up_proj.weight"]]))
-    p = "midlayer."
-    matrices = [draft.weights["qkv"], weights[p + "self_attn.o_proj.weight"], gate_up, weights[p + "mlp.down_proj.weight"]]
-    if dtype == torch.float32 and all(m.native is not None for m in matrices):  # the layer in one native call
-        draft.native_weights = [t[p + "input_layernorm.weight"].contiguous(), t[p + "hidden_norm.weight"].contiguous(),
-                                matrices[0].panels, matrices[1].panels,
-                                t[p + "post_attention_layernorm.weight"].contiguous(), gate_up.panels,
-                                matrices[3].panels]
-        draft.native_shape = [draft.heads, draft.kv_heads, draft.head_dim, gate_up.out_features // 2,
-                              config.hidden_size]
+    if dtype == torch.float32:  # the native kernels' activations
+        _go_native(draft, t, config.hidden_size)
     return draft
+
+
+def _go_native(draft: Eagle3Set, t: dict[str, torch.Tensor], hidden: int) -> None:
+    """Give `draft` the weights of its layer's native call (decoder_layers.cpp eagle3_layer) where the CPU kernels run
+    every one of its matrices; t: its tensors by name, on the device."""
+    p = "midlayer."
+    gate_up = Linear(torch.cat([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]]))  # one pass for both
+    qkv, o, down = (draft.weights[name] for name in ("qkv", p + "self_attn.o_proj.weight", p + "mlp.down_proj.weight"))
+    if any(m.native is None for m in (qkv, o, gate_up, down)):
+        return
+    norm = {name: t[p + name].contiguous() for name in ("input_layernorm.weight", "hidden_norm.weight",
+                                                        "post_attention_layernorm.weight")}
+    draft.native_weights = [norm["input_layernorm.weight"], norm["hidden_norm.weight"], qkv.panels, o.panels,
+                            norm["post_attention_layernorm.weight"], gate_up.panels, down.panels]
+    draft.native_shape = [draft.heads, draft.kv_heads, draft.head_dim, gate_up.out_features // 2, hidden]
 
 
 def checked_draft_vocab(component: Component, vocab_size: int):

@@ -5,6 +5,8 @@
 // sum in float32). A step's ~40
 // small operations per layer cost more in Python dispatch than in arithmetic (about a third of a step on 2
 // cores); here the norms, rotary, copies, attention and SwiGLU are plain loops.
+// EAGLE-3's draft layer (eagle3_layer: another input and residual) is built from the same attention and MLP
+// blocks, for the same reason: its ~60 PyTorch operations cost more in dispatch than in arithmetic.
 // Each row's arithmetic is the same whatever the number of rows in the step: the decoder's losslessness rests
 // on that (a library batched matmul may pick another kernel, or reduction order, for another row count).
 #include "decoder_layers.h"
@@ -421,7 +423,8 @@ Step make_step(const torch::Tensor& x, const std::vector<int64_t>& shape, double
               cache_v.size(3) == st.d,
               "decoder_layers: the KV cache must be contiguous keys [layers, Hkv, D, capacity] and values "
               "[layers, Hkv, capacity, D]");
-  TORCH_CHECK(x.dim() == 2 && cos.size(0) == st.t && cos.size(1) == st.d, "decoder_layers: x [T, .] and cos/sin [T, D]");
+  TORCH_CHECK(x.dim() == 2 && cos.size(0) == st.t && cos.size(1) == st.d,
+              "decoder_layers: x [T, .] and cos/sin [T, D]");
   TORCH_CHECK(!bias || (bias->size(0) == st.g * st.t && bias->size(1) == st.s &&
                         bias->scalar_type() == torch::kFloat32 && bias->is_contiguous()),
               "decoder_layers: bias [g T, S], float32");
@@ -459,7 +462,8 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
   for (size_t layer = 0; layer < weights.size() / 6; ++layer) {
     const torch::Tensor* w = &weights[layer * 6];
     const int64_t skipped = skip.empty() ? 0 : skip[layer];
-    if (!(skipped & 1)) x.add_(attention_block(st, rms_norm(x, w[0], st.eps), w[1], w[2], cache_k, cache_v, layer, length));
+    if (!(skipped & 1))
+      x.add_(attention_block(st, rms_norm(x, w[0], st.eps), w[1], w[2], cache_k, cache_v, layer, length));
     if (!(skipped & 2)) mlp_block(st, x, w[3], w[4], w[5]);
   }
   return x;
