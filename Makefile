@@ -22,11 +22,10 @@ $(STAMP): pyproject.toml Makefile
 
 # llama.cpp for the bench's baselines (optional: `ppdkit bench --methods ...,llama.cpp`); CI installs it
 # built from source for this CPU (infra/llama_cpp/cmake_args.sh: clang for its AMX kernels where the CPU has them);
-# the bench prints llama.cpp's own system info, so a report shows which kernels it ran. --no-cache-dir: pip would
-# reuse a wheel it built before with other CMAKE_ARGS; the check then runs the build once and fails here if it crashes
+# the bench prints llama.cpp's own system info, so a report shows which kernels it ran. install.sh runs the build
+# once, and builds it again without the AMX kernels if that crashed
 setup-llama: setup
-	CMAKE_ARGS="$$(bash infra/llama_cpp/cmake_args.sh)" $(BIN)/pip install --quiet --no-cache-dir -e ".[llama]"
-	$(BIN)/python -m ppdkit.jobs.llama_cpp
+	bash infra/llama_cpp/install.sh $(BIN)/python
 
 # vLLM's draft format library in a venv of its own (its pins: transformers <=5.19, datasets <=5.1), for the test
 # that loads `ppdkit export --format speculators` with it. --no-deps, then what importing its EAGLE-3 model needs:

@@ -30,9 +30,9 @@ LLAMA_METHODS = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-q4")
 INSTALL_HINT = 'pip install "ppdkit[llama]"   (llama-cpp-python, built for this CPU: a few minutes)'
 LOOKUP_TOKENS = 10  # drafted tokens per step, as transformers' prompt lookup in hf-pld
 WORKER = Path(__file__).with_name("llama_cpp_worker.py")
-# --no-cache-dir in the Makefile too: pip reuses a wheel it built before, whatever CMAKE_ARGS says (a cached GCC build
-# with the AMX kernels, which crash on any prompt, ran in place of the clang build on a CI machine)
-REBUILD_HINT = "pip uninstall -y llama-cpp-python && make setup-llama   (it builds with --no-cache-dir)"
+# make setup-llama (infra/llama_cpp/install.sh) builds with --no-cache-dir: pip reuses a wheel it built before, whatever
+# CMAKE_ARGS says (a cached GCC build with the AMX kernels, which crash on any prompt, ran on a CI machine)
+REBUILD_HINT = "pip uninstall -y llama-cpp-python && make setup-llama"
 
 
 def llama_cpp_available() -> bool:
