@@ -94,9 +94,11 @@ def _go_native(draft: Eagle3Set, t: dict[str, torch.Tensor], hidden: int) -> Non
     """Give `draft` the weights of its layer's native call (decoder_layers.cpp eagle3_layer) where the CPU kernels run
     every one of its matrices; t: its tensors by name, on the device."""
     p = "midlayer."
-    gate_up = Linear(torch.cat([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]]))  # one pass for both
     qkv, o, down = (draft.weights[name] for name in ("qkv", p + "self_attn.o_proj.weight", p + "mlp.down_proj.weight"))
-    if any(m.native is None for m in (qkv, o, gate_up, down)):
+    if any(m.native is None for m in (qkv, o, down)):  # a GPU, or no kernels here: no fused copy to pack
+        return
+    gate_up = Linear(torch.cat([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]]))  # one pass for both
+    if gate_up.native is None:
         return
     norm = {name: t[p + name].contiguous() for name in ("input_layernorm.weight", "hidden_norm.weight",
                                                         "post_attention_layernorm.weight")}

@@ -316,7 +316,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def attention_bias(mask: torch.Tensor | None, length: int, t: int, group: int, dtype: torch.dtype,
-                    device: torch.device) -> torch.Tensor | None:
+                   device: torch.device) -> torch.Tensor | None:
     """The additive bias [group * t, length + t] of a visibility mask (None: causal), one row per query
     head of a group, in the order the grouped queries are laid out; None when nothing is masked."""
     if mask is None:
