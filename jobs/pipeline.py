@@ -84,9 +84,9 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
         for folder in ("component", "plots"):
             ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
         return result
-    cfg = ctx.spec.train
-    if method.builds_on_search:  # the workers read a local directory, whatever their working directory
-        cfg = cfg.model_copy(update={"skip_from": str(local_skip_from(cfg.skip_from, ctx.tracker))})
+    # the workers read local directories, whatever their working directory
+    cfg = ctx.spec.train.model_copy(update={key: str(local_component(key, ctx.spec.train, ctx.tracker))
+                                            for key in components_named(ctx.spec.train)})
     result = run_training(ctx.spec.base_model, cfg, ctx.output / "teacher", ctx.stage_dir, ctx.tracker.ref())
     for folder in ("component", "plots"):
         ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
@@ -97,20 +97,32 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
     return {**figures, "component": result["component"]}
 
 
-def local_skip_from(source: str, tracker: Tracker) -> Path:
-    """train.skip_from as the absolute directory of a readable component (a models:/ URI is downloaded from the
-    run's registry); a clear error before any stage runs when it is missing or damaged."""
+COMPONENT_KEYS = {  # train keys that name a component, and what to give there
+    "skip_from": "the component of a `train.method: layer-skip` run",
+    "init_from": "the component of a run of the same train.method",
+}
+
+
+def components_named(cfg) -> list[str]:
+    """The train keys of COMPONENT_KEYS set in `cfg`."""
+    return [key for key in COMPONENT_KEYS if getattr(cfg, key)]
+
+
+def local_component(key: str, cfg, tracker: Tracker) -> Path:
+    """train.`key` as the absolute directory of a readable component (a models:/ URI is downloaded from the run's
+    registry); a clear error before any stage runs when it is missing or damaged."""
     from ppdkit.models.artifact import read_component
 
+    source = getattr(cfg, key)
     if source.startswith("models:/"):
         from ppdkit.registry.models import resolve
 
         return resolve(source, tracker.ref().uri)
     directory = Path(source).expanduser().resolve()
     if not (directory / "component.json").is_file():
-        raise PipelineError(f"train.skip_from={source}: no component there ({directory}/component.json is missing); "
-                            "give the component directory of a `train.method: layer-skip` run (OUTPUT/calibrate/"
-                            "component) or its registry URI models:/NAME@ALIAS")
+        raise PipelineError(f"train.{key}={source}: no component there ({directory}/component.json is missing); "
+                            f"give {COMPONENT_KEYS[key]} (OUTPUT/calibrate/component, or a directory under "
+                            "models/components) or its registry URI models:/NAME@ALIAS")
     read_component(directory)  # damaged files fail here, not in the train stage
     return directory
 
@@ -297,6 +309,23 @@ def _digest(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def made_from(summary: dict[str, Any] | None, spec: JobSpec, stage: Stage) -> bool:
+    """A stage's summary says it was made from this spec's inputs. A setting ppdkit gained after the stage ran,
+    left at its default, changed nothing it made: it is not counted."""
+    if summary is None:
+        return False
+    inputs, recorded = stage_inputs(spec, stage), summary.get("inputs", {})
+    as_then = {name: {key: value for key, value in values.items()
+                      if key in recorded.get(name, {}) or value != _default(spec, name, key)}
+               for name, values in inputs.items()}
+    return summary.get("inputs_digest") in (_digest(inputs), _digest(as_then))
+
+
+def _default(spec: JobSpec, section: str, key: str) -> Any:
+    field = type(getattr(spec, section)).model_fields.get(key)
+    return None if field is None else field.get_default(call_default_factory=True)
+
+
 def _changes(old: dict, new: dict, prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(old) | set(new)):
@@ -317,11 +346,10 @@ def _is_done(spec: JobSpec, stage: Stage, stage_dir: Path, force: bool) -> bool:
     summary = read_summary(stage_dir)
     if summary is None:
         return False
-    inputs = stage_inputs(spec, stage)
-    if summary.get("inputs_digest") == _digest(inputs) and not force:
+    if made_from(summary, spec, stage) and not force:
         return True
     if not force:
-        changed = "; ".join(_changes(summary.get("inputs", {}), inputs)) or "unknown"
+        changed = "; ".join(_changes(summary.get("inputs", {}), stage_inputs(spec, stage))) or "unknown"
         raise PipelineError(f"{stage_dir} was made from other inputs ({changed}). Use another --output, "
                             f"or --force to redo the stage(s) in place")
     return False
@@ -341,8 +369,8 @@ def link_reused_stages(spec: JobSpec, output: Path, source: Path) -> list[str]:
             continue
         if made is None or name not in STAGES or target.exists() or target.is_symlink():
             continue
-        inputs = stage_inputs(spec, STAGES[name])
-        if made.get("inputs_digest") != _digest(inputs):
+        if not made_from(made, spec, STAGES[name]):
+            inputs = stage_inputs(spec, STAGES[name])
             refused.append(f"{name} ({'; '.join(_changes(made.get('inputs', {}), inputs)) or 'unknown'})")
             continue
         target.symlink_to((source / name).resolve(), target_is_directory=True)
@@ -397,10 +425,9 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
     tracker.log_artifact(output / "spec.yaml")
     results: dict[str, dict[str, Any]] = {}
     unneeded = _unneeded_stages(spec)
-    from ppdkit.trainer.methods import TRAINING_METHODS
-
-    if TRAINING_METHODS[spec.train.method].builds_on_search and any(s.name == "train" for s in selected):
-        local_skip_from(spec.train.skip_from, tracker)
+    if any(s.name == "train" for s in selected):
+        for key in components_named(spec.train):
+            local_component(key, spec.train, tracker)
     for stage in selected:
         stage_dir = output / stage.name
         if stage.name in unneeded:
@@ -412,8 +439,7 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
             continue
         earlier = [s for s in STAGE_ORDER[: STAGE_ORDER.index(stage.name)] if s in STAGES and s not in unneeded]
         for name in earlier:
-            made = read_summary(output / name)
-            if made is None or made.get("inputs_digest") != _digest(stage_inputs(spec, STAGES[name])):
+            if not made_from(read_summary(output / name), spec, STAGES[name]):
                 raise PipelineError(f"stage {stage.name} needs stage {name} done for this spec first: "
                                     f"add it to --stages")
         if force and stage_dir.is_symlink():  # a reused stage is redone here, never in the run it was linked from

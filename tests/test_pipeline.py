@@ -113,6 +113,21 @@ def test_a_run_reuses_the_stages_another_run_made_from_the_same_inputs(ray_local
     assert not (second / "data").is_symlink() and (first / "data" / "summary.json").stat().st_mtime_ns == made
 
 
+def test_a_setting_added_since_a_stage_ran_left_at_its_default_changes_nothing(spec_file):
+    """A summary written before ppdkit had train.init_from still marks its stage complete while the setting is at
+    its default; set, it is a change like any other."""
+    from ppdkit.jobs.pipeline import STAGES, _digest, made_from, stage_inputs
+    from ppdkit.jobs.spec import load_spec
+
+    spec = load_spec(spec_file)
+    inputs = stage_inputs(spec, STAGES["train"])
+    del inputs["train"]["init_from"]  # as an older ppdkit recorded it
+    summary = {"inputs": inputs, "inputs_digest": _digest(inputs)}
+    assert made_from(summary, spec, STAGES["train"])
+    assert not made_from(summary, load_spec(spec_file, ["train.init_from=elsewhere"]), STAGES["train"])
+    assert not made_from(summary, load_spec(spec_file, ["train.lr=0.5"]), STAGES["train"])
+
+
 def test_changed_inputs_message_names_the_key(ray_local, tracking_uri, spec_file, tmp_path, capsys):
     out = tmp_path / "out"
     main(["run", str(spec_file), "--stages", "data", "--output", str(out), "tracking.enabled=false"])
@@ -273,6 +288,18 @@ def test_eagle3_runs_through_every_stage_and_its_export_is_registered_beside_it(
     decoder = Decoder.from_pretrained(uri, dtype="float32")
     for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
         assert decoder.generate(prompt, 12, "eagle3").tokens == decoder.generate(prompt, 12, "ar").tokens
+    # train.init_from: another run on the same teacher cache starts from the registered draft, whose held-out
+    # figures are the new run's at step 0
+    again = tmp_path / "again"
+    assert main(["run", str(spec_file), "--output", str(again), "--reuse", str(out), "--stages", "train",
+                 "train.method=eagle3", "train.head_depth=2", "train.draft_vocab=128", "train.lr=0.001",
+                 f"base_model.name={base}", "base_model.quantization=none", "train.precision=bf16-autocast",
+                 f"train.init_from={uri}", "train.max_steps=1"]) == 0
+    first, second = (json.loads((run / "train" / "result.json").read_text()) for run in (out, again))
+    assert second["evals"][0]["step"] == 0
+    assert second["evals"][0] == {**next(e for e in first["evals"] if e["step"] == first["best_step"]), "step": 0}
+    made = {run: json.loads((run / "train" / "component" / "component.json").read_text())["run"] for run in (out, again)}
+    assert made[again]["started_from"] == {"mlflow_run_id": made[out]["mlflow_run_id"], "step": made[out]["step"]}
 
 
 def test_embedded_ray_listens_on_loopback_only(ray_local):

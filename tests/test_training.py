@@ -180,3 +180,42 @@ def test_training_subsets_are_nested_and_hold_the_positions_asked_for():
     assert [where[id(s)] for s in large] == sorted(where[id(s)] for s in large)  # in cache order
     assert subset_of_positions(seqs, 10**9, seed=0) == seqs
     assert subset_of_positions(seqs, 500, seed=1) != small  # the seed picks the subset
+
+
+@pytest.mark.parametrize("method, settings", [("eagle3", {"head_depth": 2, "draft_vocab": 96}),
+                                              ("feature-head", {"head_depth": 2, "draft_vocab": 96, "head_inner": 16}),
+                                              ("ept", {})])
+def test_a_run_starts_from_a_trained_components_weights_and_vocabulary(teacher_dir, tmp_path, method, settings):
+    """train.init_from: every tensor (the draft vocabulary too, whatever this run's data would give) is the
+    component's, and the run's token maps follow its vocabulary; another method, other shapes or another base
+    model are refused with the key to change."""
+    from ppdkit.models.artifact import write_component
+    from ppdkit.trainer.methods import TRAINING_METHODS
+    from ppdkit.trainer.warm_start import starting_component
+
+    base = load_base_model("tiny-llama", for_training=True)
+    seqs = [s for s in TeacherCache(teacher_dir).sequences("train") if len(s.positions) > 1]
+    cfg = TrainConfig(method=method, **settings)
+    fresh = TRAINING_METHODS[method].start(cfg, base, seqs)
+    gen = torch.Generator().manual_seed(1)
+    trained = {name: (t.flip(0) if name == "draft_vocab" else t + torch.randn(t.shape, generator=gen))
+               for name, t in fresh.export_tensors(fresh.module.state_dict()).items()}
+    write_component(tmp_path / "c", method, fresh.hyperparameters(), base.name, base.fingerprint, {}, trained)
+    cfg = cfg.model_copy(update={"init_from": str(tmp_path / "c")})
+    run = TRAINING_METHODS[method].start(cfg, base, seqs, starting_component(cfg, base.fingerprint))
+    loaded = run.export_tensors(run.module.state_dict())
+    assert loaded.keys() == trained.keys() and all(torch.equal(loaded[k], trained[k]) for k in trained)
+    assert all(not torch.equal(loaded[k], t) for k, t in fresh.export_tensors(fresh.module.state_dict()).items())
+    if "draft_vocab" in trained:  # a token's draft index is its place in the component's vocabulary
+        assert torch.equal(run.vocab_index[trained["draft_vocab"]], torch.arange(len(trained["draft_vocab"])))
+        with pytest.raises(ArtifactError, match="set train.draft_vocab to the component's"):
+            starting = cfg.model_copy(update={"draft_vocab": 64})
+            TRAINING_METHODS[method].start(starting, base, seqs, starting_component(starting, base.fingerprint))
+    with pytest.raises(ArtifactError, match=f"is a {method} component; a run of train.method medusa"):
+        starting_component(cfg.model_copy(update={"method": "medusa"}), base.fingerprint)
+    with pytest.raises(ArtifactError, match="trained for base model tiny-llama"):
+        starting_component(cfg, "sha256:" + "1" * 64)
+    if method == "ept":
+        wider = cfg.model_copy(update={"num_epts": 2})
+        with pytest.raises(ArtifactError, match="prompt_embeddings .* set the train keys that size them"):
+            TRAINING_METHODS[method].start(wider, base, seqs, starting_component(wider, base.fingerprint))

@@ -52,6 +52,10 @@ class TrainConfig(Section):
                                                     "it starts from (a directory or models:/NAME@ALIAS)")
     skip_ratio: float = Field(0.5, gt=0.0, lt=1.0, description="skip-finetune: the share of all sub-layers skipped, "
                                                                 "from the top of the ranking")
+    # where the weights start
+    init_from: str | None = Field(None, description="start from this trained component's weights (its directory or "
+                                  "models:/NAME@ALIAS; the same method, base model and shapes) and draft vocabulary, "
+                                  "not a fresh draw: more epochs, or new data; the lr schedule starts anew")
     # the objective
     loss: Literal["kd", "ce"] = Field("kd", description="kd: decayed KL to the teacher; ce: hard labels (ablation)")
     alpha: float = Field(0.8, gt=0.0, le=1.0, description="decay per token distance")
@@ -107,6 +111,9 @@ class TrainConfig(Section):
             set_here = [k for k in keys if getattr(self, k) != defaults[k].default]
             if set_here and not applies:
                 raise ValueError(f"{', '.join(set_here)} only apply to {owners}, not {self.method}")
+        if self.init_from is not None and method.searches:
+            raise ValueError(f"train.init_from: {self.method} trains no weights to start from; it searches (drop "
+                             "train.init_from)")
         if self.precision == "bf16-autocast" and self.method != "eagle3":
             raise ValueError(f"train.precision bf16-autocast is eagle3's (its draft layer); for {self.method} use fp32 "
                              "or bf16")

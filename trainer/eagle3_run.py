@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
-from ppdkit.models.draft_heads import frequent_tokens, inverse_index
+from ppdkit.models.draft_heads import inverse_index
 from ppdkit.runtime.llama import rotate  # x [B, heads, T, D], cos/sin [T, D]
 from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes, layer_input, layer_output, readout
 
@@ -27,6 +27,7 @@ from .evaluate import TOPS, by_distance
 from .features import FeatureCache
 from .losses import on_draft_vocab, soft_cross_entropy, topk_hits
 from .methods import cosine
+from .warm_start import draft_vocabulary
 
 HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "alpha", "lr", "precision", "epochs", "seed")
 KEEP_FEATURE_BYTES = 2e9  # a worker's kept hidden states; past it they are computed at every visit
@@ -61,7 +62,7 @@ def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
 
 
 class Run:
-    def __init__(self, method, cfg, base, train_sequences: list[ShardSequence]):
+    def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
         if cfg.loss != "kd":
             raise ValueError("train.method eagle3 learns the teacher's distributions (train.loss kd); the hard-label "
                              "ablation (ce) is the feature head's and Medusa's")
@@ -70,7 +71,7 @@ class Run:
         config = base.model.config
         self.embed = base.model.get_input_embeddings().weight.detach().float()  # [V, H], frozen
         vocab_size = self.embed.shape[0]
-        vocab = frequent_tokens([s.input_ids for s in train_sequences], cfg.draft_vocab, vocab_size)  # [V']
+        vocab = draft_vocabulary(cfg, train_sequences, vocab_size, init)  # [V']
         self.vocab_index = inverse_index(vocab, vocab_size)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.eps, self.layers = config.rms_norm_eps, aux_layers(config.num_hidden_layers)

@@ -16,20 +16,21 @@ from collections.abc import Callable
 import torch
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
-from ppdkit.models.draft_heads import draft_logits, frequent_tokens, inverse_index
+from ppdkit.models.draft_heads import draft_logits, inverse_index
 from ppdkit.models.heads import ResidualHead, apply_residual_head
 
 from .evaluate import DraftVocabTally
 from .features import FeatureCache
 from .losses import on_draft_vocab, soft_cross_entropy
 from .methods import cosine
+from .warm_start import draft_vocabulary
 
 RECALL_AT = (1, 2, 4, 8, 16)
 HYPERPARAMETERS = ("early_layer", "draft_vocab", "loss", "groups_per_sequence", "lr", "epochs", "seed")
 
 
 class Run:
-    def __init__(self, method, cfg, base, train_sequences: list[ShardSequence]):
+    def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
         self.method, self.cfg, self.base = method, cfg, base
         self.distances = 1
         layers = base.model.config.num_hidden_layers
@@ -37,7 +38,7 @@ class Run:
             raise ValueError(f"train.early_layer={cfg.early_layer}: the head must sit after 1 .. {layers - 1} of "
                              f"{base.model.config.name_or_path}'s {layers} decoder layers")
         lm_head = base.model.get_output_embeddings().weight.detach().float()  # [V, H]
-        vocab = frequent_tokens([s.input_ids for s in train_sequences], cfg.draft_vocab, lm_head.shape[0])
+        vocab = draft_vocabulary(cfg, train_sequences, lm_head.shape[0], init)
         self.vocab_index = inverse_index(vocab, lm_head.shape[0])
         self.vocab_rows = lm_head[vocab]  # [V', H]
         self.norm = base.model.get_decoder().norm  # the base model's final RMSNorm, frozen

@@ -17,13 +17,15 @@ from .plots import plot_accuracy_by_distance, plot_loss
 
 
 def export_component(out: Path, base, cfg, method_run, config: dict, history: list, evals: list, best: dict,
-                     extra: dict | None = None) -> dict:
-    """`method_run`: the method's run (trainer/prompt_run.py, head_run.py), which names the tensors and hyperparameters."""
+                     started_from: dict | None = None, extra: dict | None = None) -> dict:
+    """`method_run`: the method's run (trainer/prompt_run.py, head_run.py), which names the tensors and hyperparameters;
+    `started_from`: the run and step of the component train.init_from named, recorded as the new one's origin."""
     chosen = out / "best"
     tensors = method_run.export_tensors(load_state(chosen / "rank-0")["module"])
     meta = json.loads((chosen / "meta.json").read_text())
     hyper = method_run.hyperparameters()
-    run = {"mlflow_run_id": config["tracker"].run_id, "step": meta["step"], "steps": history[-1][0] if history else 0}
+    run = {"mlflow_run_id": config["tracker"].run_id, "step": meta["step"], "steps": history[-1][0] if history else 0,
+           **({"started_from": started_from} if started_from else {})}
     tmp = out / "component.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # an export a crash interrupted
     write_component(tmp, cfg.method, hyper, base.name, base.fingerprint, run, tensors)

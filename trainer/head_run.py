@@ -9,25 +9,26 @@ from collections.abc import Callable
 import torch
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
-from ppdkit.models.draft_heads import TENSORS, DraftHeads, draft_logits, frequent_tokens, inverse_index, path_states
+from ppdkit.models.draft_heads import TENSORS, DraftHeads, draft_logits, inverse_index, path_states
 
 from .evaluate import TOPS, by_distance
 from .features import FeatureCache
 from .head_batch import HeadBatch, head_batch, path_starts
 from .losses import decay_mean, soft_cross_entropy, topk_hits
 from .methods import cosine
+from .warm_start import draft_vocabulary
 
 HYPERPARAMETERS = ("head_depth", "draft_vocab", "head_inner", "feature_weight", "loss", "alpha",
                    "groups_per_sequence", "lr", "epochs", "seed")
 
 
 class Run:
-    def __init__(self, method, cfg, base, train_sequences: list[ShardSequence]):
+    def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
         self.method, self.cfg, self.base = method, cfg, base
         self.kind, self.distances = method.head_kind, cfg.head_depth
         self.embed = base.model.get_input_embeddings().weight.detach().float()  # [V, H]
         vocab_size, hidden = self.embed.shape
-        vocab = frequent_tokens([s.input_ids for s in train_sequences], cfg.draft_vocab, vocab_size)  # [V']
+        vocab = draft_vocabulary(cfg, train_sequences, vocab_size, init)  # [V']
         self.vocab_index = inverse_index(vocab, vocab_size)
         # [V', H] the frozen readout: the base model's own LM-head rows (tied to the embeddings in SmolLM2)
         self.vocab_rows = base.model.get_output_embeddings().weight.detach().float()[vocab]

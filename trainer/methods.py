@@ -35,7 +35,7 @@ def cosine(step: int, total: int) -> float:
 class TrainingMethod:
     name: str
     summary: str
-    run: str  # the module in ppdkit.trainer whose `Run(method, cfg, base, train_sequences)` trains it
+    run: str  # the module in ppdkit.trainer whose `Run(method, cfg, base, train_sequences, init)` trains it
     decoding_methods: tuple[str, ...]  # runtime/methods.py names that use this method's component
     trains_head: bool = False  # PPD's custom decoding head: train.head_start_step / head_lr_scale apply
     head_kind: str | None = None  # a head over the base model's features: feature, medusa (models/draft_heads.py),
@@ -51,9 +51,15 @@ class TrainingMethod:
         """It trains on the frozen base's hidden states of the teacher's own forward (in the teacher's dtype)."""
         return self.head_kind in ("feature", "medusa", "eagle3")
 
-    def start(self, cfg, base, train_sequences):
-        """The method's run: module, param_groups, loss, evaluate, export_tensors, hyperparameters."""
-        return importlib.import_module(f"ppdkit.trainer.{self.run}").Run(self, cfg, base, train_sequences)
+    def start(self, cfg, base, train_sequences, init=None):
+        """The method's run: module, param_groups, loss, evaluate, export_tensors, hyperparameters; its weights
+        (and draft vocabulary) those of `init`, a trained component of this method (trainer/warm_start.py), if given."""
+        run = importlib.import_module(f"ppdkit.trainer.{self.run}").Run(self, cfg, base, train_sequences, init)
+        if init is not None:
+            from .warm_start import load_weights
+
+            load_weights(run, init)
+        return run
 
 
 TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (

@@ -21,7 +21,7 @@ HYPERPARAMETERS = ("num_prompt_tokens", "num_epts", "mask", "aggregation", "loss
 
 
 class Run:
-    def __init__(self, method, cfg, base, train_sequences):
+    def __init__(self, method, cfg, base, train_sequences, init=None):
         self.method, self.cfg, self.base = method, cfg, base
         self.distances = cfg.num_prompt_tokens  # token distances evaluated
         init = init_from_token_embeddings(base.model.get_input_embeddings(), cfg.num_prompt_tokens, cfg.num_epts,

@@ -20,13 +20,14 @@ import torch
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.artifact import ArtifactError, read_component
-from ppdkit.models.draft_heads import draft_logits, frequent_tokens, inverse_index
+from ppdkit.models.draft_heads import draft_logits, inverse_index
 from ppdkit.runtime.layer_skip import check_skip_map
 from ppdkit.runtime.llama import SKIP_ATTENTION, SKIP_MLP
 
 from .evaluate import TOPS, DraftVocabTally
 from .losses import on_draft_vocab, soft_cross_entropy
 from .methods import cosine
+from .warm_start import draft_vocabulary
 from .skip_draft import DraftNorms, draft_states
 
 HYPERPARAMETERS = ("skip_ratio", "draft_vocab", "loss", "lr", "epochs", "seed")
@@ -56,13 +57,13 @@ def searched_ranking(directory: Path, fingerprint: str, layers: int) -> tuple[li
 
 
 class Run:
-    def __init__(self, method, cfg, base, train_sequences: list[ShardSequence]):
+    def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
         self.method, self.cfg, self.base, self.distances = method, cfg, base, 1
         layers = base.model.config.num_hidden_layers
         self.ranking, self.search = searched_ranking(Path(cfg.skip_from), base.fingerprint, layers)
         self.skip = aggressive_skip_map(self.ranking, layers, cfg.skip_ratio)
         lm_head = base.model.get_output_embeddings().weight.detach().float()  # [V, H]
-        vocab = frequent_tokens([s.input_ids for s in train_sequences], cfg.draft_vocab, lm_head.shape[0])  # [V']
+        vocab = draft_vocabulary(cfg, train_sequences, lm_head.shape[0], init)  # [V']
         self.vocab_index = inverse_index(vocab, lm_head.shape[0])
         self.vocab_rows = lm_head[vocab]  # [V', H]
         self.module = DraftNorms(base.model)

@@ -98,6 +98,7 @@ def train_loop_per_worker(config: dict) -> None:
     from .config import TrainConfig
     from .export import export_component
     from .methods import TRAINING_METHODS
+    from .warm_start import starting_component
 
     cfg = TrainConfig(**config["train"])
     base_cfg = BaseModelConfig(**config["base_model"])
@@ -125,7 +126,8 @@ def train_loop_per_worker(config: dict) -> None:
         train_seqs = subset_of_positions(train_seqs, cfg.train_positions, cfg.seed)
         log.info("training on %d sequences, %d supervised positions (train.train_positions=%d)", len(train_seqs),
                  sum(len(s.positions) for s in train_seqs), cfg.train_positions)
-    run = method.start(cfg, base, train_seqs)  # trainer/prompt_run.py, head_run.py
+    init = starting_component(cfg, base.fingerprint)  # train.init_from's component, or None: a fresh draw
+    run = method.start(cfg, base, train_seqs, init)  # trainer/prompt_run.py, head_run.py, ...
     steps_per_epoch = max(1, len(train_seqs) // (cfg.micro_batch * cfg.grad_accum * world))
     total_steps = min(cfg.max_steps or 10**12, steps_per_epoch * cfg.epochs)
     groups, lr_factors = run.param_groups(total_steps)  # cosine, no warm-up (6.1.2)
@@ -207,8 +209,13 @@ def train_loop_per_worker(config: dict) -> None:
                 prune(ckpt_root)
     peak = _peak_rss_mb(world)
     if rank == 0:
-        export_component(out, base, cfg, run, config, history, evals, best, extra={"peak_worker_rss_mb": peak,
-                                                                                  "trained_positions": trained})
+        started_from = None if init is None else {key: init.run.get(key) for key in ("mlflow_run_id", "step")}
+        if init is not None and evals and evals[0]["step"] == 0 and evals[0]["acc_top1_mean"] >= best["acc_top1_mean"]:
+            log.warning("no checkpoint of this run beat the component it started from (held-out top-1 %.4f at step 0, "
+                        "best %.4f): the exported one is the best checkpoint; keep using %s", evals[0]["acc_top1_mean"],
+                        best["acc_top1_mean"], cfg.init_from)
+        export_component(out, base, cfg, run, config, history, evals, best, started_from,
+                         extra={"peak_worker_rss_mb": peak, "trained_positions": trained})
     barrier()
 
 
