@@ -65,10 +65,17 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """[..., V] logits -> [...] the most likely token of each row, the first one on ties: argmax's choice (both are
+    documented so), through max's kernel, which reads bfloat16 logits faster on a CPU (SmolLM2's 49152 on the AMX
+    Xeon's 2 cores: 0.05 against 0.18 ms for one row, 0.10 against 0.27 for eight; a step is 12-20 ms)."""
+    return logits.max(-1).indices
+
+
 def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> int:
     """The next token from one position's logits [V]: greedy, or drawn at the temperature."""
     if sampling.greedy:
-        return int(logits.argmax())
+        return int(greedy_tokens(logits))
     return draw(next_token_distribution(logits, sampling.temperature), generator)
 
 
@@ -98,7 +105,7 @@ def _deepest(kept: list[bool], links: TreeLinks) -> int:
 
 def _exact(tokens: torch.Tensor, logits: torch.Tensor, links: TreeLinks,
            alive: torch.Tensor | None) -> tuple[int, int]:
-    greedy = logits.argmax(-1)  # [N]
+    greedy = greedy_tokens(logits)  # [N]
     parents = torch.tensor(links.parents[1:], dtype=torch.long)  # long even when the tree is the root alone
     hit = tokens[1:] == greedy[parents]
     kept = [True] + (hit if alive is None else hit & alive[1:]).tolist()

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .acceptance import greedy_tokens
 from .ar import read_prompt
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS
@@ -105,7 +106,7 @@ def _prefill(model: LeanLlama, cache: KVCache, scratch: KVCache, request: Reques
     hidden = read_prompt(model, torch.tensor(request.ids), scratch)  # [P, H]
     cache.k[..., start:start + n] = scratch.k[..., :n]
     cache.v[:, :, start:start + n] = scratch.v[:, :, :n]
-    first = int(model.logits(hidden[-1]).argmax())
+    first = int(greedy_tokens(model.logits(hidden[-1])))
     return _Sequence(request, start, n, [first])
 
 
@@ -115,7 +116,7 @@ def _step(model: LeanLlama, cache: KVCache, active: list[_Sequence]) -> None:
     positions = torch.tensor([s.length for s in active])  # [B]
     window = torch.tensor([[s.start, s.start + s.length] for s in active], dtype=torch.int64)  # [B, 2]
     hidden = model.forward_sequences(model.embed_ids(tokens), positions, cache, window)  # [B, H]
-    nexts = model.logits(hidden).argmax(-1).tolist()  # [B]: the first maximum, as ar's pick
+    nexts = greedy_tokens(model.logits(hidden)).tolist()  # [B]: the first maximum, as ar's pick
     for sequence, token in zip(active, nexts):
         sequence.length += 1
         sequence.tokens.append(token)

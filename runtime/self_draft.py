@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .acceptance import Sampling, choose, pick
+from .acceptance import Sampling, choose, greedy_tokens, pick
 from .kv_cache import KVCache
 from .tree_layout import TreeLayout, shape_layout
 
@@ -149,7 +149,7 @@ def decode_self_draft(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable
         n = len(tokens)
         final, next_token = choose(inputs[:n], logits[:n], layout.links, sampling, generator)
         cache.commit(layout.paths[final], len(inputs))
-        guesses = logits[n:].argmax(-1).tolist()  # [rows of the branches]
+        guesses = greedy_tokens(logits[n:]).tolist()  # [rows of the branches]
         split, start = [], 0
         for branch in drafts.branches:
             split.append(guesses[start:start + len(branch)])

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ppdkit.models.tiny import build_tiny_llama
-from ppdkit.runtime.acceptance import Sampling, TreeLinks, choose, next_token_distribution, typical_threshold
+from ppdkit.runtime.acceptance import (Sampling, TreeLinks, choose, greedy_tokens, next_token_distribution,
+                                       typical_threshold)
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.ppd import PromptTokenSet
 from ppdkit.runtime.tree import best_tree_for_size
@@ -68,6 +69,20 @@ def test_greedy_choice_follows_exact_matches():
     logits = torch.full((6, 8), -5.0, dtype=torch.float64)
     logits[0, 1] = logits[2, 3] = logits[5, 7] = 5.0  # root -> 1 (node 2) -> 3 (node 5) -> next 7
     assert choose(TOKENS, logits, LINKS, Sampling()) == (5, 7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_greedy_tokens_are_argmaxs_first_maximum_on_ties(dtype):
+    """bfloat16 logits tie often (8 bits of mantissa): the greedy token must be the first maximum, as argmax's, in
+    one row, many rows, and rows where every value ties or is NaN."""
+    g = torch.Generator().manual_seed(0)
+    for rows in (1, 3, 8, 65):
+        logits = (torch.randn(rows, 4096, generator=g) * 2).round().to(dtype)  # few distinct values: many ties
+        logits[0, 7] = logits[0, 4000] = logits[0].max() + 1
+        assert torch.equal(greedy_tokens(logits), logits.argmax(-1))
+        assert int(greedy_tokens(logits[0])) == 7 == int(logits[0].argmax())
+    flat, nan = torch.zeros(2, 50, dtype=dtype), torch.full((50,), float("nan"), dtype=dtype)
+    assert greedy_tokens(flat).tolist() == [0, 0] and int(greedy_tokens(nan)) == int(nan.argmax())
 
 
 def test_speculative_acceptance_emits_the_target_distribution():
