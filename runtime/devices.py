@@ -1,5 +1,5 @@
-"""Device helpers of the decoder: a checked torch device, and a context that makes tensors built without a
-device land on the decoder's."""
+"""Device helpers: a checked torch device, a context that makes tensors built without a device land on the
+decoder's, and one that sets torch's CPU threads for a while."""
 
 import contextlib
 
@@ -27,3 +27,16 @@ def on_device(device: torch.device):
     decoding loops build), or nothing where that is the default already: the context intercepts every torch
     call, about 1 us each, which a CPU decoding step need not pay."""
     return contextlib.nullcontext() if torch.get_default_device() == device else torch.device(device)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None):
+    """torch's CPU threads set to `count` inside (None: left alone) and the caller's count restored after: a benchmark
+    called as a library function (or by the tests) must not leave its process on one thread."""
+    before = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

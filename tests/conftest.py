@@ -43,6 +43,21 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"ran on: {describe_machine(machine_info())}")
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_left_alone():
+    """A test that leaves torch on fewer threads slows every test after it (the suite once ran on one thread from
+    the features benchmark's test on, several tests 5x slower): it fails, and the count is put back."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    after = torch.get_num_threads()
+    if after != before:
+        torch.set_num_threads(before)
+        pytest.fail(f"the test left torch on {after} threads, where it found {before}: set them inside "
+                    "ppdkit.runtime.devices.torch_threads")
+
+
 def pytest_unconfigure(config):
     for path in _made_cache:
         shutil.rmtree(path, ignore_errors=True)

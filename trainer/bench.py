@@ -16,6 +16,7 @@ from ppdkit.data_pipeline.teacher_cache import TeacherCache
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.prompt_tokens import PromptTokens, init_from_token_embeddings
+from ppdkit.runtime.devices import torch_threads
 
 from .batch import collate
 from .config import TrainConfig
@@ -32,8 +33,13 @@ def _train_step(base_model, prompt: PromptTokens, batch, cfg: TrainConfig) -> No
 
 def insertion_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, batches: int = 4,
                         threads: int | None = None) -> dict:
-    if threads:
-        torch.set_num_threads(threads)
+    """Both modes on `batches` micro-batches of the cache's training sequences, on `threads` CPU threads (None: as
+    they are) -> the report."""
+    with torch_threads(threads):
+        return _insertion_benchmark(base_cfg, cfg, teacher_dir, batches)
+
+
+def _insertion_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, batches: int) -> dict:
     base = load_base_model(base_cfg.name, base_cfg.quantization, base_cfg.dtype, for_training=True)
     cache = TeacherCache(teacher_dir, expect_fingerprint=base.fingerprint)
     seqs = [s for s in cache.sequences("train") if len(s.positions) > 1][: batches * cfg.micro_batch]

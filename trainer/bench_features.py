@@ -19,6 +19,7 @@ from ppdkit.data_pipeline.teacher_cache import TeacherCache, TeacherCacheError
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.draft_heads import HEAD_KINDS
 from ppdkit.models.loading import load_base_model
+from ppdkit.runtime.devices import torch_threads
 
 from .config import TrainConfig
 from .methods import TRAINING_METHODS
@@ -36,12 +37,17 @@ def feature_bytes(cache: TeacherCache) -> dict:
 
 def features_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, batches: int = 4,
                        threads: int | None = None) -> dict:
+    """Both modes on `batches` micro-batches (after one of warm-up), on `threads` CPU threads (None: as they are)
+    -> the report."""
+    with torch_threads(threads):
+        return _features_benchmark(base_cfg, cfg, teacher_dir, batches)
+
+
+def _features_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, batches: int) -> dict:
     method = TRAINING_METHODS[cfg.method]
     if method.head_kind not in HEAD_KINDS:
         raise ValueError(f"train.method {cfg.method} trains no head over the base's features: use one of "
                          f"{', '.join(m.name for m in TRAINING_METHODS.values() if m.head_kind in HEAD_KINDS)}")
-    if threads:
-        torch.set_num_threads(threads)
     cache = TeacherCache(teacher_dir)
     if not cache.has_features:
         raise TeacherCacheError(f"{teacher_dir} keeps no features to compare with: run the teacher stage with "
