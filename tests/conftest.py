@@ -45,8 +45,9 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(autouse=True)
 def _torch_threads_left_alone():
-    """A test that leaves torch on fewer threads slows every test after it (the suite once ran on one thread from
-    the features benchmark's test on, several tests 5x slower): it fails, and the count is put back."""
+    """A test that leaves torch on another thread count changes every test after it (the suite once ran on one
+    thread from the features benchmark's test on: 32 minutes against 26 on two): it fails, and the count is put
+    back."""
     import torch
 
     before = torch.get_num_threads()
