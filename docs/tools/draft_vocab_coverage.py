@@ -25,7 +25,7 @@ import torch
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
 from ppdkit.jobs.bench import load_prompts, machine_info
 from ppdkit.models.artifact import ArtifactError, read_component
-from ppdkit.models.draft_heads import frequent_tokens
+from ppdkit.models.draft_heads import frequent_tokens, inverse_index
 from ppdkit.runtime.decoder import Decoder
 
 SIZES = (2048, 4096, 8192, 16384, 32768)
@@ -83,18 +83,14 @@ def main() -> None:
     cache = TeacherCache(args.run / "teacher")
     sequences = [s.input_ids for s in cache.sequences("train")]
 
-    def mask(ids: torch.Tensor) -> torch.Tensor:
-        inside = torch.zeros(vocab_size, dtype=torch.bool)
-        inside[ids.long()] = True
-        return inside
-
-    vocabularies = {n: mask(frequent_tokens(sequences, n, vocab_size)) for n in SIZES}
+    vocabularies = {n: inverse_index(frequent_tokens(sequences, n, vocab_size), vocab_size) >= 0 for n in SIZES}
+    own = inverse_index(own_ids.long(), vocab_size) >= 0
     sets = {"mt-bench": load_prompts("mt-bench", args.limit), "humaneval": load_prompts("humaneval", args.limit),
             "held-out": held_out_first_turns(args.run / "data", args.limit)}
     report = {"model": str(args.model), "draft_vocab": len(own_ids), "training_sequences": len(sequences),
               "new_tokens": args.max_new_tokens, "machine": machine_info(),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "sets": {name: coverage(decoder, prompts, args.max_new_tokens, vocabularies, mask(own_ids))
+              "sets": {name: coverage(decoder, prompts, args.max_new_tokens, vocabularies, own)
                        for name, prompts in sets.items()}}
     if args.write_prompts:
         args.write_prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in sets["held-out"]))
