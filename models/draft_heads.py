@@ -63,14 +63,20 @@ def inverse_index(ids: torch.Tensor, size: int) -> torch.Tensor:
     return index
 
 
-def frequent_tokens(sequences: list[torch.Tensor], size: int, vocab_size: int) -> torch.Tensor:
-    """The draft vocabulary: the `size` most frequent token ids of `sequences` (1-D id tensors), ascending ids.
-    Ties and unseen tokens fill up by id, so the choice is deterministic."""
+def frequent_tokens(sequences: list[torch.Tensor], size: int, vocab_size: int,
+                    besides: torch.Tensor | None = None) -> torch.Tensor:
+    """The draft vocabulary: the `size` most frequent token ids of `sequences` (1-D id tensors), ascending ids,
+    leaving out the ids `besides` holds (a vocabulary being grown). Ties and unseen tokens fill up by id, so the
+    choice is deterministic."""
     counts = torch.zeros(vocab_size, dtype=torch.float64)
     for ids in sequences:
         counts += torch.bincount(ids.long(), minlength=vocab_size).double()
+    taken = 0
+    if besides is not None:
+        counts[besides.long()] = -1.0  # below every count: ranked last, then cut off
+        taken = len(besides.unique())
     order = torch.sort(-counts, stable=True).indices  # by count, then by id
-    return order[:min(size, vocab_size)].sort().values
+    return order[:min(size, vocab_size - taken)].sort().values
 
 
 class DraftHeads(nn.Module):

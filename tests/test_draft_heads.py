@@ -174,6 +174,9 @@ def test_the_draft_vocabulary_is_the_most_frequent_tokens():
     ids = [torch.tensor([5, 5, 5, 9, 9, 2, 7]), torch.tensor([9, 1])]
     assert frequent_tokens(ids, 2, 12).tolist() == [5, 9]  # 9 and 5 three times each, then by id
     assert frequent_tokens(ids, 4, 12).tolist() == [1, 2, 5, 9]  # 1, 2 and 7 once: the smaller ids first
+    # growing a vocabulary: the most frequent of the others; never more than the others there are
+    assert frequent_tokens(ids, 2, 12, besides=torch.tensor([9, 1])).tolist() == [2, 5]
+    assert len(frequent_tokens(ids, 20, 12, besides=torch.tensor([9, 1]))) == 10
 
 
 @pytest.mark.parametrize("path", ["native", "pytorch"])

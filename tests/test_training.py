@@ -219,3 +219,46 @@ def test_a_run_starts_from_a_trained_components_weights_and_vocabulary(teacher_d
         wider = cfg.model_copy(update={"num_epts": 2})
         with pytest.raises(ArtifactError, match="prompt_embeddings .* set the train keys that size them"):
             TRAINING_METHODS[method].start(wider, base, seqs, starting_component(wider, base.fingerprint))
+
+
+@pytest.mark.parametrize("method, settings", [("eagle3", {"head_depth": 2}),
+                                              ("feature-head", {"head_depth": 2, "head_inner": 16})])
+def test_a_larger_draft_vocab_grows_the_starting_components(teacher_dir, tmp_path, method, settings):
+    """train.init_from with a larger train.draft_vocab: the component's tokens stay, this run's most frequent
+    other tokens join them (ascending ids, as the export needs), a component token's readout row is the
+    component's wherever it now sits, and a new token's row starts as a fresh run's (the base's LM-head row)."""
+    from ppdkit.models.artifact import write_component
+    from ppdkit.trainer.methods import TRAINING_METHODS
+    from ppdkit.trainer.warm_start import starting_component
+
+    base = load_base_model("tiny-llama", for_training=True)
+    seqs = [s for s in TeacherCache(teacher_dir).sequences("train") if len(s.positions) > 1]
+    start = TRAINING_METHODS[method].start
+    frequent = {n: start(TrainConfig(method=method, draft_vocab=n, **settings), base, seqs) for n in (24, 96)}
+    # the component's 64 tokens: rare ones, none of the 96 most frequent, so growth must come from the data
+    rare = torch.tensor(sorted(set(range(base.model.config.vocab_size))
+                               - set(frequent[96].module.draft_vocab.tolist()))[:64])
+    fresh = start(TrainConfig(method=method, draft_vocab=64, **settings), base, seqs)
+    gen = torch.Generator().manual_seed(1)
+    trained = {name: (rare if name == "draft_vocab" else t + torch.randn(t.shape, generator=gen))
+               for name, t in fresh.export_tensors(fresh.module.state_dict()).items()}
+    write_component(tmp_path / "c", method, fresh.hyperparameters(), base.name, base.fingerprint, {}, trained)
+    cfg = TrainConfig(method=method, draft_vocab=88, init_from=str(tmp_path / "c"), **settings)
+    run = start(cfg, base, seqs, starting_component(cfg, base.fingerprint))
+    loaded = run.export_tensors(run.module.state_dict())
+    vocab = loaded["draft_vocab"]
+    assert torch.equal(vocab, torch.cat([rare, frequent[24].module.draft_vocab]).sort().values)
+    assert torch.equal(run.vocab_index[vocab], torch.arange(88))
+    kept = run.vocab_index[rare]
+    for name, t in loaded.items():
+        if name == "draft_vocab":
+            continue
+        if method == "eagle3" and name == "lm_head.weight":
+            assert torch.equal(t[kept], trained[name])
+            new = torch.ones(88, dtype=torch.bool).index_fill(0, kept, False)
+            assert torch.equal(t[new], base.model.get_output_embeddings().weight.detach().float()[vocab[new]])
+        else:
+            assert torch.equal(t, trained[name])
+    with pytest.raises(ArtifactError, match="or larger, to grow its vocabulary"):
+        smaller = cfg.model_copy(update={"draft_vocab": 32})
+        start(smaller, base, seqs, starting_component(smaller, base.fingerprint))

@@ -55,7 +55,8 @@ class TrainConfig(Section):
     # where the weights start
     init_from: str | None = Field(None, description="start from this trained component's weights (its directory or "
                                   "models:/NAME@ALIAS; the same method, base model and shapes) and draft vocabulary, "
-                                  "not a fresh draw: more epochs, or new data; the lr schedule starts anew")
+                                  "not a fresh draw: more epochs, or new data; the lr schedule starts anew. A larger "
+                                  "draft_vocab grows the component's by this run's most frequent other tokens")
     # the objective
     loss: Literal["kd", "ce"] = Field("kd", description="kd: decayed KL to the teacher; ce: hard labels (ablation)")
     alpha: float = Field(0.8, gt=0.0, le=1.0, description="decay per token distance")

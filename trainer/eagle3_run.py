@@ -62,6 +62,8 @@ def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
 
 
 class Run:
+    DRAFT_VOCAB_ROWS = ("lm_head.weight",)  # a tensor [V', ...] by draft token: warm_start grows it with the vocabulary
+
     def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
         if cfg.loss != "kd":
             raise ValueError("train.method eagle3 learns the teacher's distributions (train.loss kd); the hard-label "

@@ -3,7 +3,8 @@ that stopped improving only because its schedule ended, or a registered draft tr
 
 The component must be of the same method, made for the same base model, with tensors of this run's shapes; its
 draft vocabulary (where the method has one) replaces the one this run's data would give, since its readout rows
-are those tokens'. Only the weights carry over: the learning-rate schedule, the step count and the optimizer
+are those tokens'. A larger train.draft_vocab grows it by this run's most frequent other tokens: the component's
+rows keep their tokens, a new token's row starts as a fresh run's would (eagle3: the base model's LM-head row). Only the weights carry over: the learning-rate schedule, the step count and the optimizer
 state start anew, as a fine-tune from Hugging Face weights does.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ppdkit.models.artifact import ArtifactError, Component, read_component
-from ppdkit.models.draft_heads import frequent_tokens
+from ppdkit.models.draft_heads import frequent_tokens, inverse_index
 
 
 def starting_component(cfg, fingerprint: str) -> Component | None:
@@ -29,18 +30,24 @@ def starting_component(cfg, fingerprint: str) -> Component | None:
 
 def draft_vocabulary(cfg, sequences: list, vocab_size: int, init: Component | None) -> torch.Tensor:
     """The draft vocabulary [V'] token ids: the starting component's, else the `cfg.draft_vocab` most frequent
-    tokens of the training sequences."""
+    tokens of the training sequences. A component with fewer tokens than train.draft_vocab grows: its tokens
+    and the most frequent others of the training sequences, ascending ids (load_weights places its rows)."""
+    ids = [s.input_ids for s in sequences]
     if init is None:
-        return frequent_tokens([s.input_ids for s in sequences], cfg.draft_vocab, vocab_size)
+        return frequent_tokens(ids, cfg.draft_vocab, vocab_size)
     vocab = init.tensors.get("draft_vocab")
-    if vocab is None or len(vocab) != cfg.draft_vocab:
+    if vocab is None or len(vocab) > cfg.draft_vocab:
         raise ArtifactError(f"train.init_from={cfg.init_from} guesses among "
                             f"{'no' if vocab is None else len(vocab)} draft tokens, this run among "
-                            f"train.draft_vocab={cfg.draft_vocab}: set train.draft_vocab to the component's")
-    if int(vocab.min()) < 0 or int(vocab.max()) >= vocab_size:
+                            f"train.draft_vocab={cfg.draft_vocab}: set train.draft_vocab to the component's "
+                            "(or larger, to grow its vocabulary)")
+    if int(vocab.min()) < 0 or int(vocab.max()) >= vocab_size or len(vocab.unique()) != len(vocab):
         raise ArtifactError(f"train.init_from={cfg.init_from}: its draft vocabulary names tokens outside the base "
-                            f"model's {vocab_size}")
-    return vocab.long()
+                            f"model's {vocab_size}, or a token twice")
+    if len(vocab) == cfg.draft_vocab:
+        return vocab.long()
+    more = frequent_tokens(ids, cfg.draft_vocab - len(vocab), vocab_size, besides=vocab)
+    return torch.cat([vocab.long(), more]).sort().values
 
 
 def load_weights(run, init: Component) -> None:
@@ -54,8 +61,14 @@ def load_weights(run, init: Component) -> None:
             raise ArtifactError(f"train.init_from={init.path}: its tensors do not match this run's (missing "
                                 f"{missing or 'none'}, unexpected {extra or 'none'}); it was trained with other "
                                 "settings of the method")
+        by_token, place = set(), None  # tensors [V', ...] by draft token; where the component's tokens sit in the
+        if "draft_vocab" in mine:      # run's vocabulary, which may have grown from it (draft_vocabulary)
+            vocab = mine["draft_vocab"].long()
+            place = inverse_index(vocab, int(vocab.max()) + 1)[init.tensors["draft_vocab"].long()]
+            by_token = set(getattr(run, "DRAFT_VOCAB_ROWS", ()))
         differ = [f"{name} {tuple(init.tensors[name].shape)} here {tuple(t.shape)}" for name, t in mine.items()
-                  if init.tensors[name].shape != t.shape]
+                  if name != "draft_vocab" and init.tensors[name].shape != (
+                      (len(place), *t.shape[1:]) if name in by_token else t.shape)]
         if differ:
             raise ArtifactError(f"train.init_from={init.path} has other shapes than this run ({'; '.join(differ)}): "
                                 "set the train keys that size them (head_depth, head_inner, draft_vocab, "
@@ -66,4 +79,9 @@ def load_weights(run, init: Component) -> None:
             raise TypeError(f"{type(run).__module__}: export_tensors returns copies of {copies}, not the module's "
                             "own tensors, so a component's values cannot be loaded through it")
         for name, tensor in mine.items():
-            tensor.copy_(init.tensors[name])
+            if name == "draft_vocab":
+                continue  # the run's: the component's, or grown from it (draft_vocabulary)
+            if name in by_token:
+                tensor[place] = init.tensors[name].to(tensor.dtype)  # a new token's row keeps the run's start
+            else:
+                tensor.copy_(init.tensors[name])
