@@ -12,7 +12,7 @@ from ppdkit.models.eagle3 import expected_shapes, head_dim
 from .draft_heads import DraftHeadSet, HeadTree, head_tree
 from .eagle3 import Eagle3Set
 from .layer_skip import SkipDraft, check_skip_map
-from .linear import Linear
+from .linear import Linear, draft_readout
 from .precision import activation_dtype
 from .tree import check_nodes
 
@@ -82,7 +82,8 @@ def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tu
     dtype = activation_dtype(weight_dtype)
     t = {name: value.to(model.device, weight_dtype if value.dim() == 2 else dtype) for name, value in tensors.items()}
     qkv = torch.cat([t[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])
-    weights = {name: Linear(value) if value.dim() == 2 else value for name, value in t.items()}
+    weights = {name: (draft_readout if name == "lm_head.weight" else Linear)(value) if value.dim() == 2 else value
+               for name, value in t.items()}
     draft = Eagle3Set({**weights, "qkv": Linear(qkv)}, vocab.to(model.device), layers, config.num_attention_heads,
                       config.num_key_value_heads, head_dim(config), config.rms_norm_eps)
     if dtype == torch.float32:  # the native kernels' activations

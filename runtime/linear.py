@@ -26,7 +26,7 @@ is no other copy of the weights to multiply, and its rows never depend on each o
 import torch
 import torch.nn.functional as F
 
-from .gguf_blocks import QuantizedWeight
+from .gguf_blocks import QuantizedWeight, quantize_q8_0
 from .native import bf16_kernel, native_kernels
 
 ROWS_HINT = 64  # the batch oneDNN tunes its layout for; measured as good for 1 to 64 rows
@@ -91,3 +91,13 @@ class Linear:
         else:
             y = F.linear(rows.to(self.weight.dtype), self.weight).to(rows.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def draft_readout(rows: torch.Tensor) -> Linear:
+    """A draft's readout: its vocabulary's rows [V', H], whose logits only choose and rank its guesses (the
+    verification decides what is kept, so the output stays the base model's whatever they are). Where the rows are
+    bfloat16 on a CPU with the quantized kernel they go into Q8_0 blocks: about half the bytes, read by VNNI or
+    AMX-INT8 (4096 x 576 rows, 4 at a time, on the AMX Xeon: 0.05 ms against bfloat16's 0.14)."""
+    if rows.dtype == torch.bfloat16 and rows.device.type == "cpu" and native_format(QUANTIZED, native_kernels()):
+        return Linear(quantize_q8_0(rows.float()))
+    return Linear(rows)

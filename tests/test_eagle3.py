@@ -19,6 +19,7 @@ from ppdkit.models.artifact import ArtifactError, read_component
 from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes
 from ppdkit.models.loading import load_base_model
 from ppdkit.registry.tracking import TrackerRef
+import ppdkit.runtime.linear as linear_module
 from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.models.eagle3 import readout
@@ -157,11 +158,17 @@ def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f
     assert torch.allclose(drafter.cache.k[..., :8], whole.cache.k[..., :8], atol=1e-10)
 
 
-@pytest.mark.parametrize("path", ["native", "native-q4", "pytorch", "pytorch-fixed"])
+@pytest.mark.parametrize("path", ["native", "native-q4", "native-bf16", "pytorch", "pytorch-fixed"])
 def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatch):
-    """native-q4: 4-bit blocks on the int8 kernel, what auto runs SmolLM2's drafts on where the CPU has VNNI."""
-    model, tok = tiny_model_on(path.removesuffix("-q4"), monkeypatch)
+    """native-q4: 4-bit blocks on the int8 kernel, what auto runs SmolLM2's drafts on where the CPU has VNNI;
+    native-bf16: bfloat16 weights, the draft's readout in Q8_0 blocks (runtime/linear.draft_readout)."""
+    model, tok = tiny_model_on(path.removesuffix("-q4").removesuffix("-bf16"), monkeypatch)
     weights = q4_weights_or_skip(model) if path == "native-q4" else {}
+    kernels = linear_module.native_kernels()  # tiny_model_on's: the native module, or None for PyTorch's layers
+    if path == "native-bf16":
+        if not kernels.bf16_available():
+            pytest.skip("this CPU has no AVX512-BF16: bfloat16 runs the float32 path here")
+        model = model.bfloat16()
     rng = random.Random(0)
     vocab = torch.arange(3, VOCAB, 3)
     for case, value in enumerate((None, math.nan, math.inf, -math.inf, 1e30)):
@@ -172,7 +179,9 @@ def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatc
         decoder = _decoder(model, tok, tensors, vocab, **weights)
         decoder.fix_shapes(path == "pytorch-fixed")  # a GPU's steps (runtime/fixed_shapes.py)
         assert (decoder.model.native is not None) == path.startswith("native")  # the path under test really runs
-        assert decoder.model.weight_format == ("q4" if weights else "float32")
+        assert decoder.model.weight_format == ("q4" if weights else "bfloat16" if path == "native-bf16" else "float32")
+        if path == "native-bf16" and kernels.quantized_available():
+            assert decoder.eagle3.weights["lm_head.weight"].weight is None  # the readout really is in Q8_0 blocks
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])
             plain = decoder.generate(ids, 24, "ar").tokens
