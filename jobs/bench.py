@@ -160,6 +160,8 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
     weights = decoder.model.weight_format
     llama = llama_runners(decoder.base_name, weights, methods, torch.get_num_threads())
     order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy always runs: the baseline
+    if weights != "float32" and "ar" not in order:  # and in other weights ppdkit's own ar, what outputs must equal
+        order.insert(1, "ar")  # (hf-greedy rounds otherwise there: reference_of)
     try:
         return _measure(decoder, others, llama, order, prompts, prompts_source, model, max_new_tokens, repeats,
                         command)

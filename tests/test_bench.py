@@ -59,6 +59,18 @@ def test_a_method_whose_repeats_disagree_is_reported(prompts, monkeypatch, tmp_p
         bench.run_bench("tiny-llama", prompts, None, 12, ["anpd"], base_only=True, repeats=2)
 
 
+def test_in_bfloat16_ar_always_runs_as_what_outputs_must_equal(prompts, monkeypatch, tmp_path):
+    """transformers' bfloat16 greedy rounds otherwise than ppdkit's runtime, so outside float32 a bench without `ar`
+    in its methods runs it anyway: its methods are compared with it, not shown as 0.00 identical to hf-greedy."""
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
+    report = bench.run_bench("tiny-llama", prompts, None, 8, ["anpd"], base_only=True, dtype="bfloat16")
+    if report["dtype"] != "bfloat16":
+        pytest.skip("bfloat16 does not run on this CPU's kernels")
+    assert [r["method"] for r in report["results"]] == ["hf-greedy", "ar", "anpd"]
+    anpd = report["results"][-1]
+    assert anpd["compared_with"] == "ar" and anpd["identical_to_greedy"] == 1.0
+
+
 def test_a_report_says_when_where_and_how_it_was_made(prompts, monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
     report = bench.run_bench("tiny-llama", prompts, None, 6, ["ar"], base_only=True, command="ppdkit bench --x")
