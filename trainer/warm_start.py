@@ -4,8 +4,9 @@ that stopped improving only because its schedule ended, or a registered draft tr
 The component must be of the same method, made for the same base model, with tensors of this run's shapes; its
 draft vocabulary (where the method has one) replaces the one this run's data would give, since its readout rows
 are those tokens'. A larger train.draft_vocab grows it by this run's most frequent other tokens: the component's
-rows keep their tokens, a new token's row starts as a fresh run's would (eagle3: the base model's LM-head row). Only the weights carry over: the learning-rate schedule, the step count and the optimizer
-state start anew, as a fine-tune from Hugging Face weights does.
+rows keep their tokens, a new token's row starts as a fresh run's would (eagle3: the base model's LM-head row).
+Only the weights carry over: the learning-rate schedule, the step count and the optimizer state start anew, as a
+fine-tune from Hugging Face weights does.
 """
 
 from pathlib import Path
@@ -61,8 +62,10 @@ def load_weights(run, init: Component) -> None:
             raise ArtifactError(f"train.init_from={init.path}: its tensors do not match this run's (missing "
                                 f"{missing or 'none'}, unexpected {extra or 'none'}); it was trained with other "
                                 "settings of the method")
-        by_token, place = set(), None  # tensors [V', ...] by draft token; where the component's tokens sit in the
-        if "draft_vocab" in mine:      # run's vocabulary, which may have grown from it (draft_vocabulary)
+        # the run's tensors [V', ...] by draft token (DRAFT_VOCAB_ROWS), and where the component's tokens sit in the
+        # run's vocabulary, which may have grown from the component's (draft_vocabulary)
+        by_token, place = set(), None
+        if "draft_vocab" in mine:
             vocab = mine["draft_vocab"].long()
             place = inverse_index(vocab, int(vocab.max()) + 1)[init.tensors["draft_vocab"].long()]
             by_token = set(getattr(run, "DRAFT_VOCAB_ROWS", ()))
