@@ -15,6 +15,7 @@ import torch
 
 from ppdkit.models.artifact import ArtifactError, Component, read_component
 from ppdkit.models.draft_heads import frequent_tokens, inverse_index
+from ppdkit.runtime.head_loading import checked_draft_vocab
 
 
 def starting_component(cfg, fingerprint: str) -> Component | None:
@@ -42,13 +43,11 @@ def draft_vocabulary(cfg, sequences: list, vocab_size: int, init: Component | No
                             f"{'no' if vocab is None else len(vocab)} draft tokens, this run among "
                             f"train.draft_vocab={cfg.draft_vocab}: set train.draft_vocab to the component's "
                             "(or larger, to grow its vocabulary)")
-    if int(vocab.min()) < 0 or int(vocab.max()) >= vocab_size or len(vocab.unique()) != len(vocab):
-        raise ArtifactError(f"train.init_from={cfg.init_from}: its draft vocabulary names tokens outside the base "
-                            f"model's {vocab_size}, or a token twice")
+    vocab = checked_draft_vocab(init, vocab_size)  # distinct ids of the base vocabulary, as decoding requires
     if len(vocab) == cfg.draft_vocab:
-        return vocab.long()
+        return vocab
     more = frequent_tokens(ids, cfg.draft_vocab - len(vocab), vocab_size, besides=vocab)
-    return torch.cat([vocab.long(), more]).sort().values
+    return torch.cat([vocab, more]).sort().values
 
 
 def load_weights(run, init: Component) -> None:
