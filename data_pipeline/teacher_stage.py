@@ -45,6 +45,7 @@ from .teacher_cache import (FORMAT, ShardSequence, compress_head, compress_logit
 from .templating import encode_conversation
 from .throughput import Throughput
 from .worker_log import log_to_file
+from .worker_memory import bound_kernel_caches, release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class TeacherWorker:
     """Holds one frozen base model; turns shards of rows into shard files."""
 
     def __init__(self, base: BaseModelConfig, cfg: TeacherConfig, max_length: int, threads: int, log_file: str):
+        bound_kernel_caches()  # first: before any oneDNN kernel is made
         torch.set_num_threads(threads)
         log_to_file(Path(log_file))
         started = time.time()
@@ -163,6 +165,7 @@ class TeacherWorker:
                      teacher_sequences(self.base.model, good, cfg.top_k, cfg.batch_size, cfg.features))
         record = write_shard(Path(job["path"]), sequences, self.base.model.config.vocab_size, cfg.dtype, cfg.features)
         teacher_seconds = time.time() - started
+        release_freed_memory()  # a shard's tensors of every length, freed
         log.info("shard %s: %d sequences, %d positions (%.0f/s), %d tokens generated (%.0f/s), %d rows skipped",
                  job["shard_id"], len(sequences), record["positions"], record["positions"] / max(teacher_seconds, 1e-9),
                  generated.total(), generated.total() / max(generate_seconds, 1e-9), sum(report.skipped.values()))

@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 
 from ppdkit.data_pipeline.worker_log import log_to_file
+from ppdkit.data_pipeline.worker_memory import bound_kernel_caches, release_freed_memory
 from ppdkit.models.paths import write_json_atomic
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"  # rank 0's latest step, for the driver's bar (trainer/launch.py)
+RELEASE_MEMORY_EVERY = 10  # steps between handing the allocator's freed pages back (data_pipeline/worker_memory.py)
 
 
 def _setup_deepspeed_cpu() -> None:
@@ -87,6 +89,7 @@ def micro_batch_rows(order: list[int], step_in_epoch: int, micro: int, cfg, rank
 
 
 def train_loop_per_worker(config: dict) -> None:
+    bound_kernel_caches()  # first: before any oneDNN kernel is made
     _setup_deepspeed_cpu()
     import deepspeed
 
@@ -168,6 +171,8 @@ def train_loop_per_worker(config: dict) -> None:
             step_loss += loss.item() / cfg.grad_accum
             supervised += positions
         step += 1
+        if step % RELEASE_MEMORY_EVERY == 0:
+            release_freed_memory()
         fault = config.get("fault")
         if fault and rank == 0 and step == fault["at_step"] and not Path(fault["marker"]).exists():
             Path(fault["marker"]).write_text(str(step))
