@@ -13,6 +13,7 @@ every ~600 steps):
 
 import ctypes
 import ctypes.util
+import functools
 import os
 
 KERNEL_CACHE_ENTRIES = 64  # compiled kernels kept per cache: a step's shapes, several times over
@@ -35,6 +36,7 @@ def release_freed_memory() -> bool:
     return True
 
 
+@functools.cache  # find_library asks ldconfig, once is enough
 def _libc():
     name = ctypes.util.find_library("c")
     return ctypes.CDLL(name) if name else None
