@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import platform
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -52,7 +53,10 @@ def native_kernels() -> ModuleType | None:
     if not cpu_supports_kernels():
         log.info("neither AVX-512 nor AVX2 on this CPU: the runtime's matmuls use oneDNN")
         return None
-    return build_kernels()
+    module = build_kernels()
+    if module is not None and module.bf16_available():
+        module.bf16_fma_from_rows(bf16_fma_rows(module))
+    return module
 
 
 @functools.cache
@@ -101,3 +105,48 @@ def bf16_kernel(native: ModuleType) -> str:
         return "amx" if native.amx_available() else "avx512"
     return requested
 
+
+
+NEVER = 2 ** 62  # a row count no call reaches: the AVX512-BF16 path keeps VDPBF16PS for every call
+FMA_ROWS_TRIED = (2, 3, 4, 6, 8, 12)
+
+
+def bf16_fma_rows(native: ModuleType) -> int:
+    """From how many rows the AVX512-BF16 few-rows matmul runs on float32 FMAs instead of VDPBF16PS: the same bits
+    either way (runtime/kernels/skinny_linear.cpp), so only speed decides. PPDKIT_BF16_FMA_ROWS=N (or `never`) sets
+    it; else both are timed here once per process on a 3072 x 576 weight (a few milliseconds), and the FMAs take
+    over from the fewest rows where they are faster at that count and at every larger one tried. On Intel cores
+    without AMX tiles VDPBF16PS issues at about a third of the FMAs' rate: the FMAs win from 4 rows (1.3x), 1.7x at
+    8-32; where VDPBF16PS is as fast (AMD's Zen 4 issues it as one FMA) it stays."""
+    requested = os.environ.get("PPDKIT_BF16_FMA_ROWS", "")
+    if requested:
+        if requested == "never":
+            return NEVER
+        if not requested.isdigit() or int(requested) < 1:
+            raise ValueError(f"PPDKIT_BF16_FMA_ROWS must be a number of rows (1 or more) or never, not {requested!r}")
+        return int(requested)
+    generator, saved = torch.Generator().manual_seed(0), native.bf16_fma_from_rows()
+    panels = native.pack(torch.randn(3072, 576, generator=generator).bfloat16(), "avx512")
+
+    def fastest(rows: int, threshold: int) -> float:
+        native.bf16_fma_from_rows(threshold)
+        x = torch.randn(rows, 576, generator=generator)
+        native.linear(x, panels, 3072)  # warm
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            native.linear(x, panels, 3072)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    gains = {rows: fastest(rows, NEVER) / fastest(rows, rows) for rows in FMA_ROWS_TRIED}
+    native.bf16_fma_from_rows(saved)
+    threshold = NEVER
+    for rows in reversed(FMA_ROWS_TRIED):  # the fewest rows from which the FMAs win at every count tried
+        if gains[rows] < 1.05:
+            break
+        threshold = rows
+    log.info("bfloat16 few-rows matmul: %s (VDPBF16PS / FMA time by rows: %s)",
+             f"float32 FMAs from {threshold} rows" if threshold < NEVER else "VDPBF16PS for every row count",
+             ", ".join(f"{rows}: {gain:.2f}" for rows, gain in gains.items()))
+    return threshold

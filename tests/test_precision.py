@@ -22,6 +22,7 @@ from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.kernels_twin import bf16_linear_twin
 from ppdkit.runtime.linear import Linear
 from ppdkit.runtime.llama import LeanLlama
+from ppdkit.runtime.native import FMA_ROWS_TRIED, NEVER, bf16_fma_rows
 from ppdkit.runtime.ppd import PromptTokenSet
 from ppdkit.runtime.precision import resolve_dtype
 from ppdkit.runtime.tree import best_tree_for_size
@@ -116,6 +117,67 @@ def test_a_bfloat16_kernel_the_cpu_lacks_or_misspelled_is_refused(monkeypatch):
         monkeypatch.setenv("PPDKIT_BF16_KERNEL", "amx")
         with pytest.raises(ValueError, match="no AMX-BF16 tiles"):
             Linear(torch.randn(32, 32).bfloat16())
+
+
+@pytest.fixture
+def fma_rows():
+    """Sets from how many rows the AVX512-BF16 path runs on float32 FMAs, for one test; the process's own value is
+    put back after."""
+    module = _bf16_kernels()
+    saved = module.bf16_fma_from_rows()
+    yield module
+    module.bf16_fma_from_rows(saved)
+
+
+# VDPBF16PS for every call, FMAs for every call, and mixed: 1-2 rows on VDPBF16PS, 3 or more on FMAs
+FMA_THRESHOLDS = [NEVER, 1, 3]
+
+
+@pytest.mark.parametrize("threshold", FMA_THRESHOLDS)
+def test_the_bfloat16_fma_path_gives_the_dot_products_bits(threshold, fma_rows):
+    """Both ways of the AVX512-BF16 path give the twin's bits for every row count 1-40, denormal inputs included
+    (VDPBF16PS reads them as zeros; the FMAs run with DAZ and FTZ set, so they do too): which way a call takes may
+    then depend on its rows without a row's result depending on them."""
+    module = fma_rows
+    module.bf16_fma_from_rows(threshold)
+    g = torch.Generator().manual_seed(5)
+    for out_features, in_features in SHAPES:
+        weight = torch.randn(out_features, in_features, generator=g)
+        weight[0] = 1e-39  # denormal in bfloat16 as in float32: output 0 sums only products read as zeros
+        weight = weight.bfloat16()
+        x = torch.randn(40, in_features, generator=g)
+        x[1] = 0.0
+        x[1, :2] = torch.tensor([2e-39, -1e-39])  # and so does row 1
+        twin = bf16_linear_twin(x, weight)
+        packed = module.pack(weight, "avx512")
+        for rows in range(1, 41):
+            assert torch.equal(module.linear(x[:rows], packed, out_features), twin[:rows]), (in_features, rows)
+
+
+def test_the_native_decoder_layers_are_row_invariant_across_the_two_bfloat16_ways(fma_rows, monkeypatch):
+    """The tiny model's steps of 1 and 2 rows on VDPBF16PS, of 3 or more on FMAs: each row still gets exactly what
+    one-row steps give it."""
+    fma_rows.bf16_fma_from_rows(3)
+    _path("avx512", torch.bfloat16, monkeypatch)
+    model, _ = build_tiny_llama()
+    lean = LeanLlama(model.to(torch.bfloat16).eval(), 256)
+    assert row_invariance.first_mismatch(lean, ROWS) is None
+
+
+def test_the_fma_threshold_is_timed_here_or_set_by_the_environment(monkeypatch):
+    module = _bf16_kernels()
+    monkeypatch.setenv("PPDKIT_BF16_FMA_ROWS", "5")
+    assert bf16_fma_rows(module) == 5
+    monkeypatch.setenv("PPDKIT_BF16_FMA_ROWS", "never")
+    assert bf16_fma_rows(module) == NEVER
+    for wrong in ("0", "four", "-2"):
+        monkeypatch.setenv("PPDKIT_BF16_FMA_ROWS", wrong)
+        with pytest.raises(ValueError, match="PPDKIT_BF16_FMA_ROWS must be a number of rows"):
+            bf16_fma_rows(module)
+    monkeypatch.delenv("PPDKIT_BF16_FMA_ROWS")
+    saved = module.bf16_fma_from_rows()
+    assert bf16_fma_rows(module) in (*FMA_ROWS_TRIED, NEVER)
+    assert module.bf16_fma_from_rows() == saved  # the timing puts the process's value back
 
 
 @pytest.mark.parametrize("variant,dtype", PATHS)

@@ -7,6 +7,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &skinny_linear_available);
   m.def("bf16_available", &skinny_bf16_available);
   m.def("amx_available", &skinny_amx_available);
+  m.def("bf16_fma_from_rows", &skinny_bf16_fma_from_rows, pybind11::arg("rows") = 0);
   m.def("pack", &skinny_pack, pybind11::arg("weight"), pybind11::arg("kernel") = "auto");
   m.def("linear", &skinny_linear);
   m.def("decoder_layers", &decoder_layers);

@@ -6,7 +6,15 @@
 //   k in order;
 // - bfloat16 (AVX512-BF16), panels [N/16, K/2, 16, 2]: x is rounded to bfloat16 (to nearest even) and
 //   VDPBF16PS adds two exact products a k-pair, odd k first, into float32 sums, k-pairs in order (the
-//   PyTorch twin, runtime/kernels_twin.py, does exactly these roundings).
+//   PyTorch twin, runtime/kernels_twin.py, does exactly these roundings). From `bf16_fma_from_rows` rows the
+//   same panels go through float32 FMAs instead: each k-pair's two bfloat16 weights widened to float32 (exact),
+//   then acc = fma(x_odd, w_odd, acc), acc = fma(x_even, w_even, acc). A product of two bfloat16 numbers is exact
+//   in float32, so each FMA rounds what VDPBF16PS rounds, once; with denormals flushed (MXCSR's DAZ and FTZ, as
+//   VDPBF16PS does) the sums are the same bits. (The one case apart: a product below float32's smallest normal
+//   from two normal numbers, which VDPBF16PS drops and an FMA adds, changes a sum only while the sum is below
+//   2^-102: no activation row of a model gets there.) Where VDPBF16PS issues at a third of the FMAs' rate (Intel
+//   cores without AMX tiles: 85 against 150 GMAC/s on 2 cores from 4 rows), this is the faster path for a step's
+//   rows; runtime/native.py times both once per process and sets the threshold.
 // - bfloat16 on AMX tiles (AMX-BF16), the same panels with K padded to a multiple of 32: a B tile is 16
 //   consecutive k-pair rows of one panel (1 KB), an A tile up to 16 rows of x's 32 k values, and TDPBF16PS adds
 //   the 32 products of a k-block into each float32 sum, k-blocks in order; rows in tiles of 16, every tile
@@ -26,8 +34,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <type_traits>
 
 #include "amx_tiles.h"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -80,7 +91,49 @@ struct BFloat16 {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(static_cast<int>(x)), (__m512bh)w);
   }
 };
+
+// The same panels on float32 FMAs: a panel row's 16 k-pairs widened into its even and odd k (a bfloat16 is the
+// high half of a float32), x given as float32 pairs already rounded to bfloat16.
+struct BFloat16Fma {
+  using W = uint16_t;
+  struct X {
+    float even, odd;
+  };
+  static constexpr int64_t Step = 2;
+  static constexpr int Registers = 2;
+  struct Row {
+    __m512 even, odd;
+  };
+  static Row load(const W* p) {
+    const __m512i pairs = _mm512_loadu_si512(p);
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)),
+            _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))))};
+  }
+  static Vec madd(Vec acc, X x, Row w) {  // odd k first, as VDPBF16PS adds them
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(x.odd), w.odd, acc);
+    return _mm512_fmadd_ps(_mm512_set1_ps(x.even), w.even, acc);
+  }
+};
+
+// VDPBF16PS's treatment of denormals (DAZ, FTZ) for the FMAs of the calling thread, while it lives.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+};
 #endif
+
+template <typename F, typename = void>
+struct RegistersOf {  // vector registers one panel row takes (1 unless the format says)
+  static constexpr int value = 1;
+};
+template <typename F>
+struct RegistersOf<F, std::void_t<decltype(F::Registers)>> {
+  static constexpr int value = F::Registers;
+};
 
 // Panels [p0, p1) of W, `Cols` panels at a time, for `Rows` rows of x: Rows * Cols accumulators. k_rows: the
 // panel rows (K / F::Step).
@@ -95,8 +148,15 @@ void panels(const typename F::X* __restrict x, const typename F::W* __restrict w
 #pragma GCC unroll 4
       for (int c = 0; c < Cols; ++c) acc[r][c] = vzero();
     const typename F::W* panel = w + p * k_rows * row_width;
+    // The next panels' lines are asked for as this group's are used, one per panel row: the sums of a few rows keep
+    // the core busy between loads, and a demand miss would stall it (8 bfloat16 rows: 17 -> 13 ms a step)
+    const typename F::W* next = p + 2 * Cols <= p1 ? panel + Cols * k_rows * row_width : nullptr;
     for (int64_t k = 0; k < k_rows; ++k) {
       typename F::Row wk[Cols];
+      if (next)
+#pragma GCC unroll 4
+        for (int c = 0; c < Cols; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(next + (c * k_rows + k) * row_width), _MM_HINT_T0);
 #pragma GCC unroll 4
       for (int c = 0; c < Cols; ++c) wk[c] = F::load(panel + (c * k_rows + k) * row_width);
 #pragma GCC unroll 16
@@ -120,13 +180,28 @@ void panels(const typename F::X* __restrict x, const typename F::W* __restrict w
 // weight), so 16 rows run as two passes of 8.
 template <typename F, int Rows>
 void run(const typename F::X* x, const typename F::W* w, float* y, int64_t k_rows, int64_t n_dim) {
-  constexpr int Cols = kRegisters == 32 ? (Rows <= 4 ? 4 : Rows <= 15 ? 2 : 1) : (Rows <= 2 ? 4 : Rows <= 6 ? 2 : 1);
+  constexpr int R = RegistersOf<F>::value;  // a panel row's registers: two panels' rows and the sums must fit
+  constexpr int Cols = kRegisters == 32 ? (Rows <= 4 ? 4 : 2 * (Rows + R) <= kRegisters ? 2 : 1)
+                                        : (Rows <= 2 ? 4 : Rows <= 6 ? 2 : 1);
   const int64_t groups = n_dim / kPanel / Cols;
   at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
+#ifdef __AVX512BF16__
+    if constexpr (std::is_same_v<F, BFloat16Fma>) {
+      const FlushDenormals flushed;  // on each thread that runs panels
+      panels<F, Rows, Cols>(x, w, y, k_rows, n_dim, g0 * Cols, g1 * Cols);
+      return;
+    }
+#endif
     panels<F, Rows, Cols>(x, w, y, k_rows, n_dim, g0 * Cols, g1 * Cols);
   });
   const int64_t done = groups * Cols;  // the last panels when their count is not a multiple of Cols
-  if (done * kPanel < n_dim) panels<F, Rows, 1>(x, w, y, k_rows, n_dim, done, n_dim / kPanel);
+  if (done * kPanel < n_dim) {
+#ifdef __AVX512BF16__
+    std::optional<FlushDenormals> flushed;
+    if constexpr (std::is_same_v<F, BFloat16Fma>) flushed.emplace();
+#endif
+    panels<F, Rows, 1>(x, w, y, k_rows, n_dim, done, n_dim / kPanel);
+  }
 }
 
 template <typename F, int Rows>
@@ -225,9 +300,17 @@ void amx_linear(const uint16_t* x, const uint16_t* w, float* y, int64_t rows, in
 }
 #endif
 
+// From this many rows the AVX512-BF16 path multiplies on float32 FMAs (the same bits, see the top); never until set.
+std::atomic<int64_t> fma_from_rows{INT64_MAX};
+
 }  // namespace
 
 bool skinny_linear_available() { return true; }
+
+int64_t skinny_bf16_fma_from_rows(int64_t rows) {
+  if (rows > 0) fma_from_rows = rows;
+  return fma_from_rows;
+}
 
 bool skinny_amx_available() {
 #ifdef PPDKIT_AMX
@@ -299,9 +382,15 @@ torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed,
     // x rounded to bfloat16 once per call (to nearest even, as PyTorch rounds), k-pairs as one 32-bit operand
     auto xb = torch::zeros({m, packed.size(1) * 2}, x.options().dtype(torch::kBFloat16));
     xb.narrow(1, 0, k).copy_(x);
-    passes<BFloat16>(m, reinterpret_cast<const uint32_t*>(xb.data_ptr()),
-                     reinterpret_cast<const uint16_t*>(packed.data_ptr()), y.data_ptr<float>(), packed.size(1),
-                     padded);
+    const auto* panels_w = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+    if (m >= fma_from_rows) {  // the FMA path takes x's bfloat16 values as float32 (exact), in (even, odd) pairs
+      auto xf = xb.to(torch::kFloat32);
+      passes<BFloat16Fma>(m, reinterpret_cast<const BFloat16Fma::X*>(xf.data_ptr<float>()), panels_w,
+                          y.data_ptr<float>(), packed.size(1), padded);
+    } else {
+      passes<BFloat16>(m, reinterpret_cast<const uint32_t*>(xb.data_ptr()), panels_w, y.data_ptr<float>(),
+                       packed.size(1), padded);
+    }
 #else
     TORCH_CHECK(false, "skinny_linear: built without AVX512-BF16, so it takes float32 panels only");
 #endif
@@ -314,6 +403,7 @@ torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed,
 bool skinny_linear_available() { return false; }
 bool skinny_bf16_available() { return false; }
 bool skinny_amx_available() { return false; }
+int64_t skinny_bf16_fma_from_rows(int64_t) { return INT64_MAX; }
 torch::Tensor skinny_pack(const torch::Tensor&, const std::string&) {
   TORCH_CHECK(false, "built without AVX-512 or AVX2");
 }

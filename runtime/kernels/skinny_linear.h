@@ -8,6 +8,8 @@
 bool skinny_linear_available();                          // false where built without AVX-512 or AVX2
 bool skinny_bf16_available();                            // bfloat16 weights: built with AVX512-BF16
 bool skinny_amx_available();                             // bfloat16 on AMX tiles: built with AMX and Linux allows them
+// From how many rows the AVX512-BF16 path runs on float32 FMAs (the same bits): sets it where rows > 0; -> the value
+int64_t skinny_bf16_fma_from_rows(int64_t rows);
 // float32 [N, K] -> [ceil(N/P), K, P]; bfloat16 -> [.., K/2, P, 2] (kernel avx512) or [.., K/32, 16, P, 2] (amx);
 // kernel auto: amx where available
 torch::Tensor skinny_pack(const torch::Tensor& weight, const std::string& kernel);
