@@ -54,8 +54,9 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
     return heads, trees
 
 
-def load_eagle3(component: Component, model) -> Eagle3Set:
-    """An eagle3 component's draft, its tensors' shapes and hidden-state layers checked against the base model."""
+def load_eagle3(component: Component, model, matrices: torch.dtype | None = None) -> Eagle3Set:
+    """An eagle3 component's draft, its tensors' shapes and hidden-state layers checked against the base model;
+    `matrices` as eagle3_set's."""
     where, config = component.path, model.config
     vocab = checked_draft_vocab(component, config.vocab_size)
     expected = expected_shapes(config, len(vocab))
@@ -70,17 +71,20 @@ def load_eagle3(component: Component, model) -> Eagle3Set:
             and all(isinstance(k, int) and 1 <= k <= config.num_hidden_layers for k in layers)):
         raise ArtifactError(f"{where}/component.json: hyperparameters.aux_layers must name 3 of the base model's "
                             f"hidden states (1 .. {config.num_hidden_layers}), found {layers!r}")
-    return eagle3_set({name: component.tensors[name] for name in expected}, vocab, tuple(layers), model)
+    return eagle3_set({name: component.tensors[name] for name in expected}, vocab, tuple(layers), model, matrices)
 
 
-def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tuple[int, ...], model) -> Eagle3Set:
-    """The runtime's draft from models/eagle3.py's tensors (checked), on `model`'s device and activations."""
+def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tuple[int, ...], model,
+               matrices: torch.dtype | None = None) -> Eagle3Set:
+    """The runtime's draft from models/eagle3.py's tensors (checked), on `model`'s device and activations; its
+    matrices in `matrices` (runtime/decoder_loading.draft_matrices), by default the base's weight dtype."""
     config = model.config
     # its matrices in the base's weight dtype (bfloat16 halves what each draft step reads: drafting is memory-bound,
     # 27 MB a level in float32), its norms and activations in the decoder's activation dtype
     weight_dtype = next(model.parameters()).dtype
     dtype = activation_dtype(weight_dtype)
-    t = {name: value.to(model.device, weight_dtype if value.dim() == 2 else dtype) for name, value in tensors.items()}
+    matrices = matrices or weight_dtype
+    t = {name: value.to(model.device, matrices if value.dim() == 2 else dtype) for name, value in tensors.items()}
     qkv = torch.cat([t[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])
     weights = {name: (draft_readout if name == "lm_head.weight" else Linear)(value) if value.dim() == 2 else value
                for name, value in t.items()}
