@@ -14,7 +14,9 @@ The results differ only in summation order (about 1e-6 relative in float32).
 bfloat16 weights (the runtime's `dtype`, runtime/precision.py) take the same native kernel with AVX512-BF16 dot
 products: half the bytes to read, two products per lane and instruction; or, where the CPU has them, AMX tiles
 (runtime/native.bf16_kernel), on which 1 to 16 rows cost about the same and 32 rows 1.5x one (SmolLM2's 30
-layers, 2 cores: 7-10 ms a row, 21-30 GB/s read; AVX512-BF16 takes 6x as long for 32 rows as for one). Its
+layers, 2 cores: 7-10 ms a row, 21-30 GB/s read; AVX512-BF16 takes 6x as long for 32 rows as for one). From the
+rows where it is faster (timed once per process, runtime/native.bf16_fma_rows) the AVX512-BF16 path runs the same
+panels on float32 FMAs, which give VDPBF16PS's bits (docs/devices.md#the-bfloat16-kernel). Its
 activations stay float32 and are rounded to bfloat16 as the kernel reads them; prefill runs oneDNN's bfloat16
 matmul on the same weights.
 

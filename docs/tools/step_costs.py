@@ -5,8 +5,9 @@ array on the runtime's threads, the fastest of 15: a stream the prefetcher follo
 the fastest, because what other tenants of the VM take varies from one second to the next), the
 bytes a step's matmuls read (every packed weight, the LM head included), and per dtype the median latency of one
 forward plus LM head of n new rows over 256 cached tokens (runtime/profile.py's measure_latency), bfloat16 on each
-of its kernels this CPU has (AVX512-BF16 dot products, AMX tiles). Run it on an
-idle machine: `python docs/tools/step_costs.py`.
+of its kernels this CPU has (AVX512-BF16 dot products, AMX tiles), and on AVX512-BF16 both as the runtime runs it
+(float32 FMAs from the rows where they were faster here, runtime/native.bf16_fma_rows) and with VDPBF16PS for every
+row count ("bfloat16-avx512-vdpbf16ps"). Run it on an idle machine: `python docs/tools/step_costs.py`.
 """
 
 import argparse
@@ -20,7 +21,7 @@ import torch
 
 from ppdkit.jobs.bench import machine_info
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.native import native_kernels
+from ppdkit.runtime.native import NEVER, native_kernels
 from ppdkit.runtime.profile import measure_latency
 
 ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80)
@@ -63,11 +64,20 @@ def main() -> None:
             os.environ["PPDKIT_BF16_KERNEL"] = kernel
         decoder = Decoder.from_base(args.base, dtype=dtype)
         size = weight_bytes(decoder)
-        latency = {n: measure_latency(decoder.model, n, args.context, repeats=9) for n in ROWS}
-        report["dtypes"][f"{dtype}-{kernel}" if kernel else dtype] = {
-            "weight_bytes": size, "read_once_ms": 1000 * size / bandwidth,
-            "latency_ms": {str(n): 1000 * s for n, s in latency.items()},
-            "x_one_row": {str(n): s / latency[1] for n, s in latency.items()}}
+        chosen = native.bf16_fma_from_rows() if kernel == "avx512" else None
+        for name, fma_rows in [(f"{dtype}-{kernel}" if kernel else dtype, chosen),
+                               *([(f"{dtype}-{kernel}-vdpbf16ps", NEVER)] if kernel == "avx512" else [])]:
+            if fma_rows is not None:
+                native.bf16_fma_from_rows(fma_rows)
+            latency = {n: measure_latency(decoder.model, n, args.context, repeats=9) for n in ROWS}
+            report["dtypes"][name] = {
+                "weight_bytes": size, "read_once_ms": 1000 * size / bandwidth,
+                "latency_ms": {str(n): 1000 * s for n, s in latency.items()},
+                "x_one_row": {str(n): s / latency[1] for n, s in latency.items()}}
+            if kernel == "avx512":
+                report["dtypes"][name]["fma_from_rows"] = fma_rows if fma_rows < NEVER else None
+        if chosen is not None:
+            native.bf16_fma_from_rows(chosen)
         del decoder
     args.out.write_text(json.dumps(report, indent=2))
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; wrote {args.out}")
