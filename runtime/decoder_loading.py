@@ -106,8 +106,8 @@ def base_weights(name: str, dtype: str) -> tuple[BaseModel, dict[str, QuantizedW
 
 def draft_matrices(dtype: str) -> torch.dtype | None:
     """The dtype of an EAGLE-3 draft's matrices for a decoder in `dtype` (resolved): on GGUF blocks bfloat16 where
-    this CPU's kernels run it (the base model's float32 copy would double what each draft level reads: 4.3 against
-    3.0 ms a step's drafting, 2 cores; the draft only ranks guesses, the blocks verify them), else the base model's
+    this CPU's kernels run it (the base model's float32 copy would double what each draft level reads: 4.4 against
+    2.8 ms a step's drafting, 2 cores; the draft only ranks guesses, the blocks verify them), else the base model's
     weight dtype (None)."""
     return torch.bfloat16 if dtype in BLOCK_FORMATS and bf16_kernels_here() else None
 

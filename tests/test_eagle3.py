@@ -22,6 +22,7 @@ from ppdkit.registry.tracking import TrackerRef
 import ppdkit.runtime.linear as linear_module
 from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.decoder_loading import draft_matrices
 from ppdkit.models.eagle3 import readout
 from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows, forward_with_states
 from ppdkit.runtime.grown_tree import level_logp
@@ -46,7 +47,7 @@ def _decoder(model, tok, tensors: dict[str, torch.Tensor], vocab: torch.Tensor, 
     decoder = Decoder(model, tok, None, None, **weights)
     layers = aux_layers(model.config.num_hidden_layers)
     decoder.eagle3 = eagle3_set({k: v if dtype is None else v.to(dtype) for k, v in tensors.items()}, vocab, layers,
-                                model)
+                                model, draft_matrices(weights.get("weight_format", "")))  # as the loader does
     return decoder
 
 
@@ -182,6 +183,9 @@ def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatc
         assert decoder.model.weight_format == ("q4" if weights else "bfloat16" if path == "native-bf16" else "float32")
         if path == "native-bf16" and kernels.quantized_available():
             assert decoder.eagle3.weights["lm_head.weight"].weight is None  # the readout really is in Q8_0 blocks
+        if path == "native-q4":  # on blocks the draft's matrices are bfloat16 where the kernels run it
+            assert decoder.eagle3.weights["qkv"].weight.dtype == (torch.bfloat16 if kernels.bf16_available()
+                                                                   else torch.float32)
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])
             plain = decoder.generate(ids, 24, "ar").tokens
