@@ -115,9 +115,9 @@ def bf16_fma_rows(native: ModuleType) -> int:
     """From how many rows the AVX512-BF16 few-rows matmul runs on float32 FMAs instead of VDPBF16PS: the same bits
     either way (runtime/kernels/skinny_linear.cpp), so only speed decides. PPDKIT_BF16_FMA_ROWS=N (or `never`) sets
     it; else both are timed here once per process on a 3072 x 576 weight (a few milliseconds), and the FMAs take
-    over from the fewest rows where they are faster at that count and at every larger one tried. On Intel cores
-    without AMX tiles VDPBF16PS issues at about a third of the FMAs' rate: the FMAs win from 4 rows (1.3x), 1.7x at
-    8-32; where VDPBF16PS is as fast (AMD's Zen 4 issues it as one FMA) it stays."""
+    over from the fewest rows where they are faster at that count and at every larger one tried. On the Intel Xeon
+    VMs without AMX tiles the kernel's VDPBF16PS ran at about a third of its FMAs' rate: the FMAs win from 4 rows
+    (1.3x), 1.6-1.8x at 8-32. Where VDPBF16PS is as fast (not measured on AMD's cores yet), it stays."""
     requested = os.environ.get("PPDKIT_BF16_FMA_ROWS", "")
     if requested:
         if requested == "never":
