@@ -106,7 +106,6 @@ def bf16_kernel(native: ModuleType) -> str:
     return requested
 
 
-
 NEVER = 2 ** 62  # a row count no call reaches: the AVX512-BF16 path keeps VDPBF16PS for every call
 FMA_ROWS_TRIED = (2, 3, 4, 6, 8, 12)
 
