@@ -36,9 +36,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <optional>
 #include <string>
-#include <type_traits>
 
 #include "amx_tiles.h"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -63,12 +61,18 @@ inline Vec vzero() { return _mm256_setzero_ps(); }
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 #endif
 
-// A weight format: W (its element), the k values one panel row holds (Step), X (x's operand for one panel row)
-// and the multiply-add of one panel row into the accumulators.
+// The floating-point environment a format's panels run in: as the thread has it (FlushDenormals below: VDPBF16PS's).
+struct KeepDenormals {};
+
+// A weight format: W (its element), the k values one panel row holds (Step), X (x's operand for one panel row),
+// the vector registers one panel row takes (Registers), the floating-point environment it needs (Denormals) and the
+// multiply-add of one panel row into the accumulators.
 struct Float32 {
   using W = float;
   using X = float;
   static constexpr int64_t Step = 1;
+  static constexpr int Registers = 1;
+  using Denormals = KeepDenormals;
 #ifdef __AVX512F__
   using Row = __m512;
   static Row load(const W* p) { return _mm512_loadu_ps(p); }
@@ -85,11 +89,23 @@ struct BFloat16 {
   using W = uint16_t;
   using X = uint32_t;  // x[k] and x[k + 1] as bfloat16, k even
   static constexpr int64_t Step = 2;
+  static constexpr int Registers = 1;
+  using Denormals = KeepDenormals;  // VDPBF16PS flushes them whatever MXCSR says
   using Row = __m512i;
   static Row load(const W* p) { return _mm512_loadu_si512(p); }
   static Vec madd(Vec acc, X x, Row w) {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(static_cast<int>(x)), (__m512bh)w);
   }
+};
+
+// VDPBF16PS's treatment of denormals (DAZ, FTZ) for the FMAs of the calling thread, while it lives.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
 };
 
 // The same panels on float32 FMAs: a panel row's 16 k-pairs widened into its even and odd k (a bfloat16 is the
@@ -101,6 +117,7 @@ struct BFloat16Fma {
   };
   static constexpr int64_t Step = 2;
   static constexpr int Registers = 2;
+  using Denormals = FlushDenormals;
   struct Row {
     __m512 even, odd;
   };
@@ -114,26 +131,7 @@ struct BFloat16Fma {
     return _mm512_fmadd_ps(_mm512_set1_ps(x.even), w.even, acc);
   }
 };
-
-// VDPBF16PS's treatment of denormals (DAZ, FTZ) for the FMAs of the calling thread, while it lives.
-class FlushDenormals {
- public:
-  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
-  ~FlushDenormals() { _mm_setcsr(saved_); }
-
- private:
-  unsigned saved_;
-};
 #endif
-
-template <typename F, typename = void>
-struct RegistersOf {  // vector registers one panel row takes (1 unless the format says)
-  static constexpr int value = 1;
-};
-template <typename F>
-struct RegistersOf<F, std::void_t<decltype(F::Registers)>> {
-  static constexpr int value = F::Registers;
-};
 
 // Panels [p0, p1) of W, `Cols` panels at a time, for `Rows` rows of x: Rows * Cols accumulators. k_rows: the
 // panel rows (K / F::Step).
@@ -180,26 +178,17 @@ void panels(const typename F::X* __restrict x, const typename F::W* __restrict w
 // weight), so 16 rows run as two passes of 8.
 template <typename F, int Rows>
 void run(const typename F::X* x, const typename F::W* w, float* y, int64_t k_rows, int64_t n_dim) {
-  constexpr int R = RegistersOf<F>::value;  // a panel row's registers: two panels' rows and the sums must fit
-  constexpr int Cols = kRegisters == 32 ? (Rows <= 4 ? 4 : 2 * (Rows + R) <= kRegisters ? 2 : 1)
+  // two panels' rows (F::Registers each) and the sums must fit
+  constexpr int Cols = kRegisters == 32 ? (Rows <= 4 ? 4 : 2 * (Rows + F::Registers) <= kRegisters ? 2 : 1)
                                         : (Rows <= 2 ? 4 : Rows <= 6 ? 2 : 1);
   const int64_t groups = n_dim / kPanel / Cols;
   at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
-#ifdef __AVX512BF16__
-    if constexpr (std::is_same_v<F, BFloat16Fma>) {
-      const FlushDenormals flushed;  // on each thread that runs panels
-      panels<F, Rows, Cols>(x, w, y, k_rows, n_dim, g0 * Cols, g1 * Cols);
-      return;
-    }
-#endif
+    const typename F::Denormals environment;  // on each thread that runs panels
     panels<F, Rows, Cols>(x, w, y, k_rows, n_dim, g0 * Cols, g1 * Cols);
   });
   const int64_t done = groups * Cols;  // the last panels when their count is not a multiple of Cols
   if (done * kPanel < n_dim) {
-#ifdef __AVX512BF16__
-    std::optional<FlushDenormals> flushed;
-    if constexpr (std::is_same_v<F, BFloat16Fma>) flushed.emplace();
-#endif
+    const typename F::Denormals environment;
     panels<F, Rows, 1>(x, w, y, k_rows, n_dim, done, n_dim / kPanel);
   }
 }
