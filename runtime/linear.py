@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .gguf_blocks import QuantizedWeight, quantize_q8_0
-from .native import bf16_kernel, native_kernels
+from .native import bf16_kernel, native_kernels, tune_bf16_fma
 
 ROWS_HINT = 64  # the batch oneDNN tunes its layout for; measured as good for 1 to 64 rows
 SKINNY_MAX_ROWS = 96  # beyond: the default matmul (prefill). Up to here a step's rows go through the native
@@ -75,6 +75,8 @@ class Linear:
         self.native = native if native_format(weight.dtype, native) else None
         # bfloat16's native kernel: AMX tiles or AVX512-BF16 dot products (native.bf16_kernel); None for the others
         self.kernel = bf16_kernel(native) if self.native and weight.dtype == torch.bfloat16 else None
+        if self.kernel == "avx512":
+            tune_bf16_fma(self.native)  # VDPBF16PS or FMAs by rows: timed once per process
         self.panels = self.native.pack(weight.contiguous(), self.kernel or "auto") if self.native else None
         self.onednn = None
         if self.native is None and pack and _packing_available(weight.dtype):

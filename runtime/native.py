@@ -53,10 +53,7 @@ def native_kernels() -> ModuleType | None:
     if not cpu_supports_kernels():
         log.info("neither AVX-512 nor AVX2 on this CPU: the runtime's matmuls use oneDNN")
         return None
-    module = build_kernels()
-    if module is not None and module.bf16_available():
-        module.bf16_fma_from_rows(bf16_fma_rows(module))
-    return module
+    return build_kernels()
 
 
 @functools.cache
@@ -104,6 +101,16 @@ def bf16_kernel(native: ModuleType) -> str:
     if requested == "auto":
         return "amx" if native.amx_available() else "avx512"
     return requested
+
+
+@functools.cache
+def tune_bf16_fma(native: ModuleType) -> int:
+    """Set `native`'s AVX512-BF16 path to run on FMAs from bf16_fma_rows' count, once per module: called where the
+    first weight is packed for that path (runtime/linear.Linear), so a process that never multiplies on it never
+    times it. -> the count."""
+    rows = bf16_fma_rows(native)
+    native.bf16_fma_from_rows(rows)
+    return rows
 
 
 NEVER = 2 ** 62  # a row count no call reaches: the AVX512-BF16 path keeps VDPBF16PS for every call

@@ -22,7 +22,7 @@ from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.kernels_twin import bf16_linear_twin
 from ppdkit.runtime.linear import Linear
 from ppdkit.runtime.llama import LeanLlama
-from ppdkit.runtime.native import FMA_ROWS_TRIED, NEVER, bf16_fma_rows
+from ppdkit.runtime.native import FMA_ROWS_TRIED, NEVER, bf16_fma_rows, tune_bf16_fma
 from ppdkit.runtime.ppd import PromptTokenSet
 from ppdkit.runtime.precision import resolve_dtype
 from ppdkit.runtime.tree import best_tree_for_size
@@ -124,6 +124,7 @@ def fma_rows():
     """Sets from how many rows the AVX512-BF16 path runs on float32 FMAs, for one test; the process's own value is
     put back after."""
     module = _bf16_kernels()
+    tune_bf16_fma(module)  # timed first, so that a Linear built in the test leaves the test's value
     saved = module.bf16_fma_from_rows()
     yield module
     module.bf16_fma_from_rows(saved)
