@@ -7,7 +7,8 @@ turn answers the user's next message after the model's own earlier answer).
 
 Two engines:
 - greedy on the runtime (`runtime` given): continuous batching on the decoder's own model and kernels
-  (runtime/batch.py), a conversation's next turn queued as soon as its previous one ends; every answer is
+  (runtime/batch.py), a conversation's next turn queued first as soon as its previous one ends (it reads only
+  its new user turn, the rest is in the segment its previous turn left); every answer is
   token for token what `ppdkit decode --method ar` gives in the same dtype, whatever its batch neighbours, and
   a turn stops at the end token or where the conversation reaches max_length (tokens past it would be cut);
 - transformers' generate in fixed batches with left padding: sampled regeneration (temperature > 0), and
@@ -113,6 +114,6 @@ def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conve
                                            on_tokens=on_tokens):
             state = states[request.key]
             _answered(state, tokenizer.decode(tokens, skip_special_tokens=True))
-            if (ids := _advance(state, tokenizer, max_length)) is not None:
-                waiting.append((request.key, ids))
+            if (ids := _advance(state, tokenizer, max_length)) is not None:  # first in line: while the segment
+                waiting.appendleft((request.key, ids))  # of its previous turn is free, it reads only the new turn
     return [Conversation(s.conv.id, tuple(s.messages)) for s in states]

@@ -7,7 +7,11 @@ step, so the weights are read once for all of them. A finished sequence's slot t
 256), and fixed batches would keep stepping for their longest member while the others wait finished.
 
 The cache is one preallocated KVCache cut into `slots` segments of `segment` positions. A request is prefilled
-alone, exactly as `ar` prefills (runtime/ar.py), and its keys/values are copied into its segment. Then each step
+alone, exactly as `ar` prefills (runtime/ar.py), and its keys/values are copied into its segment. A segment keeps
+what it holds after its answer ends: a request that begins with those tokens (a conversation's next turn, its prompt
+the previous one's plus the answer) takes that segment and reads only the rest of its prompt. Its keys/values are
+the ones a prefill of the whole prompt writes, bit for bit: ar's prefill and a batched step both give every position
+what reading it one token at a time gives (runtime/llama.native_blocks). Then each step
 feeds one token of every active sequence through the native kernels with a window per row (the row's key/value
 goes to its own segment; it attends to that segment only), so a row's arithmetic is that of its sequence decoded
 alone: the kernels' rows never depend on each other, and attention sums the keys a row sees in their order
@@ -66,17 +70,21 @@ def greedy_many(model: LeanLlama, next_request: Callable[[], Request | None], eo
     cache = model.new_cache(slots * segment)
     scratch = model.new_cache(segment)  # one prompt's prefill, copied into its segment
     free = list(range(slots - 1, -1, -1))
+    held: list[list[int]] = [[] for _ in range(slots)]  # the ids whose keys/values each segment holds, in order
     active: list[_Sequence] = []
     while True:
         while free:
             request = next_request()
             if request is None:
                 break
-            sequence = _prefill(model, cache, scratch, request, free.pop() * segment, segment)
+            slot, reuse = _segment_for(request.ids, free, held)
+            free.remove(slot)
+            sequence = _prefill(model, cache, scratch, request, slot * segment, segment, reuse)
+            held[slot] = list(request.ids)
             if on_tokens:
                 on_tokens(1)
             if sequence.finished(eos):
-                free.append(sequence.start // segment)
+                free.append(slot)
                 yield request, sequence.tokens
             else:
                 active.append(sequence)
@@ -88,24 +96,55 @@ def greedy_many(model: LeanLlama, next_request: Callable[[], Request | None], eo
         still = []
         for sequence in active:
             if sequence.finished(eos):
-                free.append(sequence.start // segment)
+                slot = sequence.start // segment
+                held[slot] += sequence.tokens[:-1]  # every token but the last was fed back
+                free.append(slot)
                 yield sequence.request, sequence.tokens
             else:
                 still.append(sequence)
         active = still
 
 
+def _segment_for(ids: list[int], free: list[int], held: list[list[int]]) -> tuple[int, int]:
+    """The free segment whose held ids share the longest prefix with the prompt `ids` (the last one freed among
+    equals), and how many of its positions the prompt reuses: all but the last at most, whose hidden state gives the
+    first token."""
+    best, reuse = free[-1], 0
+    for slot in reversed(free):
+        common = _common_prefix(held[slot], ids)
+        if common > reuse:
+            best, reuse = slot, common
+    return best, min(reuse, len(ids) - 1)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _prefill(model: LeanLlama, cache: KVCache, scratch: KVCache, request: Request, start: int,
-             segment: int) -> _Sequence:
-    """Read the prompt as `ar` does (a fresh cache, causal), keep its keys/values in the segment at `start`."""
+             segment: int, reuse: int = 0) -> _Sequence:
+    """Read the prompt as `ar` does (a fresh cache, causal), keep its keys/values in the segment at `start`; its
+    first `reuse` positions are already there (the segment's earlier ids) and only the rest is read."""
     n = len(request.ids)
     if n < 1 or n + request.max_new_tokens > segment:
         raise ValueError(f"request {request.key!r}: {n} prompt tokens and {request.max_new_tokens} new ones do not "
                          f"fit a segment of {segment} positions")
-    scratch.rollback(0)
-    hidden = read_prompt(model, torch.tensor(request.ids), scratch)  # [P, H]
-    cache.k[..., start:start + n] = scratch.k[..., :n]
-    cache.v[:, :, start:start + n] = scratch.v[:, :, :n]
+    if reuse:
+        scratch.k[..., :reuse] = cache.k[..., start:start + reuse]
+        scratch.v[:, :, :reuse] = cache.v[:, :, start:start + reuse]
+        scratch.rollback(reuse)
+        rest = torch.tensor(request.ids[reuse:])
+        hidden = model.forward(model.embed_ids(rest), torch.arange(reuse, n), scratch, None)  # [P - reuse, H]
+    else:
+        scratch.rollback(0)
+        hidden = read_prompt(model, torch.tensor(request.ids), scratch)  # [P, H]
+    cache.k[..., start + reuse:start + n] = scratch.k[..., reuse:n]
+    cache.v[:, :, start + reuse:start + n] = scratch.v[:, :, reuse:n]
     first = int(greedy_tokens(model.logits(hidden[-1])))
     return _Sequence(request, start, n, [first])
 

@@ -7,7 +7,8 @@ layers of weights, float32):
   against 25-28; from about 13 rows two cores are compute bound (7.5 us per row of a 1536 x 576 weight
   on one core). 16 to 64 rows go through it in balanced passes of at most 15 (weights read per pass).
 - oneDNN on weights reordered once into its blocked layout, where the native kernel cannot be built;
-- PyTorch's default matmul (MKL) for long inputs (a prompt's prefill), as efficient as any there, and
+- PyTorch's default matmul (MKL) for more rows than the native kernel takes (a prompt on the PyTorch layers;
+  with the native decoder layers a prompt goes in blocks of SKINNY_MAX_ROWS, runtime/llama.native_blocks), and
   every matmul on another device (a GPU: the weights are read at its own bandwidth there).
 The results differ only in summation order (about 1e-6 relative in float32).
 
@@ -17,8 +18,8 @@ products: half the bytes to read, two products per lane and instruction; or, whe
 layers, 2 cores: 7-10 ms a row, 21-30 GB/s read; AVX512-BF16 takes 6x as long for 32 rows as for one). From the
 rows where it is faster (timed once per process, runtime/native.bf16_fma_rows) the AVX512-BF16 path runs the same
 panels on float32 FMAs, which give VDPBF16PS's bits (docs/devices.md#the-bfloat16-kernel). Its
-activations stay float32 and are rounded to bfloat16 as the kernel reads them; prefill runs oneDNN's bfloat16
-matmul on the same weights.
+activations stay float32 and are rounded to bfloat16 as the kernel reads them; beyond SKINNY_MAX_ROWS rows
+oneDNN's bfloat16 matmul runs on the same weights.
 
 A GGUF's 4-bit and 8-bit blocks (runtime/gguf_blocks.py) take runtime/kernels/quantized_linear.cpp (AVX512-VNNI,
 and AMX-INT8 tiles from 8 rows where the CPU has them: the same bits) for every number of rows, prefill too: there
@@ -32,7 +33,7 @@ from .gguf_blocks import QuantizedWeight, quantize_q8_0
 from .native import bf16_kernel, native_kernels, tune_bf16_fma
 
 ROWS_HINT = 64  # the batch oneDNN tunes its layout for; measured as good for 1 to 64 rows
-SKINNY_MAX_ROWS = 96  # beyond: the default matmul (prefill). Up to here a step's rows go through the native
+SKINNY_MAX_ROWS = 96  # beyond: the default matmul. Up to here a step's rows go through the native
 # kernel, whose rows never depend on each other (passes of at most 15 rows, balanced: 16 rows as 8 + 8); the
 # largest tree (64) plus its prompt tokens and lookup rows fits
 

@@ -4,8 +4,8 @@ The weights are taken from a Hugging Face model, fused (one QKV and one gate/up 
 for the native few-rows matmul, or for oneDNN where that cannot be built (runtime/linear.py): reading the
 weights is most of a decoding step's cost, and Python's dispatch of ~40 small operations per layer most of the
 rest, so with the native kernels a step of up to 96 tokens runs every layer in one call
-(runtime/kernels/decoder_layers.cpp); prefill and other dtypes run the PyTorch layers below, the same
-arithmetic; off the CPU they run every step in one fixed shape (fix_shapes, runtime/fixed_shapes.py), so that
+(runtime/kernels/decoder_layers.cpp), and a longer prompt one such call per block of 96 (native_blocks); models
+the kernels do not take run the PyTorch layers below, the same arithmetic; off the CPU they run every step in one fixed shape (fix_shapes, runtime/fixed_shapes.py), so that
 library kernels give a row the same numbers in any step. bfloat16 weights (runtime/precision.py) keep everything
 else in float32. Everything that depends only on the positions and the mask (rotary tables, the additive attention
 bias) is computed once per forward, not once per layer, and grouped-query attention multiplies each key/value head
@@ -192,15 +192,23 @@ class LeanLlama:
         if self.fixed_rows:
             return self._fixed_layers(x, positions, cache, mask, start, stop, skip)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
-        native = self.native is not None and t <= SKINNY_MAX_ROWS
-        if mask is None and t > 1 and not native:  # a prompt on the PyTorch layers: causal_attention
+        if self.native is not None and (t <= SKINNY_MAX_ROWS or mask is None):
+            return torch.cat([self._native_rows(x[rows], cos[rows, 0], sin[rows, 0], mask, cache, rows.start, start,
+                                                stop, skip) for rows in native_blocks(t)])
+        if mask is None and t > 1:  # a prompt on the PyTorch layers: causal_attention
             return self._layers(x, cos, sin, None, cache, start, stop, skip, causal=True)
         bias = attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
-        if native:
-            return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps,
-                                              cos[:, 0], sin[:, 0], bias, cache.k[start:stop], cache.v[start:stop],
-                                              cache.length, list(skip[start:stop]) if skip else [], None)
         return self._layers(x, cos, sin, bias, cache, start, stop, skip)
+
+    def _native_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                     cache: KVCache, first: int, start: int, stop: int, skip: tuple[int, ...] | None) -> torch.Tensor:
+        """Layers start .. stop - 1 in one native call for at most SKINNY_MAX_ROWS rows: x [T, H], cos/sin [T, D] ->
+        [T, H]. `first`: the rows' offset among the forward's, whose keys/values go `first` slots after the
+        committed ones (a block of a long prompt sees the blocks before it; mask is then None, causal)."""
+        bias = attention_bias(mask, cache.length + first, x.shape[0], self.group, self.dtype, self.device)
+        return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps, cos,
+                                          sin, bias, cache.k[start:stop], cache.v[start:stop], cache.length + first,
+                                          list(skip[start:stop]) if skip else [], None)
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
                 cache: KVCache, start: int, stop: int, skip: tuple[int, ...] | None = None,
@@ -313,6 +321,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     for x [T, heads, D])."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def native_blocks(t: int) -> list[slice]:
+    """A forward's T rows in blocks the native kernels take (at most SKINNY_MAX_ROWS): one block up to there, else
+    a long prompt in blocks of SKINNY_MAX_ROWS. The kernels' rows never depend on each other and a row's attention
+    sums the keys it sees in order, so a prompt read in blocks gives every row exactly the numbers it gets read one
+    token at a time (tests/test_precision.py). In bfloat16 on a CPU without AMX it also halves the time of a long
+    prompt against the PyTorch layers (docs/devices.md#long-prompts)."""
+    return [slice(first, min(first + SKINNY_MAX_ROWS, t)) for first in range(0, t, SKINNY_MAX_ROWS)]
 
 
 def attention_bias(mask: torch.Tensor | None, length: int, t: int, group: int, dtype: torch.dtype,

@@ -3,11 +3,13 @@
 import random
 
 import pytest
+import torch
 from conftest import kernels_or_skip
 
 from ppdkit.data_pipeline.config import TeacherConfig
 from ppdkit.data_pipeline.conversations import Conversation
 from ppdkit.data_pipeline.regenerate import regenerate_conversations
+import ppdkit.runtime.batch as batch_module
 from ppdkit.runtime.batch import Request, greedy_many
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.linear import SKINNY_MAX_ROWS
@@ -53,6 +55,56 @@ def test_every_batched_answer_is_ar_token_for_token(dtype):
         assert batched[request.key] == alone, request.key
     assert _run(decoder, requests, slots=3) == batched
     assert sum(len(t) for t in batched.values()) > 300  # the answers are long enough to say something
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "q4"])
+def test_a_request_that_continues_a_finished_one_reads_only_its_new_tokens(dtype, monkeypatch):
+    """A follow-up request (an answered prompt, its answer and new tokens: a conversation's next turn) takes the
+    segment its prompt left and reads only what is new, and its answer is still `ar`'s token for token."""
+    decoder = _decoder(dtype)
+    reused = {}  # prompt ids -> the positions its segment gave it
+    choose = batch_module._segment_for
+    monkeypatch.setattr(batch_module, "_segment_for",
+                        lambda ids, free, held: reused.setdefault(tuple(ids), choose(ids, free, held)))
+    rng = random.Random(1)
+    queue = _requests(decoder, 12, seed=1)
+    answered = []
+    for request, tokens in greedy_many(decoder.model, lambda: queue.pop(0) if queue else None, decoder._eos_ids(),
+                                       slots=3, segment=SEGMENT):
+        answered.append((request, tokens))
+        follow = request.ids + tokens + [rng.randrange(3, decoder.model.vocab_size) for _ in range(rng.choice([1, 6]))]
+        if isinstance(request.key, int) and len(follow) + 8 <= SEGMENT:
+            queue.insert(0, Request(("next", request.key), follow, 8))  # first in line, as regeneration queues turns
+    firsts = {request.key: request.ids + tokens for request, tokens in answered if isinstance(request.key, int)}
+    follow_ups = [request for request, _ in answered if not isinstance(request.key, int)]
+    assert len(follow_ups) >= 5
+    for request in follow_ups:  # all of its first turn but the answer's last token (never fed back)
+        assert reused[tuple(request.ids)][1] == len(firsts[request.key[1]]) - 1, request.key
+    for request, tokens in answered:
+        assert tokens == decoder.generate(request.ids, max_new_tokens=request.max_new_tokens, method="ar").tokens
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "q4"])
+def test_a_prompt_read_after_its_reused_prefix_leaves_what_a_whole_prefill_writes(dtype):
+    """The segment of a prompt read after the positions it reuses holds, bit for bit, the keys/values of a
+    prefill of the whole prompt, and gives the same first token (another prompt read in between)."""
+    model = _decoder(dtype).model
+    rng = random.Random(2)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(3, model.vocab_size) for _ in range(n)]
+
+    cache, scratch = model.new_cache(3 * SEGMENT), model.new_cache(SEGMENT)
+    first = Request("first", ids(30), 4)
+    batch_module._prefill(model, cache, scratch, first, 0, SEGMENT)
+    batch_module._prefill(model, cache, scratch, Request("other", ids(50), 4), SEGMENT, SEGMENT)
+    follow = Request("follow", first.ids + ids(41), 4)
+    part = batch_module._prefill(model, cache, scratch, follow, 0, SEGMENT, reuse=30)
+    whole = batch_module._prefill(model, cache, scratch, follow, 2 * SEGMENT, SEGMENT)
+    n = len(follow.ids)
+    assert part.tokens == whole.tokens and part.length == whole.length == n
+    assert torch.equal(cache.k[..., :n], cache.k[..., 2 * SEGMENT:2 * SEGMENT + n])
+    assert torch.equal(cache.v[:, :, :n], cache.v[:, :, 2 * SEGMENT:2 * SEGMENT + n])
 
 
 def test_requests_that_cannot_be_batched_are_refused_clearly():

@@ -20,7 +20,7 @@ from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.kernels_twin import bf16_linear_twin
-from ppdkit.runtime.linear import Linear
+from ppdkit.runtime.linear import SKINNY_MAX_ROWS, Linear
 from ppdkit.runtime.llama import LeanLlama
 from ppdkit.runtime.native import FMA_ROWS_TRIED, NEVER, bf16_fma_rows, tune_bf16_fma
 from ppdkit.runtime.ppd import PromptTokenSet
@@ -190,6 +190,28 @@ def test_the_native_decoder_layers_are_row_invariant(variant, dtype, monkeypatch
     lean = LeanLlama(model.to(dtype).eval(), 256)
     assert lean.native is not None and lean.weight_dtype == dtype and lean.dtype == torch.float32
     assert row_invariance.first_mismatch(lean, ROWS) is None
+
+
+@pytest.mark.parametrize("variant,dtype", [*PATHS, ("native", "q4")])
+def test_a_prompt_longer_than_a_native_call_reads_as_one_token_at_a_time(variant, dtype, monkeypatch):
+    """A prompt of more rows than one native call takes (runtime/llama.native_blocks) gives every position the
+    hidden state and the keys/values that reading it one token at a time gives: ar's prefill is its decoding's
+    arithmetic, whatever the prompt's length."""
+    _path(variant, torch.float32 if dtype == "q4" else dtype, monkeypatch)
+    model, _ = build_tiny_llama()
+    weights = q4_weights_or_skip(model) if dtype == "q4" else {}
+    lean = LeanLlama(model.to(torch.float32 if weights else dtype).eval(), 400, **weights)
+    assert lean.native is not None
+    n = 2 * SKINNY_MAX_ROWS + 37
+    x = torch.randn(n, lean.hidden, generator=torch.Generator().manual_seed(5))
+    whole, alone = lean.new_cache(n), lean.new_cache(n)
+    at_once = lean.forward(x, torch.arange(n), whole, None)
+    one_by_one = []
+    for i in range(n):
+        one_by_one.append(lean.forward(x[i:i + 1], torch.tensor([i]), alone, None)[0])
+        alone.commit(None, 1)
+    assert torch.equal(at_once, torch.stack(one_by_one))
+    assert torch.equal(whole.k[..., :n], alone.k[..., :n]) and torch.equal(whole.v[:, :, :n], alone.v[:, :, :n])
 
 
 def _bf16_tiny(monkeypatch):
