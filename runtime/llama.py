@@ -5,11 +5,12 @@ for the native few-rows matmul, or for oneDNN where that cannot be built (runtim
 weights is most of a decoding step's cost, and Python's dispatch of ~40 small operations per layer most of the
 rest, so with the native kernels a step of up to 96 tokens runs every layer in one call
 (runtime/kernels/decoder_layers.cpp), and a longer prompt one such call per block of 96 (native_blocks); models
-the kernels do not take run the PyTorch layers below, the same arithmetic; off the CPU they run every step in one fixed shape (fix_shapes, runtime/fixed_shapes.py), so that
-library kernels give a row the same numbers in any step. bfloat16 weights (runtime/precision.py) keep everything
-else in float32. Everything that depends only on the positions and the mask (rotary tables, the additive attention
-bias) is computed once per forward, not once per layer, and grouped-query attention multiplies each key/value head
-by its group of query heads directly instead of repeating keys and values. A token tree (any visibility pattern)
+the kernels do not take run the PyTorch layers below, the same arithmetic; off the CPU they run every step in one
+fixed shape (fix_shapes, runtime/fixed_shapes.py), so that library kernels give a row the same numbers in any step.
+bfloat16 weights (runtime/precision.py) keep everything else in float32. Everything that depends only on the
+positions and the mask (rotary tables, the additive attention bias) is computed once per forward, not once per
+layer, and grouped-query attention multiplies each key/value head by its group of query heads directly instead of
+repeating keys and values. A token tree (any visibility pattern)
 costs the same code as a single token. No Ray, DeepSpeed or MLflow is imported anywhere in runtime/.
 """
 
@@ -193,8 +194,9 @@ class LeanLlama:
             return self._fixed_layers(x, positions, cache, mask, start, stop, skip)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
         if self.native is not None and (t <= SKINNY_MAX_ROWS or mask is None):
-            return torch.cat([self._native_rows(x[rows], cos[rows, 0], sin[rows, 0], mask, cache, rows.start, start,
-                                                stop, skip) for rows in native_blocks(t)])
+            blocks = [self._native_rows(x[rows], cos[rows, 0], sin[rows, 0], mask, cache, rows.start, start, stop,
+                                        skip) for rows in native_blocks(t)]
+            return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
         if mask is None and t > 1:  # a prompt on the PyTorch layers: causal_attention
             return self._layers(x, cos, sin, None, cache, start, stop, skip, causal=True)
         bias = attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
