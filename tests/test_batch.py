@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import kernels_or_skip
 
+import ppdkit.runtime.batch as batch_module
 from ppdkit.data_pipeline.config import TeacherConfig
 from ppdkit.data_pipeline.conversations import Conversation
 from ppdkit.data_pipeline.regenerate import regenerate_conversations
-import ppdkit.runtime.batch as batch_module
 from ppdkit.runtime.batch import Request, greedy_many
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.linear import SKINNY_MAX_ROWS
