@@ -10,7 +10,8 @@ from .kv_cache import KVCache
 
 def read_prompt(model, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """ar's prefill: the prompt ids [P] into an empty cache, causal -> final hidden states [P, H]. Batched
-    decoding (runtime/batch.py) reads each prompt with it too, so its answers start from exactly ar's cache."""
+    decoding (runtime/batch.py _prefill) reads each prompt the same way, after the positions it reuses, so its
+    answers start from exactly ar's cache."""
     return model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)
 
 

@@ -7,7 +7,7 @@ step, so the weights are read once for all of them. A finished sequence's slot t
 256), and fixed batches would keep stepping for their longest member while the others wait finished.
 
 The cache is one preallocated KVCache cut into `slots` segments of `segment` positions. A request is prefilled
-alone, exactly as `ar` prefills (runtime/ar.py), and its keys/values are copied into its segment. A segment keeps
+alone, exactly as `ar` prefills (runtime/ar.py read_prompt), and its keys/values are copied into its segment. A segment keeps
 what it holds after its answer ends: a request that begins with those tokens (a conversation's next turn, its prompt
 the previous one's plus the answer) takes that segment and reads only the rest of its prompt. Its keys/values are
 the ones a prefill of the whole prompt writes, bit for bit: ar's prefill and a batched step both give every position
@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from .acceptance import greedy_tokens
-from .ar import read_prompt
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS
 from .llama import LeanLlama
@@ -134,15 +133,11 @@ def _prefill(model: LeanLlama, cache: KVCache, scratch: KVCache, request: Reques
     if n < 1 or n + request.max_new_tokens > segment:
         raise ValueError(f"request {request.key!r}: {n} prompt tokens and {request.max_new_tokens} new ones do not "
                          f"fit a segment of {segment} positions")
-    if reuse:
-        scratch.k[..., :reuse] = cache.k[..., start:start + reuse]
-        scratch.v[:, :, :reuse] = cache.v[:, :, start:start + reuse]
-        scratch.rollback(reuse)
-        rest = torch.tensor(request.ids[reuse:])
-        hidden = model.forward(model.embed_ids(rest), torch.arange(reuse, n), scratch, None)  # [P - reuse, H]
-    else:
-        scratch.rollback(0)
-        hidden = read_prompt(model, torch.tensor(request.ids), scratch)  # [P, H]
+    scratch.k[..., :reuse] = cache.k[..., start:start + reuse]
+    scratch.v[:, :, :reuse] = cache.v[:, :, start:start + reuse]
+    scratch.rollback(reuse)
+    rest = torch.tensor(request.ids[reuse:])  # all of them where nothing is reused: ar's read_prompt, as it is
+    hidden = model.forward(model.embed_ids(rest), torch.arange(reuse, n), scratch, None)  # [P - reuse, H]
     cache.k[..., start + reuse:start + n] = scratch.k[..., reuse:n]
     cache.v[:, :, start + reuse:start + n] = scratch.v[:, :, reuse:n]
     first = int(greedy_tokens(model.logits(hidden[-1])))

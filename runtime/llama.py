@@ -10,8 +10,7 @@ fixed shape (fix_shapes, runtime/fixed_shapes.py), so that library kernels give 
 bfloat16 weights (runtime/precision.py) keep everything else in float32. Everything that depends only on the
 positions and the mask (rotary tables, the additive attention bias) is computed once per forward, not once per
 layer, and grouped-query attention multiplies each key/value head by its group of query heads directly instead of
-repeating keys and values. A token tree (any visibility pattern)
-costs the same code as a single token. No Ray, DeepSpeed or MLflow is imported anywhere in runtime/.
+repeating keys and values. A token tree (any visibility pattern) costs the same code as a single token. No Ray, DeepSpeed or MLflow is imported anywhere in runtime/.
 """
 
 import copy
