@@ -227,6 +227,9 @@ def plan_shards(split_sizes: dict[str, int], rows_per_shard: int) -> list[dict]:
     return plan
 
 
+MANIFEST_RECORDS = ("shards", "complete", "figures")  # what a run writes beside its header
+
+
 def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_info: dict) -> dict:
     # What makes two caches interchangeable: a shard from a cache with another header is never reused.
     return {"format": FORMAT, "base_model": base.name, "quantization": base.quantization,
@@ -244,7 +247,8 @@ def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_
 def _resume_manifest(path: Path, header: dict, out_dir: Path) -> dict:
     """The manifest to continue: the saved one if it was made with the same header, else a fresh one."""
     manifest = json.loads(path.read_text()) if path.is_file() else None
-    if manifest is None or {k: manifest.get(k) for k in header} != header:
+    # compared both ways: a setting the saved header has and this one lacks (dropped or renamed since) differs too
+    if manifest is None or {k: v for k, v in manifest.items() if k not in MANIFEST_RECORDS} != header:
         if manifest is not None:
             log.warning("teacher: %s was started with other settings; starting the cache afresh", out_dir)
         for split in SPLITS:

@@ -13,7 +13,7 @@ from conftest import FIXTURES, q4_weights_or_skip
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.data_pipeline.data_stage import run_data_stage
 from ppdkit.data_pipeline.teacher_cache import TeacherCache, TeacherCacheError, file_sha256
-from ppdkit.data_pipeline.teacher_stage import run_teacher_stage, supervised_positions
+from ppdkit.data_pipeline.teacher_stage import _resume_manifest, run_teacher_stage, supervised_positions
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
 
@@ -200,6 +200,20 @@ def test_driver_crash_then_rerun_writes_only_missing_shards(undisturbed, data_di
     summary = run_teacher_stage(BASE, DATA, TEACHER, data_dir, out)
     assert summary["shards_computed_now"] == 4
     assert _manifest(out) == _manifest(undisturbed[0])
+
+
+@pytest.mark.parametrize("saved_extra, kept", [({}, True), ({"engine": "runtime"}, False)])
+def test_a_cache_resumes_only_under_the_very_header_it_was_started_with(tmp_path, saved_extra, kept):
+    # a saved header with a setting this run's lacks (one dropped or renamed since) was made another way
+    header = {"format": 1, "top_k": 64, "generation": {"engine": "runtime"}}
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "shard-00000.safetensors").write_bytes(b"computed")
+    saved = {**header, **saved_extra, "complete": False, "figures": {},
+             "shards": {"train-00000": {"split": "train", "file": "shard-00000.safetensors"}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(saved))
+    manifest = _resume_manifest(tmp_path / "manifest.json", header, tmp_path)
+    assert list(manifest["shards"]) == (["train-00000"] if kept else [])
+    assert (tmp_path / "train" / "shard-00000.safetensors").is_file() == kept
 
 
 def test_malformed_rows_are_counted_not_fatal(ray_local, tmp_path):
