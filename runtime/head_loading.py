@@ -2,6 +2,8 @@
 heads and calibrated trees, its draft, or its skip map and fine-tuned draft, each checked against the base model's
 shapes, so a component built wrong gets a clear error at load, not an index error mid-decoding."""
 
+from collections.abc import Callable
+
 import torch
 
 from ppdkit.models.artifact import ArtifactError, Component
@@ -11,8 +13,9 @@ from ppdkit.models.eagle3 import expected_shapes, head_dim
 
 from .draft_heads import DraftHeadSet, HeadTree, head_tree
 from .eagle3 import Eagle3Set
+from .gguf_blocks import quantize_q8_0
 from .layer_skip import SkipDraft, check_skip_map
-from .linear import Linear, draft_readout
+from .linear import QUANTIZED, Linear, draft_readout
 from .precision import activation_dtype
 from .tree import check_nodes
 
@@ -54,7 +57,7 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
     return heads, trees
 
 
-def load_eagle3(component: Component, model, matrices: torch.dtype | None = None) -> Eagle3Set:
+def load_eagle3(component: Component, model, matrices: torch.dtype | str | None = None) -> Eagle3Set:
     """An eagle3 component's draft, its tensors' shapes and hidden-state layers checked against the base model;
     `matrices` as eagle3_set's."""
     where, config = component.path, model.config
@@ -75,34 +78,41 @@ def load_eagle3(component: Component, model, matrices: torch.dtype | None = None
 
 
 def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tuple[int, ...], model,
-               matrices: torch.dtype | None = None) -> Eagle3Set:
+               matrices: torch.dtype | str | None = None) -> Eagle3Set:
     """The runtime's draft from models/eagle3.py's tensors (checked), on `model`'s device and activations; its
-    matrices in `matrices` (runtime/decoder_loading.draft_matrices), by default the base's weight dtype."""
+    matrices in `matrices` (runtime/decoder_loading.draft_matrices): a dtype, QUANTIZED (Q8_0 blocks, on a CPU; the
+    base's weight dtype elsewhere), by default the base's weight dtype."""
     config = model.config
-    # its matrices in the base's weight dtype (bfloat16 halves what each draft step reads: drafting is memory-bound,
-    # 27 MB a level in float32), its norms and activations in the decoder's activation dtype
+    # its matrices narrow (bfloat16 halves what each draft step reads, Q8_0 blocks quarter it: drafting is
+    # memory-bound, 27 MB a level in float32), its norms and activations in the decoder's activation dtype
     weight_dtype = next(model.parameters()).dtype
     dtype = activation_dtype(weight_dtype)
-    matrices = matrices or weight_dtype
+    blocks = matrices == QUANTIZED and model.device.type == "cpu"  # Q8_0 blocks: the int8 kernel is CPU code
+    matrices = torch.float32 if blocks else weight_dtype if matrices in (None, QUANTIZED) else matrices
     t = {name: value.to(model.device, matrices if value.dim() == 2 else dtype) for name, value in tensors.items()}
+
+    def linear(weight: torch.Tensor) -> Linear:
+        return Linear(quantize_q8_0(weight)) if blocks else Linear(weight)
+
     qkv = torch.cat([t[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])
-    weights = {name: (draft_readout if name == "lm_head.weight" else Linear)(value) if value.dim() == 2 else value
-               for name, value in t.items()}
-    draft = Eagle3Set({**weights, "qkv": Linear(qkv)}, vocab.to(model.device), layers, config.num_attention_heads,
+    weights = {name: (draft_readout if name == "lm_head.weight" and not blocks else linear)(value)
+               if value.dim() == 2 else value for name, value in t.items()}
+    draft = Eagle3Set({**weights, "qkv": linear(qkv)}, vocab.to(model.device), layers, config.num_attention_heads,
                       config.num_key_value_heads, head_dim(config), config.rms_norm_eps)
     if dtype == torch.float32:  # the native kernels' activations
-        _go_native(draft, t, config.hidden_size)
+        _go_native(draft, t, config.hidden_size, linear)
     return draft
 
 
-def _go_native(draft: Eagle3Set, t: dict[str, torch.Tensor], hidden: int) -> None:
+def _go_native(draft: Eagle3Set, t: dict[str, torch.Tensor], hidden: int, linear: Callable[[torch.Tensor], Linear]
+               ) -> None:
     """Give `draft` the weights of its layer's native call (decoder_layers.cpp eagle3_layer) where the CPU kernels run
-    every one of its matrices; t: its tensors by name, on the device."""
+    every one of its matrices; t: its tensors by name, on the device; `linear` packs a matrix as the others were."""
     p = "midlayer."
     qkv, o, down = (draft.weights[name] for name in ("qkv", p + "self_attn.o_proj.weight", p + "mlp.down_proj.weight"))
     if any(m.native is None for m in (qkv, o, down)):  # a GPU, or no kernels here: no fused copy to pack
         return
-    gate_up = Linear(torch.cat([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]]))  # one pass for both
+    gate_up = linear(torch.cat([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]]))  # one pass for both
     if gate_up.native is None:
         return
     norm = {name: t[p + name].contiguous() for name in ("input_layernorm.weight", "hidden_norm.weight",

@@ -20,6 +20,7 @@ from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes
 from ppdkit.models.loading import load_base_model
 from ppdkit.registry.tracking import TrackerRef
 import ppdkit.runtime.linear as linear_module
+from ppdkit.runtime.linear import QUANTIZED
 from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.decoder_loading import draft_matrices
@@ -47,7 +48,7 @@ def _decoder(model, tok, tensors: dict[str, torch.Tensor], vocab: torch.Tensor, 
     decoder = Decoder(model, tok, None, None, **weights)
     layers = aux_layers(model.config.num_hidden_layers)
     decoder.eagle3 = eagle3_set({k: v if dtype is None else v.to(dtype) for k, v in tensors.items()}, vocab, layers,
-                                model, draft_matrices(weights.get("weight_format", "")))  # as the loader does
+                                model, draft_matrices(decoder.model.weight_format))  # as the loader does
     return decoder
 
 
@@ -108,15 +109,21 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
         cache.commit(None, 1)
 
 
-def test_the_native_draft_layer_is_the_pytorch_one(monkeypatch):
+@pytest.mark.parametrize("matrices", [None, QUANTIZED])
+def test_the_native_draft_layer_is_the_pytorch_one(matrices, monkeypatch):
     """The draft layer in one native call (where the CPU kernels run its matrices) gives the PyTorch operations'
-    h and writes the same keys and values, for tree rows that see parts of the cache."""
+    h and writes the same keys and values, for tree rows that see parts of the cache; its matrices as the model's
+    or in Q8_0 blocks (what bfloat16 and GGUF decoders draft with where the CPU has VNNI)."""
     import dataclasses
 
     model, tok = tiny_model_on("native", monkeypatch)
+    if matrices == QUANTIZED and not linear_module.native_kernels().quantized_available():
+        pytest.skip("this CPU has no AVX512-VNNI: no Q8_0 kernel")
     vocab = torch.arange(3, VOCAB, 3)
     decoder = _decoder(model, tok, _draft_tensors(model, vocab, 4, 0.5), vocab)
+    decoder.eagle3 = eagle3_set(_draft_tensors(model, vocab, 4, 0.5), vocab, decoder.eagle3.layers, model, matrices)
     native = decoder.eagle3
+    assert (native.weights["qkv"].weight is None) == (matrices == QUANTIZED)
     assert native.native_weights  # the path under test really runs
     pytorch = dataclasses.replace(native, native_weights=[], native_shape=[])
     g = torch.Generator().manual_seed(0)
@@ -162,7 +169,8 @@ def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f
 @pytest.mark.parametrize("path", ["native", "native-q4", "native-bf16", "pytorch", "pytorch-fixed"])
 def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatch):
     """native-q4: 4-bit blocks on the int8 kernel, what auto runs SmolLM2's drafts on where the CPU has VNNI;
-    native-bf16: bfloat16 weights, the draft's readout in Q8_0 blocks (runtime/linear.draft_readout)."""
+    native-bf16: bfloat16 weights; on both the draft's matrices in Q8_0 blocks where the CPU has VNNI
+    (runtime/decoder_loading.draft_matrices)."""
     model, tok = tiny_model_on(path.removesuffix("-q4").removesuffix("-bf16"), monkeypatch)
     weights = q4_weights_or_skip(model) if path == "native-q4" else {}
     kernels = linear_module.native_kernels()  # tiny_model_on's: the native module, or None for PyTorch's layers
@@ -181,11 +189,10 @@ def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatc
         decoder.fix_shapes(path == "pytorch-fixed")  # a GPU's steps (runtime/fixed_shapes.py)
         assert (decoder.model.native is not None) == path.startswith("native")  # the path under test really runs
         assert decoder.model.weight_format == ("q4" if weights else "bfloat16" if path == "native-bf16" else "float32")
-        if path == "native-bf16" and kernels.quantized_available():
-            assert decoder.eagle3.weights["lm_head.weight"].weight is None  # the readout really is in Q8_0 blocks
-        if path == "native-q4":  # on blocks the draft's matrices are bfloat16 where the kernels run it
-            assert decoder.eagle3.weights["qkv"].weight.dtype == (torch.bfloat16 if kernels.bf16_available()
-                                                                   else torch.float32)
+        if path in ("native-bf16", "native-q4"):  # every matrix of the draft in Q8_0 blocks where the int8 kernel
+            matrices = [w for w in decoder.eagle3.weights.values() if isinstance(w, linear_module.Linear)]  # runs
+            assert all(w.weight is None for w in matrices) == kernels.quantized_available()
+            assert decoder.eagle3.native_weights
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])
             plain = decoder.generate(ids, 24, "ar").tokens
