@@ -35,13 +35,15 @@ class TeacherConfig(Section):
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="storage of the top-k log-probabilities")
     compute_dtype: Literal["auto", "float32", "bfloat16", "gguf", "q4"] = Field(
         "auto", description="dtype of the teacher's forward and of regeneration (auto: bfloat16 on this CPU's native "
-                            "AVX512-BF16 kernels or a GPU, else float32); gguf or q4: both on the decoder's runtime "
-                            "over the base model's 4-bit blocks, the model `--dtype gguf` verifies with (needs "
-                            "base_model.quantization none and AVX512-VNNI)")
+                            "AVX512-BF16 kernels or a GPU, else float32); with base_model.quantization none both run "
+                            "on the decoder's runtime where its native kernels do, the model `--dtype` of that name "
+                            "verifies with; gguf or q4: on the base model's 4-bit blocks, the model `--dtype gguf` "
+                            "verifies with (needs base_model.quantization none and AVX512-VNNI)")
     features: bool = Field(False, description="also keep the final hidden states at every token (float16, 2 H bytes a "
                                               "token), which draft heads train on instead of running the base again")
     rows_per_shard: int = Field(32, ge=1, description="sequences per shard file (the unit of resume and retry)")
-    batch_size: int = Field(4, ge=1, description="sequences per teacher forward")
+    batch_size: int = Field(4, ge=1, description="sequences per teacher forward through transformers (the runtime "
+                                                 "reads one at a time)")
     regenerate: bool = Field(False, description="self-distillation: the base model rewrites the assistant turns first")
     # at most runtime/linear.py's SKINNY_MAX_ROWS: the native kernels' rows (tests/test_batch.py checks the two agree)
     generate_batch: int = Field(64, ge=1, le=96, description="sequences decoded together in each regeneration step "

@@ -225,6 +225,12 @@ class TeacherCache:
         return self.manifest["dtype_model"]
 
     @property
+    def teacher_engine(self) -> str:
+        """What computed the teacher pass: "runtime" (the decoder's own, runtime/llama.py) or "transformers" (caches
+        made before the manifest recorded it, a 4-bit NF4 teacher, a machine without the native kernels)."""
+        return self.manifest.get("teacher_engine", "transformers")
+
+    @property
     def float_dtype(self) -> str:
         """The dtype of transformers' model for the passes that run it (calibration, features computed in training):
         the teacher's own, or for a teacher on 4-bit blocks float32: for gguf its weights are the blocks de-quantized

@@ -125,21 +125,27 @@ class TeacherWorker:
         log_to_file(Path(log_file))
         started = time.time()
         self.dtype = resolve_dtype(cfg.compute_dtype)  # on the actor: its own CPU decides what auto means
-        self.on_runtime = self.dtype in BLOCK_FORMATS  # the teacher pass too: transformers cannot multiply blocks
-        if self.on_runtime:
+        if self.dtype in BLOCK_FORMATS:  # transformers cannot multiply blocks: both passes on the runtime
             self.base, blocks = base_weights(base.name, self.dtype)
             self.runtime = LeanLlama(self.base.model, max_length + 1, quantized=blocks, weight_format=self.dtype)
         else:
             self.base = load_base_model(base.name, base.quantization, self.dtype)
-            self.runtime = regeneration_runtime(self.base, base, self.dtype, max_length) if cfg.regenerate else None
-        log.info("teacher worker (pid %d): %s (%s, %s) loaded in %.1f s on %d threads; regeneration on %s", os.getpid(),
-                 base.name, base.quantization, self.dtype, time.time() - started, threads,
+            wanted = cfg.regenerate or base.quantization == "none"
+            self.runtime = regeneration_runtime(self.base, base, self.dtype, max_length) if wanted else None
+        # The teacher pass on the runtime wherever it holds the teacher's own model (not a 4-bit NF4 teacher's
+        # unquantized copy): the targets and features are then those of the model the decoder verifies with, and a
+        # bfloat16 pass took half the time of transformers' on a CPU without AMX (pipeline.md).
+        self.on_runtime = self.runtime is not None and (self.dtype in BLOCK_FORMATS or base.quantization == "none")
+        log.info("teacher worker (pid %d): %s (%s, %s) loaded in %.1f s on %d threads; teacher pass on %s; "
+                 "regeneration on %s", os.getpid(), base.name, base.quantization, self.dtype, time.time() - started,
+                 threads, teacher_engine(self.on_runtime),
                  "no" if not cfg.regenerate else "the runtime (batched)" if self.runtime else "transformers' generate")
 
     def ready(self) -> dict:
         vocab = sorted(self.base.tokenizer.get_vocab().items())
         return {"pid": os.getpid(), "fingerprint": self.base.fingerprint, "compute_dtype": self.dtype,
                 "regeneration_engine": regeneration_engine(self.runtime),
+                "teacher_engine": teacher_engine(self.on_runtime),
                 "vocab_size": self.base.model.config.vocab_size,
                 "tokenizer": {"class": type(self.base.tokenizer).__name__, "size": len(vocab),
                               "vocab_sha256": hashlib.sha256(json.dumps(vocab).encode()).hexdigest()}}
@@ -202,9 +208,10 @@ class TeacherWorker:
 
 
 def regeneration_runtime(loaded, base: BaseModelConfig, dtype: str, max_length: int) -> LeanLlama | None:
-    """The model greedy regeneration decodes on: the decoder's own (runtime/llama.py on the unquantized base in
-    `dtype`, what `ppdkit decode` verifies with), so the regenerated text is what the decoder would write. A 4-bit
-    teacher loads that model beside it. None where the native kernels cannot run it (transformers' generate then)."""
+    """The model greedy regeneration decodes on, and an unquantized teacher's pass reads with: the decoder's own
+    (runtime/llama.py on the unquantized base in `dtype`, what `ppdkit decode` verifies with), so the regenerated
+    text is what the decoder would write. A 4-bit teacher loads that model beside it. None where the native
+    kernels cannot run it (transformers' generate and forward then)."""
     model = loaded.model if base.quantization == "none" else load_base_model(base.name, "none", dtype).model
     if next(model.parameters()).device.type != "cpu":
         return None
@@ -214,6 +221,10 @@ def regeneration_runtime(loaded, base: BaseModelConfig, dtype: str, max_length: 
 
 def regeneration_engine(runtime: LeanLlama | None) -> str:
     return "runtime" if runtime is not None else "transformers"
+
+
+def teacher_engine(on_runtime: bool) -> str:
+    return "runtime" if on_runtime else "transformers"
 
 
 def plan_shards(split_sizes: dict[str, int], rows_per_shard: int) -> list[dict]:
@@ -233,7 +244,7 @@ MANIFEST_RECORDS = ("shards", "complete", "figures")  # what a run writes beside
 def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_info: dict) -> dict:
     # What makes two caches interchangeable: a shard from a cache with another header is never reused.
     return {"format": FORMAT, "base_model": base.name, "quantization": base.quantization,
-            "dtype_model": worker_info["compute_dtype"],
+            "dtype_model": worker_info["compute_dtype"], "teacher_engine": worker_info["teacher_engine"],
             "fingerprint": worker_info["fingerprint"], "vocab_size": worker_info["vocab_size"], "tokenizer": worker_info["tokenizer"],
             "top_k": cfg.top_k, "dtype": cfg.dtype, "rows_per_shard": cfg.rows_per_shard, "features": cfg.features,
             "batch_size": cfg.batch_size, "regenerate": cfg.regenerate,
@@ -350,7 +361,8 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
             "fingerprint": manifest["fingerprint"], "top_k": cfg.top_k, "regenerate": cfg.regenerate,
             "skipped_rows": sum(skipped.values()), "skipped_by_reason": skipped,
             "worker_startup_seconds": round(startup_seconds, 2), **done.summary(computed=bool(todo)),
-            "compute_dtype": manifest["dtype_model"], "regeneration_engine": (manifest["generation"] or {}).get("engine")}
+            "compute_dtype": manifest["dtype_model"], "teacher_engine": manifest["teacher_engine"],
+            "regeneration_engine": (manifest["generation"] or {}).get("engine")}
 
 
 def cache_figures(out_dir: Path, manifest: dict) -> dict:

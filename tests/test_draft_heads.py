@@ -24,6 +24,7 @@ from ppdkit.models.loading import load_base_model
 from ppdkit.registry.tracking import TrackerRef
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.draft_heads import DraftHeadSet, head_tree
+from ppdkit.runtime.native import native_kernels
 from ppdkit.runtime.tree import candidate_tree
 from ppdkit.trainer.bench_features import features_benchmark
 from ppdkit.trainer.calibrate import calibrate
@@ -67,14 +68,19 @@ def test_heads_train_on_the_features_the_teacher_kept(teacher_dir, tmp_path):  #
 
 
 def test_features_computed_in_training_are_the_teachers(teacher_dir, tmp_path):  # noqa: F811
-    """A bfloat16 teacher that kept no features: the workers compute them from the base in bfloat16, as the teacher
-    did, so the feature head's losses are those on the same cache with the features kept; calibration too
-    computes in the teacher's dtype (its targets are the greedy tokens of the model the decoder verifies with)."""
+    """A bfloat16 teacher that kept no features: the workers compute them from the base in bfloat16 on the teacher's
+    engine (the decoder's runtime here where its kernels run bfloat16), as the teacher did, so the feature head's
+    losses are those on the same cache with the features kept; calibration too computes in the teacher's dtype and
+    engine (its targets are the greedy tokens of the model the decoder verifies with)."""
     teacher = TeacherConfig(workers=1, top_k=16, compute_dtype="bfloat16")
     for name, kept in (("computed", False), ("kept", True)):
         run_teacher_stage(BASE, DATA, teacher.model_copy(update={"features": kept}), teacher_dir.parent / "data",
                           tmp_path / name / "teacher")
-    assert TeacherCache(tmp_path / "computed" / "teacher").compute_dtype == "bfloat16"
+    computed = TeacherCache(tmp_path / "computed" / "teacher")
+    assert computed.compute_dtype == "bfloat16"
+    # on the runtime where its native kernels run bfloat16 (both passes), else through transformers (both too)
+    assert computed.teacher_engine == ("runtime" if native_kernels() and native_kernels().bf16_available()
+                                       else "transformers")
     cfg = HEAD_TRAIN.model_copy(update={"method": "feature-head"})
     losses = {name: [loss for _, loss in run_training(BASE, cfg, tmp_path / name / "teacher", tmp_path / name / "train",
                                                       TrackerRef())["history"]] for name in ("computed", "kept")}

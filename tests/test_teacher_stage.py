@@ -9,7 +9,7 @@ import pytest
 import torch
 from datasets import Dataset, load_from_disk
 
-from conftest import FIXTURES, q4_weights_or_skip
+from conftest import FIXTURES, kernels_or_skip, q4_weights_or_skip
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.data_pipeline.data_stage import run_data_stage
 from ppdkit.data_pipeline.teacher_cache import TeacherCache, TeacherCacheError, file_sha256
@@ -93,20 +93,28 @@ def test_a_bfloat16_teacher_stays_close_to_the_float32_one(undisturbed, data_dir
     assert kl.mean() < 0.01 and kl.max() < 0.05, (kl.mean(), kl.max())
 
 
-def test_a_block_format_teacher_computes_on_the_decoders_runtime(undisturbed, data_dir, tmp_path):
-    """teacher.compute_dtype q4 (gguf for a base model with a GGUF): the teacher pass runs on the runtime over the
-    4-bit blocks, so its targets and features are those of the model `--dtype q4` verifies with, not float32's."""
+@pytest.mark.parametrize("dtype", ["q4", "bfloat16"])
+def test_the_teacher_computes_on_the_decoders_runtime(undisturbed, data_dir, tmp_path, dtype):
+    """teacher.compute_dtype q4 (gguf for a base model with a GGUF) or bfloat16, base_model.quantization none: the
+    teacher pass runs on the runtime (over the 4-bit blocks, or the bfloat16 weights on the native kernels), so
+    its targets and features are those of the model `--dtype q4` or `bfloat16` verifies with, not float32's."""
     from ppdkit.runtime.ar import read_prompt
     from ppdkit.runtime.llama import LeanLlama
 
-    model = load_base_model("tiny-llama").model  # the q4 decoder's model, built here as the actors built theirs
-    runtime = LeanLlama(model, DATA.max_length + 1, **q4_weights_or_skip(model))
-    assert runtime.weight_format == "q4" and runtime.native is not None
-    summary = run_teacher_stage(BASE, DATA, TEACHER.model_copy(update={"compute_dtype": "q4", "features": True}),
+    if dtype == "q4":
+        model = load_base_model("tiny-llama").model  # the q4 decoder's model, built here as the actors built theirs
+        runtime = LeanLlama(model, DATA.max_length + 1, **q4_weights_or_skip(model))
+    else:
+        if not kernels_or_skip("native").bf16_available():
+            pytest.skip("this CPU has no AVX512-BF16: bfloat16 runs the float32 path here")
+        runtime = LeanLlama(load_base_model("tiny-llama", "none", "bfloat16").model, DATA.max_length + 1)
+    assert runtime.weight_format == dtype and runtime.native is not None
+    summary = run_teacher_stage(BASE, DATA, TEACHER.model_copy(update={"compute_dtype": dtype, "features": True}),
                                 data_dir, tmp_path)
-    assert summary["compute_dtype"] == "q4"
+    assert summary["compute_dtype"] == dtype and summary["teacher_engine"] == "runtime"
     cache, cache32 = TeacherCache(tmp_path, verify=True), TeacherCache(undisturbed[0])
-    assert cache.float_dtype == "float32"  # what calibration and computed features load transformers' model in
+    # what calibration and computed features load transformers' model in: blocks' weights de-quantized to float32
+    assert cache.float_dtype == ("float32" if dtype == "q4" else "bfloat16")
     moved = 0.0
     for seq, seq32 in zip(cache.sequences("train", features=True), cache32.sequences("train"), strict=True):
         with torch.inference_mode():
@@ -115,7 +123,7 @@ def test_a_block_format_teacher_computes_on_the_decoders_runtime(undisturbed, da
         assert torch.allclose(logp.gather(1, seq.topk_ids.long()), seq.topk_logprobs.float(), atol=2e-3)
         assert torch.allclose(seq.features.float(), hidden, atol=2e-2, rtol=1e-2)
         moved = max(moved, (seq.topk_logprobs[:, 0].float() - seq32.topk_logprobs[:, 0].float()).abs().max().item())
-    assert moved > 1e-3  # the 4-bit model's own distributions, not float32's
+    assert moved > 1e-3  # the narrow model's own distributions, not float32's
 
 
 def test_kept_features_are_the_final_hidden_states_and_heads_read_them(undisturbed, data_dir, tmp_path):
@@ -237,6 +245,7 @@ def test_4bit_teacher_with_self_distillation(data_dir, tmp_path):
     summary = run_teacher_stage(base, DATA, cfg, data_dir, tmp_path / "teacher")
     manifest = _manifest(tmp_path / "teacher")
     assert manifest["quantization"] == "nf4" and manifest["regenerate"] and summary["positions"] > 0
+    assert summary["teacher_engine"] == "transformers"  # the 4-bit model itself: its unquantized copy only regenerates
     # Greedy regeneration: the regenerated text is what the model itself predicts, so the teacher's
     # top-1 at a regenerated position is the token that follows (up to near-ties of the random model).
     cache = TeacherCache(tmp_path / "teacher")

@@ -63,7 +63,7 @@ def _features_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir
     if len(seqs) < 2 * cfg.micro_batch:
         raise ValueError(f"{teacher_dir} has {len(seqs)} training sequences: the benchmark needs a warm-up batch and one "
                          f"more of train.micro_batch={cfg.micro_batch}")
-    run = method.start(cfg, base, seqs)
+    run = method.start(cfg, base, seqs, teacher=cache)
     optimizer = torch.optim.AdamW(run.module.parameters(), lr=cfg.lr)
     chunks = [seqs[i:i + cfg.micro_batch] for i in range(0, len(seqs), cfg.micro_batch)]
 

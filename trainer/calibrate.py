@@ -17,9 +17,12 @@ from ppdkit.models.artifact import read_component
 from ppdkit.models.draft_heads import TENSORS, draft_logits, inverse_index, path_states
 from ppdkit.models.heads import HEAD_TENSORS
 from ppdkit.models.loading import load_base_model
+from ppdkit.runtime.ar import read_prompt
+from ppdkit.runtime.llama import LeanLlama
 from ppdkit.runtime.tree import best_tree_for_size, candidate_tree
 
 from .batch import collate
+from .features import teacher_runtime
 from .head_batch import head_batch, path_starts
 from .student import student_forward
 
@@ -54,9 +57,11 @@ def guess_ranks(base_model, component, sequences, groups: int, micro_batch: int,
     return torch.cat(out)
 
 
-def head_guess_ranks(base_model, component, sequences, groups: int, seed: int = 0) -> torch.Tensor:
+def head_guess_ranks(base_model, component, sequences, groups: int, seed: int = 0,
+                     runtime: LeanLlama | None = None) -> torch.Tensor:
     """[N, D]: rank of the base model's greedy token among a draft head's guesses at each depth of paths along
-    the held-out text (0 = top-1; OUTSIDE when the draft vocabulary lacks it; -1 where there is no target)."""
+    the held-out text (0 = top-1; OUTSIDE when the draft vocabulary lacks it; -1 where there is no target).
+    `runtime`: the features and greedy tokens computed there, the teacher's engine (trainer/features.py)."""
     h, tensors = component.hyperparameters, component.tensors
     kind, depth = h["head_kind"], h["head_depth"]
     # the heads compute in float32 on the base's features, whatever dtype the base computes in (as in training)
@@ -70,11 +75,16 @@ def head_guess_ranks(base_model, component, sequences, groups: int, seed: int = 
     out = []
     with torch.no_grad():
         for seq in tqdm(sequences, desc="calibrating", unit="sequence"):
-            features = base_model.get_decoder()(input_ids=seq.input_ids[None]).last_hidden_state[0]  # [T, H]
+            if runtime is None:
+                features = base_model.get_decoder()(input_ids=seq.input_ids[None]).last_hidden_state[0]  # [T, H]
+            else:
+                features = read_prompt(runtime, seq.input_ids, runtime.new_cache(len(seq.input_ids)))  # [T, H]
             batch = head_batch([seq], [features], depth, vocab_index, [path_starts(seq, groups, rng)])
             logits = draft_logits(path_states(kind, heads, batch.start, batch.path_tokens, embed), readout)
             # [N, D] the base's greedy token after x_{t+j} (its own features, back in its dtype: exact)
-            greedy = vocab_index[lm_head(batch.features.to(lm_head.weight.dtype)).argmax(-1)]
+            base_logits = (lm_head(batch.features.to(lm_head.weight.dtype)) if runtime is None
+                           else runtime.logits(batch.features))
+            greedy = vocab_index[base_logits.argmax(-1)]
             rank = (logits > logits.gather(-1, greedy.clamp_min(0)[..., None])).sum(-1)  # [N, D]
             rank = torch.where(greedy >= 0, rank, torch.full_like(rank, OUTSIDE))
             out.append(torch.where(batch.valid, rank, torch.full_like(rank, -1)))
@@ -119,7 +129,8 @@ def calibrate(base_name: str, component_dir: Path, teacher_dir: Path, sizes: lis
         raise ValueError(f"{component_dir} is an early-head component: it prunes the trees of another component and "
                          "has none of its own to calibrate; run its job with --stages data,teacher,train")
     if "draft_vocab" in component.tensors:  # draft heads over the features (feature-head, medusa)
-        ranks = head_guess_ranks(base.model, component, sequences, groups)
+        runtime = teacher_runtime(base.model, cache) if dtype == cache.float_dtype else None  # the teacher's engine
+        ranks = head_guess_ranks(base.model, component, sequences, groups, runtime=runtime)
         table = acceptance_table(ranks, max_rank)
         kind, trees = "heads", head_trees(table, sizes)
     else:

@@ -51,10 +51,15 @@ class TrainingMethod:
         """It trains on the frozen base's hidden states of the teacher's own forward (in the teacher's dtype)."""
         return self.head_kind in ("feature", "medusa", "eagle3")
 
-    def start(self, cfg, base, train_sequences, init=None):
+    def start(self, cfg, base, train_sequences, init=None, teacher=None):
         """The method's run: module, param_groups, loss, evaluate, export_tensors, hyperparameters; its weights
-        (and draft vocabulary) those of `init`, a trained component of this method (trainer/warm_start.py), if given."""
+        (and draft vocabulary) those of `init`, a trained component of this method (trainer/warm_start.py), if given.
+        `teacher`: the TeacherCache it trains on, whose engine computes the features it reads (trainer/features.py)."""
         run = importlib.import_module(f"ppdkit.trainer.{self.run}").Run(self, cfg, base, train_sequences, init)
+        if teacher is not None and self.reads_features:
+            from .features import teacher_runtime
+
+            run.features.compute_on(teacher_runtime(base.model, teacher))
         if init is not None:
             from .warm_start import load_weights
 
