@@ -16,9 +16,9 @@ from ppdkit.models.ngram_table import NgramTable
 from .devices import check_device, on_device
 from .dtypes import BLOCK_FORMATS, Q4
 from .gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
-from .linear import QUANTIZED
 from .head_loading import load_draft_heads, load_eagle3, load_skip_draft
 from .layer_skip import check_skip_map
+from .linear import QUANTIZED
 from .methods import get_method
 from .ppd import PromptTokenSet
 from .precision import activation_dtype, bf16_kernels_here, gguf_kernels_here, resolve_dtype

@@ -39,13 +39,12 @@ def teacher_runtime(base_model, cache: TeacherCache) -> LeanLlama | None:
 
 
 class FeatureCache:
-    def __init__(self, base_model, layer: int | tuple[int, ...] | None = None, keep_bytes: float = float("inf"),
-                 runtime: LeanLlama | None = None):
+    def __init__(self, base_model, layer: int | tuple[int, ...] | None = None, keep_bytes: float = float("inf")):
         """layer None: the final hidden states, after the final norm (what the LM head reads); n: the
         residual stream after the first n decoder layers (no norm); (n1, n2, ..): those concatenated
-        (EAGLE-3's low, middle and high states). `runtime`: computed there instead of through transformers
-        (teacher_runtime; compute_on sets it after the run is made)."""
-        self.model, self.layer, self.keep_bytes, self.runtime = base_model, layer, keep_bytes, runtime
+        (EAGLE-3's low, middle and high states). Through transformers until compute_on names a runtime."""
+        self.model, self.layer, self.keep_bytes = base_model, layer, keep_bytes
+        self.runtime: LeanLlama | None = None
         self._known: dict[tuple[str, int], torch.Tensor] = {}  # (split, row): a row is unique within its split
         self.kept_bytes = 0
 
@@ -63,7 +62,7 @@ class FeatureCache:
         return found.float()
 
     def compute_on(self, runtime: LeanLlama | None) -> None:
-        """Compute the features on `runtime` from now on (None: through transformers)."""
+        """Compute the features on `runtime` from now on (teacher_runtime; None: through transformers)."""
         self.runtime = runtime
 
     def _compute(self, ids: torch.Tensor) -> torch.Tensor:
