@@ -91,6 +91,38 @@ def test_features_computed_in_training_are_the_teachers(teacher_dir, tmp_path): 
     assert trees["dtype"] == "bfloat16" and trees["trees"]["4"]["tau"] >= 1.0
 
 
+@pytest.mark.parametrize("engine, dtype, path, on_runtime", [
+    ("runtime", "float32", "native", True), ("transformers", "float32", "native", False),
+    ("runtime", "q4", "native", False), ("runtime", "float32", "pytorch", False)])
+def test_features_are_computed_on_the_engine_the_teacher_ran_on(engine, dtype, path, on_runtime, monkeypatch, caplog):
+    """A runtime teacher's features are computed on the runtime again, the final states and EAGLE-3's layers each
+    what reading the sequence as `ar` does gives; a transformers teacher's, or a 4-bit one's (held de-quantized),
+    through transformers; without the native kernels here, through transformers with a warning."""
+    from types import SimpleNamespace
+
+    from ppdkit.runtime.ar import read_prompt
+    from ppdkit.runtime.eagle3 import forward_with_states
+    from ppdkit.trainer.features import FeatureCache, teacher_runtime
+
+    model, _ = tiny_model_on(path, monkeypatch)
+    cache = SimpleNamespace(teacher_engine=engine, compute_dtype=dtype, dir="cache")  # what teacher_runtime reads
+    runtime = teacher_runtime(model, cache)
+    assert (runtime is not None) == on_runtime
+    assert ("cannot run here" in caplog.text) == (path == "pytorch")
+    if runtime is None:
+        return
+    ids = torch.randint(3, 200, (23,), generator=torch.Generator().manual_seed(0))
+    final, layers = FeatureCache(model), FeatureCache(model, (1, 2))
+    for features in (final, layers):
+        features.compute_on(runtime)
+    seq = SimpleNamespace(features=None, row=0, input_ids=ids)
+    expected = read_prompt(runtime, ids, runtime.new_cache(len(ids))).to(torch.float16).float()
+    assert torch.equal(final(seq, "train"), expected)
+    _, states = forward_with_states(runtime, runtime.embed_ids(ids), torch.arange(len(ids)),
+                                    runtime.new_cache(len(ids)), None, (1, 2))
+    assert torch.equal(layers(seq, "train"), states.to(torch.bfloat16).float())
+
+
 def test_the_features_benchmark_times_kept_against_computed_features(teacher_dir):  # noqa: F811
     features_dir = teacher_dir.parent / "features"
     cfg = HEAD_TRAIN.model_copy(update={"method": "feature-head", "micro_batch": 2})
