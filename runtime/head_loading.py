@@ -88,7 +88,8 @@ def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tu
     weight_dtype = next(model.parameters()).dtype
     dtype = activation_dtype(weight_dtype)
     blocks = matrices == QUANTIZED and model.device.type == "cpu"  # Q8_0 blocks: the int8 kernel is CPU code
-    matrices = torch.float32 if blocks else weight_dtype if matrices in (None, QUANTIZED) else matrices
+    if matrices in (None, QUANTIZED):  # blocks are cut from float32 copies
+        matrices = torch.float32 if blocks else weight_dtype
     t = {name: value.to(model.device, matrices if value.dim() == 2 else dtype) for name, value in tensors.items()}
 
     def linear(weight: torch.Tensor) -> Linear:

@@ -130,7 +130,7 @@ def train_loop_per_worker(config: dict) -> None:
         log.info("training on %d sequences, %d supervised positions (train.train_positions=%d)", len(train_seqs),
                  sum(len(s.positions) for s in train_seqs), cfg.train_positions)
     init = starting_component(cfg, base.fingerprint)  # train.init_from's component, or None: a fresh draw
-    run = method.start(cfg, base, train_seqs, init, cache)  # trainer/prompt_run.py, head_run.py, ...
+    run = method.start(cfg, base, train_seqs, init, teacher=cache)  # trainer/prompt_run.py, head_run.py, ...
     steps_per_epoch = max(1, len(train_seqs) // (cfg.micro_batch * cfg.grad_accum * world))
     total_steps = min(cfg.max_steps or 10**12, steps_per_epoch * cfg.epochs)
     groups, lr_factors = run.param_groups(total_steps)  # cosine, no warm-up (6.1.2)
