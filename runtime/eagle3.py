@@ -21,7 +21,7 @@ import torch
 from ppdkit.models.eagle3 import layer_input, layer_output, readout
 
 from .acceptance import Sampling, choose
-from .grown_tree import BEAM, DEPTH, Frontier, Proposals, grow_and_verify, grow_level, level_logp, tree_nodes
+from .grown_tree import BEAM, DEPTH, Frontier, Proposals, StepCost, grow_and_verify, grow_level, level_logp, tree_nodes
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
 from .llama import LeanLlama, attention_bias, rotate
@@ -128,7 +128,7 @@ class Eagle3Drafter:
         cache.commit(None, r)
         return h[-1]
 
-    def propose(self, root: int, wanted: int, beam: int, depth: int) -> Proposals:
+    def propose(self, root: int, wanted: int, beam: int, depth: int, cost: StepCost | None = None) -> Proposals:
         """The draft's proposals under `root`, grown as runtime/grown_tree.py's expand grows the feature head's."""
         cache, draft = self.cache, self.draft
         state = self._read_verified(root)[None]  # [m, H] the expanded nodes' h (the root alone first)
@@ -137,7 +137,8 @@ class Eagle3Drafter:
         frontier, found = Frontier(torch.zeros(1), [-1]), Proposals()
         for level in range(1, depth + 1):
             logp = level_logp(readout(state, draft.weights, draft.eps))  # [m, V']
-            grown = grow_level(found, logp, frontier, level, draft.vocab, beam, wanted, last=level == depth)
+            grown = grow_level(found, logp, frontier, level, draft.vocab, beam, wanted, last=level == depth,
+                               cost=cost)
             if grown is None:
                 break
             parents, tokens, frontier = grown

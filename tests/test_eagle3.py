@@ -26,7 +26,7 @@ from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.decoder_loading import draft_matrices
 from ppdkit.models.eagle3 import readout
 from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows, forward_with_states
-from ppdkit.runtime.grown_tree import level_logp
+from ppdkit.runtime.grown_tree import StepCost, by_value, level_logp
 from ppdkit.runtime.head_loading import eagle3_set
 from ppdkit.runtime.tree_layout import shape_layout
 from ppdkit.trainer.config import TrainConfig
@@ -164,6 +164,35 @@ def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f
     whole.prefill(ids[:8], decoder.model.new_cache(64))
     whole._read_verified(int(ids[8]))
     assert torch.allclose(drafter.cache.k[..., :8], whole.cache.k[..., :8], atol=1e-10)
+
+
+def test_growth_stops_where_no_deeper_guess_would_be_verified(tiny_f64):
+    """With the step's cost, the draft stops at the level below which no proposal could pay for its row: it
+    drafts fewer levels, and the tree it verifies is the one it verifies when it drafts every level."""
+    model, tok = tiny_f64
+    vocab = torch.arange(VOCAB)
+    tensors = _draft_tensors(model, vocab, 3, 0.3)
+    tensors["lm_head.weight"] = 10 * tensors["lm_head.weight"]  # a confident draft: trees of 1-8 proposals
+    decoder = _decoder(model, tok, tensors, vocab, torch.float64)
+    rng = random.Random(4)
+    shallower = verified = 0
+    for trial in range(60):
+        ids = torch.tensor([rng.randrange(VOCAB) for _ in range(6)])
+        b1 = 10 ** rng.uniform(-5, -3)  # a row costs 1/1000 to 1/10 of a step's forward
+        cost = StepCost([0.01 + b1 * rows for rows in range(17)], rng.uniform(0.5, 1.0), 0.002)
+        trees, depths = [], []
+        for step_cost in (cost, None):
+            drafter = Eagle3Drafter(decoder, 64, beam=3, depth=5)
+            drafter.prefill(ids[:5], decoder.model.new_cache(64))
+            found = drafter.propose(int(ids[5]), 15, 3, 5, step_cost)
+            chosen = by_value(found, 15)
+            chosen = chosen[:cost.count([found.values[i] for i in chosen])]
+            trees.append([(found.tokens[i], found.parents[i], found.depths[i]) for i in chosen])
+            depths.append(max(found.depths))
+        assert trees[0] == trees[1], trial
+        shallower += depths[0] < depths[1]
+        verified += len(trees[0])
+    assert shallower >= 30 and verified >= 150
 
 
 @pytest.mark.parametrize("path", ["native", "native-q4", "native-bf16", "pytorch", "pytorch-fixed"])

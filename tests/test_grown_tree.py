@@ -13,7 +13,7 @@ from conftest import hf_greedy, tiny_model_on
 from test_draft_heads import HIDDEN, VOCAB, _decoder, _heads
 from test_sampling import first_two_tokens_follow_the_model
 
-from ppdkit.runtime.grown_tree import ChainSource, Proposals, add_chain, best_count, by_value, tree_shape
+from ppdkit.runtime.grown_tree import ChainSource, Proposals, StepCost, add_chain, best_count, by_value, tree_shape
 
 GROWN = ("feature-grown", "feature-grown-anpd")
 
@@ -51,6 +51,25 @@ def test_the_tree_takes_the_proposals_that_pay_for_their_rows():
     assert best_count(values, steep, 1.0) == 2  # 2.7 tokens for 2 s beats 1.9 for 1.5 and 2.9 for 2.5
     assert best_count(values, steep, 0.1) == 0  # guesses kept a tenth as often as valued: none pays
     assert best_count(values, steep, 1.0, overhead=100.0) == 4  # drafting dominates: rows are nearly free
+
+
+def test_no_proposal_below_the_floor_is_verified_and_one_above_it_is():
+    """StepCost.floor, what growth stops at: a proposal worth less is never among the ones best_count takes,
+    whatever the other proposals; one worth more is, while the tree has rows to spare (random trees and costs)."""
+    rng = random.Random(0)
+    above = 0
+    for _ in range(2000):
+        values = [math.log(rng.uniform(0.01, 1.0)) for _ in range(rng.randint(0, 9))]
+        b0, b1 = rng.uniform(0.005, 0.03), rng.uniform(0.0001, 0.01)
+        cost = StepCost([b0 + b1 * rows for rows in range(17)], rng.uniform(0.2, 1.5), rng.uniform(0.0, 0.01))
+        floor = cost.floor(values)
+        below = sorted(values + [floor - 1e-6], reverse=True)
+        assert cost.count(below) <= sum(v > floor for v in values)  # the new proposal is never taken
+        if all(v > floor + 1e-6 for v in values):  # then a proposal just above the floor comes last, and is taken
+            assert cost.count(sorted(values, reverse=True) + [floor + 1e-6]) == len(values) + 1
+            above += 1
+    assert above > 100
+    assert StepCost([0.01] * 8, 1.0, 0.0).floor([0.0]) == -math.inf  # rows come free: nothing is cut
 
 
 @pytest.mark.parametrize("path", ["native", "pytorch"])
