@@ -132,7 +132,7 @@ def _assemble(cls: type["Decoder"], component: Component, base, max_length: int,
         decoder.eagle3 = load_eagle3(component, base.model, draft_matrices(dtype))
         return decoder, {}, {}
     if "draft_vocab" in component.tensors:  # draft heads over the base model's features
-        heads, head_trees = load_draft_heads(component, base.model)
+        heads, head_trees = load_draft_heads(component, base.model, draft_matrices(dtype))
         decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
         decoder.heads = heads
         decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}

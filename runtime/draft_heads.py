@@ -19,7 +19,7 @@ from ppdkit.models.draft_heads import draft_logits, feature_step, medusa_states
 
 from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
-from .linear import Linear, draft_readout
+from .linear import QUANTIZED, draft_layers
 from .pruning import kept_path, pruned_forward
 from .tree import TreeState
 from .tree_layout import TreeLayout, layout_tree
@@ -34,12 +34,14 @@ class DraftHeadSet:
     vocab: torch.Tensor  # [V'] the draft vocabulary's token ids
     vocab_rows: torch.Tensor  # [V', H] the base model's LM-head rows of those ids
     depth: int  # distances the heads guess
+    matrices: torch.dtype | str | None = None  # QUANTIZED: the readout and feature matrices in Q8_0 blocks on a CPU
 
     def __post_init__(self):
         # a level multiplies a few rows by each matrix: the packed few-rows kernels draft 3-6x faster than the
         # default matmul (SmolLM2, 2 cores); Medusa's [D, H, H] stack stays one einsum
-        self.readout = draft_readout(self.vocab_rows)
-        self.layers = tuple(Linear(t) for t in self.tensors) if self.kind == "feature" else self.tensors
+        linear = draft_layers(self.matrices == QUANTIZED and self.vocab_rows.device.type == "cpu")
+        self.readout = linear(self.vocab_rows)
+        self.layers = tuple(linear(t) for t in self.tensors) if self.kind == "feature" else self.tensors
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,17 @@ from ppdkit.models.eagle3 import expected_shapes, head_dim
 
 from .draft_heads import DraftHeadSet, HeadTree, head_tree
 from .eagle3 import Eagle3Set
-from .gguf_blocks import quantize_q8_0
 from .layer_skip import SkipDraft, check_skip_map
-from .linear import QUANTIZED, Linear, draft_readout
+from .linear import QUANTIZED, Linear, draft_layers
 from .precision import activation_dtype
 from .tree import check_nodes
 
 
-def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[int, tuple[HeadTree, float]]]:
-    """(the heads, {tree size: (tree, expected tokens per step tau)}); `model` the base (transformers) model."""
+def load_draft_heads(component: Component, model, matrices: torch.dtype | str | None = None
+                     ) -> tuple[DraftHeadSet, dict[int, tuple[HeadTree, float]]]:
+    """(the heads, {tree size: (tree, expected tokens per step tau)}); `model` the base (transformers) model;
+    `matrices` (runtime/decoder_loading.draft_matrices) QUANTIZED puts the feature head's matrices and the readout in
+    Q8_0 blocks on a CPU; otherwise they stay in the activations' dtype."""
     where, config, h = component.path, model.config, component.hyperparameters
     if component.method == "early-head":
         raise ArtifactError(f"{where} is an early-head component: it prunes another component's trees. Load that "
@@ -42,7 +44,7 @@ def load_draft_heads(component: Component, model) -> tuple[DraftHeadSet, dict[in
     dtype = activation_dtype(next(model.parameters()).dtype)  # the heads run on the decoder's activations
     rows = model.get_output_embeddings().weight.detach()[vocab].to(dtype)  # [V', H] the LM head's rows
     heads = DraftHeadSet(kind, tuple(tensors[name].to(model.device, dtype) for name in TENSORS[kind]),
-                         vocab.to(model.device), rows, depth)
+                         vocab.to(model.device), rows, depth, matrices)
     trees = {}
     for size, data in (component.extras.get("trees") or {}).get("trees", {}).items():
         try:
@@ -91,13 +93,9 @@ def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tu
     if matrices in (None, QUANTIZED):  # blocks are cut from float32 copies
         matrices = torch.float32 if blocks else weight_dtype
     t = {name: value.to(model.device, matrices if value.dim() == 2 else dtype) for name, value in tensors.items()}
-
-    def linear(weight: torch.Tensor) -> Linear:
-        return Linear(quantize_q8_0(weight)) if blocks else Linear(weight)
-
     qkv = torch.cat([t[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])
-    weights = {name: (draft_readout if name == "lm_head.weight" and not blocks else linear)(value)
-               if value.dim() == 2 else value for name, value in t.items()}
+    linear = draft_layers(blocks)
+    weights = {name: linear(value) if value.dim() == 2 else value for name, value in t.items()}
     draft = Eagle3Set({**weights, "qkv": linear(qkv)}, vocab.to(model.device), layers, config.num_attention_heads,
                       config.num_key_value_heads, head_dim(config), config.rms_norm_eps)
     if dtype == torch.float32:  # the native kernels' activations

@@ -26,6 +26,8 @@ and AMX-INT8 tiles from 8 rows where the CPU has them: the same bits) for every 
 is no other copy of the weights to multiply, and its rows never depend on each other.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -98,11 +100,12 @@ class Linear:
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def draft_readout(rows: torch.Tensor) -> Linear:
-    """A draft's readout: its vocabulary's rows [V', H], whose logits only choose and rank its guesses (the
-    verification decides what is kept, so the output stays the base model's whatever they are). Where the rows are
-    bfloat16 on a CPU with the quantized kernel they go into Q8_0 blocks: about half the bytes, read by VNNI or
-    AMX-INT8 (4096 x 576 rows, 4 at a time, on the AMX Xeon: 0.05 ms against bfloat16's 0.14; docs/methods.md)."""
-    if rows.dtype == torch.bfloat16 and rows.device.type == "cpu" and native_format(QUANTIZED, native_kernels()):
-        return Linear(quantize_q8_0(rows.float()))
-    return Linear(rows)
+def draft_layers(blocks: bool) -> Callable[[torch.Tensor], Linear]:
+    """How a draft's matrices become the runtime's layers: in Q8_0 blocks where `blocks` (the int8 kernel, CPU
+    code), cut from float32 copies, else as they are. A draft's states and logits only choose and rank its guesses
+    (the verification decides what is kept, so the output stays the base model's whatever they are), and drafting
+    reads its weights from memory each level: Q8_0 reads about half bfloat16's bytes and a quarter of float32's
+    (4096 x 576 readout rows, 4 at a time, on the AMX Xeon: 0.05 ms against bfloat16's 0.14; docs/methods.md)."""
+    if blocks:
+        return lambda weight: Linear(quantize_q8_0(weight.float()))
+    return Linear

@@ -39,10 +39,11 @@ RECORDED_EARLY_LOSSES = [4.33858395, 4.25632381]
 
 
 def _heads(kind: str, depth: int, g: torch.Generator, model, vocab: torch.Tensor, scale: float = 0.1,
-           dtype=torch.float32) -> DraftHeadSet:
+           dtype=torch.float32, matrices=None) -> DraftHeadSet:
     module = DraftHeads(kind, HIDDEN, depth, 32, seed=int(torch.randint(0, 1000, (), generator=g)))
     tensors = tuple((t.detach() + scale * torch.randn(t.shape, generator=g)).to(dtype) for t in module())
-    return DraftHeadSet(kind, tensors, vocab, model.get_output_embeddings().weight.detach()[vocab].to(dtype), depth)
+    return DraftHeadSet(kind, tensors, vocab, model.get_output_embeddings().weight.detach()[vocab].to(dtype), depth,
+                        matrices)
 
 
 def test_heads_train_on_the_features_the_teacher_kept(teacher_dir, tmp_path):  # noqa: F811

@@ -20,7 +20,8 @@ from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.kernels_twin import bf16_linear_twin
-from ppdkit.runtime.linear import SKINNY_MAX_ROWS, Linear
+from ppdkit.runtime.decoder_loading import draft_matrices
+from ppdkit.runtime.linear import QUANTIZED, SKINNY_MAX_ROWS, Linear
 from ppdkit.runtime.llama import LeanLlama
 from ppdkit.runtime.native import FMA_ROWS_TRIED, NEVER, bf16_fma_rows, tune_bf16_fma
 from ppdkit.runtime.ppd import PromptTokenSet
@@ -265,12 +266,17 @@ def test_every_method_gives_ars_tokens_on_narrow_weights(weights, monkeypatch):
 
 @pytest.mark.parametrize("weights", NARROW)
 def test_draft_heads_give_ars_tokens_on_narrow_weights(weights, monkeypatch):
-    """Random feature and Medusa heads over bfloat16 weights or 4-bit blocks, with trees of up to 64 nodes."""
+    """Random feature and Medusa heads over bfloat16 weights or 4-bit blocks, with trees of up to 64 nodes; their
+    matrices in Q8_0 blocks where the CPU has VNNI, as the loader puts them (runtime/decoder_loading.draft_matrices)."""
     model, tok, narrow = _narrow_weights(weights, monkeypatch)
     rng, g = random.Random(3), torch.Generator().manual_seed(3)
+    matrices = draft_matrices(weights.split("-")[0])
+    assert (matrices == QUANTIZED) == linear_module.native_kernels().quantized_available()
     for case in range(6):
         kind, depth = ("feature", "medusa")[case % 2], rng.randint(1, 4)
-        heads = _heads(kind, depth, g, model, torch.arange(3, 384, 2), scale=0.5)
+        heads = _heads(kind, depth, g, model, torch.arange(3, 384, 2), scale=0.5, matrices=matrices)
+        layers = (heads.readout, *(heads.layers if kind == "feature" else ()))
+        assert all((layer.weight is None) == (matrices == QUANTIZED) for layer in layers)  # None: Q8_0 blocks
         decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([8, 32, 64])), **narrow)
         ids = [rng.randrange(3, 384) for _ in range(rng.randint(1, 20))]
         ar = decoder.generate(ids, 24, "ar").tokens
