@@ -29,12 +29,14 @@ from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows, forward_with_states
 from ppdkit.runtime.grown_tree import StepCost, by_value, level_logp
 from ppdkit.runtime.head_loading import eagle3_set
 from ppdkit.runtime.tree_layout import shape_layout
+from ppdkit.trainer.autocast_probe import use_autocast
 from ppdkit.trainer.config import TrainConfig
 from ppdkit.trainer.launch import run_training
 from ppdkit.trainer.methods import TRAINING_METHODS
 
 EAGLE3 = ("eagle3", "eagle3-anpd")
-EAGLE3_TRAIN = TRAIN.model_copy(update={"method": "eagle3", "head_depth": 3, "draft_vocab": 128, "lr": 0.001})
+EAGLE3_TRAIN = TRAIN.model_copy(update={"method": "eagle3", "head_depth": 3, "draft_vocab": 128, "lr": 0.001,
+                                         "precision": "auto"})
 
 
 def _draft_tensors(model, vocab: torch.Tensor, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
@@ -261,6 +263,26 @@ def test_sampled_eagle3_draws_the_base_models_first_tokens(tiny_f64):
     first_two_tokens_follow_the_model(decoder, [5, 17, 42, 5, 17, 42, 5, 17], "eagle3-anpd")
 
 
+def test_auto_precision_trains_in_whichever_this_cpu_runs_faster(caplog):
+    """train.precision auto times the draft layer's product both ways once per process and keeps the faster; the
+    named precisions are taken as they are; auto and bf16-autocast are eagle3's only."""
+    import logging
+
+    from ppdkit.trainer import autocast_probe
+
+    autocast_probe._autocast_is_faster.cache_clear()
+    cpu = torch.device("cpu")
+    assert not use_autocast("fp32", cpu) and use_autocast("bf16-autocast", cpu)
+    with caplog.at_level(logging.INFO, logger="ppdkit.trainer.autocast_probe"):
+        chosen = use_autocast("auto", cpu)
+        assert use_autocast("auto", cpu) == chosen
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and ("auto: bf16-autocast" if chosen else "auto: fp32") in said[0], said  # timed once
+    for precision in ("auto", "bf16-autocast"):
+        with pytest.raises(ValueError, match=f"train.precision {precision} is eagle3's"):
+            TrainConfig(method="feature-head", precision=precision)
+
+
 def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir, tmp_path):  # noqa: F811
     result = run_training(BASE, EAGLE3_TRAIN, teacher_dir, tmp_path / "train", TrackerRef())
     losses = [loss for _, loss in result["history"]]
@@ -269,6 +291,7 @@ def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir,
     base = load_base_model("tiny-llama")
     component = read_component(tmp_path / "train" / "component", expect_fingerprint=base.fingerprint)
     assert component.method == "eagle3" and component.hyperparameters["aux_layers"] == [1, 1, 1]
+    assert component.hyperparameters["precision"] in ("fp32", "bf16-autocast")  # auto, as the workers resolved it
     assert component.tensors["fc.weight"].shape == (64, 192) and component.tensors["lm_head.weight"].shape == (128, 64)
     decoder = Decoder.from_pretrained(tmp_path / "train" / "component", dtype="float32", tree_size=None)
     assert set(EAGLE3) <= set(decoder.methods()) and decoder.profile["sizes"] == [2, 4, 8]  # the latency profile

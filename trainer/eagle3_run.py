@@ -23,13 +23,14 @@ from ppdkit.models.draft_heads import inverse_index
 from ppdkit.runtime.llama import rotate  # x [B, heads, T, D], cos/sin [T, D]
 from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes, layer_input, layer_output, readout
 
+from .autocast_probe import use_autocast
 from .evaluate import TOPS, by_distance
 from .features import FeatureCache
 from .losses import on_draft_vocab, soft_cross_entropy, topk_hits
 from .methods import cosine
 from .warm_start import draft_vocabulary
 
-HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "alpha", "lr", "precision", "epochs", "seed")
+HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "alpha", "lr", "epochs", "seed")  # and the precision
 KEEP_FEATURE_BYTES = 2e9  # a worker's kept hidden states; past it they are computed at every visit
 
 
@@ -82,6 +83,7 @@ class Run:
         self.module = Eagle3Draft(shapes, lm_head, cfg.seed)
         self.module.register_buffer("draft_vocab", vocab)  # saved with every checkpoint and exported
         self.features = FeatureCache(base.model, self.layers, KEEP_FEATURE_BYTES)
+        self.autocast = use_autocast(cfg.precision, self.embed.device)  # train.precision, auto resolved here
         positions = torch.arange(config.max_position_embeddings)[None]
         cos, sin = base.model.model.rotary_emb(torch.zeros(1), positions)  # the base's own rope: [1, P, D]
         self.cos, self.sin = cos[0].float(), sin[0].float()
@@ -107,8 +109,7 @@ class Run:
         """The training-time test: per step k, (log-probabilities [N_k, V'] at the positions whose target has a
         teacher entry, those entries' rows [N_k])."""
         # bf16-autocast: the matmuls of training in bfloat16 (evaluation, like decoding, stays in float32)
-        with torch.autocast(self.embed.device.type, torch.bfloat16,
-                            enabled=self.cfg.precision == "bf16-autocast" and torch.is_grad_enabled()):
+        with torch.autocast(self.embed.device.type, torch.bfloat16, enabled=self.autocast and torch.is_grad_enabled()):
             return self._unroll(w, batch)
 
     def _unroll(self, w: dict[str, torch.Tensor], batch: SequenceBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -182,4 +183,5 @@ class Run:
 
     def hyperparameters(self) -> dict:
         return {"head_kind": "eagle3", "aux_layers": list(self.layers),
-                **{key: getattr(self.cfg, key) for key in HYPERPARAMETERS}}
+                **{key: getattr(self.cfg, key) for key in HYPERPARAMETERS},
+                "precision": "bf16-autocast" if self.autocast else "fp32"}  # what this run trained in (auto resolved)
