@@ -16,7 +16,8 @@ Size: a proposal's value estimates how often it is kept, so a tree of the n best
 1 + rho * (their values' sum) tokens, rho the running ratio of kept guesses to that estimate. Each step takes the
 n with the most expected tokens per second, a step's time being the drafting's plus the forward's for 1 + n rows
 (runtime/tree_sizer.py's latency line, seeded by the tree profile and refitted on every step's time): a
-confident step spends rows deep on one line, an unsure one spends few.
+confident step spends rows deep on one line, an unsure one spends few. Growth stops at the level below which no
+proposal could be among those n, whatever else is proposed (StepCost.floor), so no level is drafted for nothing.
 """
 
 import math
