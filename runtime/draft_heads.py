@@ -19,7 +19,7 @@ from ppdkit.models.draft_heads import draft_logits, feature_step, medusa_states
 
 from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
-from .linear import QUANTIZED, draft_layers
+from .linear import draft_blocks, draft_layers
 from .pruning import kept_path, pruned_forward
 from .tree import TreeState
 from .tree_layout import TreeLayout, layout_tree
@@ -39,7 +39,7 @@ class DraftHeadSet:
     def __post_init__(self):
         # a level multiplies a few rows by each matrix: the packed few-rows kernels draft 3-6x faster than the
         # default matmul (SmolLM2, 2 cores); Medusa's [D, H, H] stack stays one einsum
-        linear = draft_layers(self.matrices == QUANTIZED and self.vocab_rows.device.type == "cpu")
+        linear = draft_layers(draft_blocks(self.matrices, self.vocab_rows.device))
         self.readout = linear(self.vocab_rows)
         self.layers = tuple(linear(t) for t in self.tensors) if self.kind == "feature" else self.tensors
 

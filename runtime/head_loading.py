@@ -14,7 +14,7 @@ from ppdkit.models.eagle3 import expected_shapes, head_dim
 from .draft_heads import DraftHeadSet, HeadTree, head_tree
 from .eagle3 import Eagle3Set
 from .layer_skip import SkipDraft, check_skip_map
-from .linear import QUANTIZED, Linear, draft_layers
+from .linear import QUANTIZED, Linear, draft_blocks, draft_layers
 from .precision import activation_dtype
 from .tree import check_nodes
 
@@ -89,7 +89,7 @@ def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tu
     # memory-bound, 27 MB a level in float32), its norms and activations in the decoder's activation dtype
     weight_dtype = next(model.parameters()).dtype
     dtype = activation_dtype(weight_dtype)
-    blocks = matrices == QUANTIZED and model.device.type == "cpu"  # Q8_0 blocks: the int8 kernel is CPU code
+    blocks = draft_blocks(matrices, model.device)
     if matrices in (None, QUANTIZED):  # blocks are cut from float32 copies
         matrices = torch.float32 if blocks else weight_dtype
     t = {name: value.to(model.device, matrices if value.dim() == 2 else dtype) for name, value in tensors.items()}

@@ -100,6 +100,12 @@ class Linear:
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+def draft_blocks(matrices: torch.dtype | str | None, device: torch.device) -> bool:
+    """Whether a draft's matrices in format `matrices` (runtime/decoder_loading.draft_matrices) go into Q8_0 blocks
+    on `device`: QUANTIZED asked for, on a CPU (the int8 kernel is CPU code)."""
+    return matrices == QUANTIZED and torch.device(device).type == "cpu"
+
+
 def draft_layers(blocks: bool) -> Callable[[torch.Tensor], Linear]:
     """How a draft's matrices become the runtime's layers: in Q8_0 blocks where `blocks` (the int8 kernel, CPU
     code), cut from float32 copies, else as they are. A draft's states and logits only choose and rank its guesses
