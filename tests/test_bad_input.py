@@ -373,6 +373,8 @@ def test_a_head_method_evaluated_without_a_head_is_refused(job):
         load_spec(job, ["train.method=ept-head", "train.draft_vocab=100"])
     with pytest.raises(SpecError, match="feature_weight only apply to feature-head, not medusa"):
         load_spec(job, ["train.method=medusa", "train.feature_weight=0.5"])
+    with pytest.raises(SpecError, match="features_on_disk only apply to feature-head, medusa and eagle3, not ept"):
+        load_spec(job, ["train.features_on_disk=true"])
 
 
 def test_a_block_format_teacher_needs_the_unquantized_model_a_gguf_and_greedy_regeneration():

@@ -5,6 +5,7 @@ against transformers' greedy, an oracle drafter whose guesses are often right so
 cache pruning run)."""
 
 import dataclasses
+import logging
 import math
 import random
 
@@ -122,6 +123,49 @@ def test_features_are_computed_on_the_engine_the_teacher_ran_on(engine, dtype, p
     _, states = forward_with_states(runtime, runtime.embed_ids(ids), torch.arange(len(ids)),
                                     runtime.new_cache(len(ids)), None, (1, 2))
     assert torch.equal(layers(seq, "train"), states.to(torch.bfloat16).float())
+
+
+def test_features_on_disk_are_written_once_read_by_a_later_run_and_never_trusted_stale(tmp_path, monkeypatch,
+                                                                                       caplog):
+    """train.features_on_disk: the first visit computes a sequence's states and writes them; a later cache (another
+    worker or run) reads the same numbers without running the base; a file computed from other token ids (a cache
+    rebuilt since) or cut short is computed again and rewritten, with a warning; other layers get another folder."""
+    from types import SimpleNamespace
+
+    from ppdkit.trainer import features as features_module
+    from ppdkit.trainer.features import FeatureCache, feature_store
+
+    caplog.set_level(logging.INFO, logger="ppdkit")
+    model, _ = tiny_model_on("pytorch", monkeypatch)
+    cache = SimpleNamespace(dir=tmp_path / "teacher", float_dtype="float32")
+    store = feature_store(cache, (1, 2), None)
+    assert store != feature_store(cache, (1, 3), None) != feature_store(cache, None, None)
+    ids = torch.randint(3, 200, (23,), generator=torch.Generator().manual_seed(0))
+    seq = SimpleNamespace(features=None, row=7, input_ids=ids)
+    first = FeatureCache(model, (1, 2), keep_bytes=0)  # nothing kept in memory: every visit goes to the disk
+    first.keep_on_disk(store, positions=23, hidden=HIDDEN)
+    computed = first(seq, "train")
+    assert (store / "train" / "7.safetensors").exists() and not list(store.glob("*/*.partial"))
+
+    later = FeatureCache(model, (1, 2))
+    later.keep_on_disk(store, positions=23, hidden=HIDDEN)
+    with monkeypatch.context() as patched:
+        patched.setattr(later, "_compute", lambda ids: pytest.fail("the states were on disk"))
+        assert torch.equal(later(seq, "train"), computed)
+    assert "256 bytes a position" in caplog.text and "files there already: 1" in caplog.text  # 2 x 64 x 2 layers
+
+    rebuilt = SimpleNamespace(features=None, row=7, input_ids=ids.flip(0))  # row 7 of a cache rebuilt since
+    expected = FeatureCache(model, (1, 2))(rebuilt, "train")
+    assert torch.equal(first(rebuilt, "train"), expected)
+    assert "another sequence's states" in caplog.text
+    with monkeypatch.context() as patched:  # rewritten: read back without computing
+        patched.setattr(first, "_compute", lambda ids: pytest.fail("the rewritten states were on disk"))
+        assert torch.equal(first(rebuilt, "train"), expected)
+
+    path = store / "train" / "7.safetensors"
+    path.write_bytes(path.read_bytes()[:40])  # cut short
+    assert torch.equal(first(rebuilt, "train"), expected) and "cannot read" in caplog.text
+    assert features_module.ids_digest(ids) != features_module.ids_digest(ids.flip(0))
 
 
 def test_the_features_benchmark_times_kept_against_computed_features(teacher_dir):  # noqa: F811

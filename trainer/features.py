@@ -3,17 +3,25 @@
 The base model never changes while heads train, so a sequence's hidden states are the same at every
 epoch: one forward without autograd, then kept in float16 (2 * H bytes per position and layer asked for:
 1152 for SmolLM2, about 0.2 GB for 512 sequences of 300 tokens). After the first epoch a step costs only
-the heads. A sequence past `keep_bytes` is computed at every visit instead (a large cache seen about once:
-its features would not fit in memory, and are not read twice anyway).
+the heads. A sequence past `keep_bytes` is computed at every visit instead, unless `keep_on_disk` names a
+directory (train.features_on_disk): there each sequence's states are written once, one safetensors file per
+sequence beside the teacher cache (`feature_store`), and read back by every later epoch and every later run on the
+same cache and layers, whichever worker visits it (epochs reshuffle sequences across workers). A file records the
+digest of the token ids it was computed from, so one left by an older cache is computed again, not trusted.
 
 They come from the engine the teacher pass ran on: where it ran on the decoder's runtime (an unquantized teacher on
 the native kernels), on that runtime again (`teacher_runtime`), so features computed here are bit for bit the ones a
 teacher with `teacher.features` kept, and the ones the decoder computes while drafting; else through transformers.
 """
 
+import hashlib
 import logging
+import os
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence, TeacherCache
 from ppdkit.runtime.ar import read_prompt
@@ -38,6 +46,22 @@ def teacher_runtime(base_model, cache: TeacherCache) -> LeanLlama | None:
     return runtime
 
 
+STORE_DIR = "base-states"  # under the teacher cache's directory: one folder per layers / engine / dtype
+
+
+def feature_store(cache: TeacherCache, layer: int | tuple[int, ...] | None, runtime: LeanLlama | None) -> Path:
+    """Where train.features_on_disk keeps `cache`'s sequences' hidden states after `layer` (FeatureCache's), as
+    computed on `runtime` (None: transformers) in the cache's float dtype: a folder per kind of states, so runs of
+    other methods or layers on the same cache never read each other's."""
+    layers = "final" if layer is None else "layers-" + "-".join(map(str, (layer,) if isinstance(layer, int) else layer))
+    engine = "runtime" if runtime is not None else "transformers"
+    return Path(cache.dir) / STORE_DIR / f"{layers}.{engine}.{cache.float_dtype}"
+
+
+def ids_digest(ids: torch.Tensor) -> str:
+    return hashlib.sha256(ids.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()
+
+
 class FeatureCache:
     def __init__(self, base_model, layer: int | tuple[int, ...] | None = None, keep_bytes: float = float("inf")):
         """layer None: the final hidden states, after the final norm (what the LM head reads); n: the
@@ -47,6 +71,7 @@ class FeatureCache:
         self.runtime: LeanLlama | None = None
         self._known: dict[tuple[str, int], torch.Tensor] = {}  # (split, row): a row is unique within its split
         self.kept_bytes = 0
+        self.store: Path | None = None  # keep_on_disk's directory
 
     def __call__(self, seq: ShardSequence, split: str) -> torch.Tensor:
         """[T, H] float32 ([T, n H] for n layers)."""
@@ -55,7 +80,11 @@ class FeatureCache:
         key = (split, seq.row)
         found = self._known.get(key)
         if found is None:
-            found = self._compute(seq.input_ids)
+            found = self._read(seq, split) if self.store is not None else None
+            if found is None:
+                found = self._compute(seq.input_ids)
+                if self.store is not None:
+                    self._write(seq, split, found)
             if self.kept_bytes + found.nbytes <= self.keep_bytes:
                 self._known[key] = found
                 self.kept_bytes += found.nbytes
@@ -64,6 +93,44 @@ class FeatureCache:
     def compute_on(self, runtime: LeanLlama | None) -> None:
         """Compute the features on `runtime` from now on (teacher_runtime; None: through transformers)."""
         self.runtime = runtime
+
+    def keep_on_disk(self, directory: Path, positions: int, hidden: int) -> None:
+        """Read computed states from `directory` (feature_store's) where a file holds them, write them there where
+        none does. `positions`: the training sequences' tokens, `hidden` the base's width: what the log line says
+        the folder will take."""
+        self.store = Path(directory)
+        layers = 1 if self.layer is None or isinstance(self.layer, int) else len(self.layer)
+        there = sum(1 for _ in (self.store / "train").glob("*.safetensors")) if (self.store / "train").is_dir() else 0
+        log.info("train.features_on_disk: the base's states of the training sequences in %s (%d bytes a position, "
+                 "about %.1f GB in all; files there already: %d)", self.store, 2 * hidden * layers,
+                 2 * hidden * layers * positions / 1e9, there)
+
+    def _path(self, seq: ShardSequence, split: str) -> Path:
+        return self.store / split / f"{seq.row}.safetensors"
+
+    def _read(self, seq: ShardSequence, split: str) -> torch.Tensor | None:
+        path = self._path(seq, split)
+        if not path.exists():
+            return None
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                if (f.metadata() or {}).get("ids_sha256") != ids_digest(seq.input_ids):
+                    log.warning("%s holds another sequence's states (a cache rebuilt since): computing them again",
+                                path)
+                    return None
+                return f.get_tensor("states")
+        except (SafetensorError, OSError) as err:  # a truncated file (a full disk): computed and written again
+            log.warning("cannot read %s (%s): computing its states again", path, err)
+            return None
+
+    def _write(self, seq: ShardSequence, split: str, states: torch.Tensor) -> None:
+        """One file a sequence, written under a temporary name and renamed: a reader (another worker) sees the whole
+        file or none, and two workers writing the same sequence leave the same bytes."""
+        path = self._path(seq, split)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        save_file({"states": states.contiguous()}, str(partial), metadata={"ids_sha256": ids_digest(seq.input_ids)})
+        os.replace(partial, path)
 
     def _compute(self, ids: torch.Tensor) -> torch.Tensor:
         """[T, H] float16, or [T, n H] bfloat16 (the residual stream inside the model: float16's range may not

@@ -57,9 +57,14 @@ class TrainingMethod:
         `teacher`: the TeacherCache it trains on, whose engine computes the features it reads (trainer/features.py)."""
         run = importlib.import_module(f"ppdkit.trainer.{self.run}").Run(self, cfg, base, train_sequences, init)
         if teacher is not None and self.reads_features:
-            from .features import teacher_runtime
+            from .features import feature_store, teacher_runtime
 
-            run.features.compute_on(teacher_runtime(base.model, teacher))
+            runtime = teacher_runtime(base.model, teacher)
+            run.features.compute_on(runtime)
+            if cfg.features_on_disk:
+                run.features.keep_on_disk(feature_store(teacher, run.features.layer, runtime),
+                                          sum(len(s.input_ids) for s in train_sequences),
+                                          base.model.config.hidden_size)
         if init is not None:
             from .warm_start import load_weights
 
