@@ -50,7 +50,9 @@ class TeacherConfig(Section):
                                 "(continuous batching: a finished one's slot takes the next at once)")
     max_new_tokens: int = Field(256, ge=1, description="tokens per regenerated assistant turn")
     temperature: float = Field(0.0, ge=0.0, description="0: greedy regeneration; > 0: sampled")
-    seed: int = Field(0, description="seed of sampled regeneration, mixed with each shard's id")
+    seed: int = Field(0, description="seed of sampled regeneration, mixed with each shard's id; on the runtime each "
+                                     "answer draws with a generator of its own, seeded by it, its conversation and its "
+                                     "turn (another seed: other answers to the same prompts)")
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Raise before any teacher work when top_k exceeds the base model's vocabulary (known only once the

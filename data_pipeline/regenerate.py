@@ -6,15 +6,20 @@ text the model's own. Every assistant turn that still fits max_length is rewritt
 turn answers the user's next message after the model's own earlier answer).
 
 Two engines:
-- greedy on the runtime (`runtime` given): continuous batching on the decoder's own model and kernels
+- the runtime (`runtime` given): continuous batching on the decoder's own model and kernels
   (runtime/batch.py), a conversation's next turn queued first as soon as its previous one ends (it reads only
   its new user turn, the rest is in the segment its previous turn left); every answer is
   token for token what `ppdkit decode --method ar` gives in the same dtype, whatever its batch neighbours, and
-  a turn stops at the end token or where the conversation reaches max_length (tokens past it would be cut);
-- transformers' generate in fixed batches with left padding: sampled regeneration (temperature > 0), and
-  models the native kernels cannot run. Its rows may depend on their batch neighbours (padding, library
-  kernels that change with the batch), so it is not reproducible across batch sizes.
+  a turn stops at the end token or where the conversation reaches max_length (tokens past it would be cut).
+  Sampled (temperature > 0), each turn draws with a seed of its own (`turn_seed`: the run's seed, the
+  conversation and the turn), so it is `ppdkit decode --method ar --temperature T --seed turn_seed(...)`'s answer:
+  a second set drawn with another seed gives other answers to the same prompts, and a rerun the same ones;
+- transformers' generate in fixed batches with left padding, for models the native kernels cannot run. Its rows
+  may depend on their batch neighbours (padding, library kernels that change with the batch), so it is not
+  reproducible across batch sizes.
 """
+
+import hashlib
 
 from collections import deque
 from collections.abc import Callable
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ppdkit.runtime.batch import Request, greedy_many
+from ppdkit.runtime.batch import Request, decode_many
 from ppdkit.runtime.llama import LeanLlama, end_tokens
 
 from .conversations import Conversation
@@ -64,10 +69,11 @@ def regenerate_conversations(model, tokenizer, conversations: list[Conversation]
                              runtime: LeanLlama | None = None,
                              on_tokens: Callable[[int], None] | None = None) -> list[Conversation]:
     """Each conversation with its assistant turns replaced by the model's own (greedy when temperature == 0):
-    on `runtime` with `batch_size` slots when given and greedy, else through `model.generate`. `on_tokens(n)` is
-    told of every n tokens generated."""
-    if runtime is not None and temperature == 0:
-        return _regenerate_batched(runtime, tokenizer, conversations, max_new_tokens, max_length, batch_size, on_tokens)
+    on `runtime` with `batch_size` slots when given, else through `model.generate`. `on_tokens(n)` is told of every
+    n tokens generated."""
+    if runtime is not None:
+        return _regenerate_batched(runtime, tokenizer, conversations, max_new_tokens, max_length, batch_size, on_tokens,
+                                   temperature, seed)
     states = [_Progress(c) for c in conversations]
     generator_seed = seed
     pad_side = tokenizer.padding_side
@@ -98,20 +104,30 @@ def regenerate_conversations(model, tokenizer, conversations: list[Conversation]
     return [Conversation(s.conv.id, tuple(s.messages)) for s in states]
 
 
+def turn_seed(seed: int, conversation: str, turn: int) -> int:
+    """The generator seed of a conversation's `turn`-th answer (from 0) in a regeneration seeded `seed`: independent of
+    which worker, shard or batch the conversation lands in."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{conversation}/{turn}".encode()).digest()[:7], "big")
+
+
 def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conversation], max_new_tokens: int,
-                        max_length: int, slots: int, on_tokens: Callable[[int], None] | None) -> list[Conversation]:
+                        max_length: int, slots: int, on_tokens: Callable[[int], None] | None,
+                        temperature: float = 0.0, seed: int = 0) -> list[Conversation]:
     states = [_Progress(c) for c in conversations]
     waiting = deque((i, ids) for i, s in enumerate(states) if (ids := _advance(s, tokenizer, max_length)) is not None)
+    answered = [0] * len(states)  # answers each conversation has had so far: the next one's turn
 
     def next_request() -> Request | None:
         if not waiting:
             return None
         i, ids = waiting.popleft()
-        return Request(i, ids, min(max_new_tokens, max_length - len(ids)))
+        return Request(i, ids, min(max_new_tokens, max_length - len(ids)),
+                       turn_seed(seed, states[i].conv.id, answered[i]))
 
     with torch.inference_mode():
-        for request, tokens in greedy_many(runtime, next_request, end_tokens(runtime, tokenizer), slots, max_length,
-                                           on_tokens=on_tokens):
+        for request, tokens in decode_many(runtime, next_request, end_tokens(runtime, tokenizer), slots, max_length,
+                                           on_tokens=on_tokens, temperature=temperature):
+            answered[request.key] += 1
             state = states[request.key]
             _answered(state, tokenizer.decode(tokens, skip_special_tokens=True))
             if (ids := _advance(state, tokenizer, max_length)) is not None:  # first in line: while the segment

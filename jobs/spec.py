@@ -112,10 +112,6 @@ class JobSpec(Section):
             raise ValueError(f"teacher.compute_dtype {self.teacher.compute_dtype} runs the teacher on the runtime's "
                              "4-bit blocks, which it makes from the unquantized model: set base_model.quantization "
                              "none")
-        if self.teacher.regenerate and self.teacher.temperature > 0:
-            raise ValueError("sampled regeneration (teacher.temperature > 0) runs transformers' generate, which "
-                             f"cannot multiply {self.teacher.compute_dtype} blocks: use temperature 0 (greedy, on the "
-                             "runtime) or a float compute_dtype")
         if self.teacher.compute_dtype == GGUF:
             try:
                 base_gguf(self.base_model.name)

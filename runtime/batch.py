@@ -1,4 +1,5 @@
-"""Greedy decoding of many sequences at once with continuous batching, each one token for token its `ar` decoding.
+"""Decoding many sequences at once with continuous batching, each one token for token its `ar` decoding: greedy, or
+sampled at a temperature with a seed per request (each answer then `ar`'s with that seed).
 
 Self-distillation (data_pipeline/regenerate.py) asks the base model for hundreds of thousands of answers. One
 sequence at a time, every step reads all the weights for a single row; here up to `slots` sequences share each
@@ -16,7 +17,9 @@ feeds one token of every active sequence through the native kernels with a windo
 goes to its own segment; it attends to that segment only), so a row's arithmetic is that of its sequence decoded
 alone: the kernels' rows never depend on each other, and attention sums the keys a row sees in their order
 (runtime/kernels/decoder_layers.cpp). Every answer equals `Decoder.generate(method="ar")`, whatever its batch
-neighbours (tests/test_batch.py checks this on many prompts).
+neighbours (tests/test_batch.py checks this on many prompts). Sampled, each sequence draws from its own row with its own
+generator, seeded by its request as `Decoder.generate(seed=...)` seeds one: its answer is the one `ar` samples alone
+with that seed, whoever shares its steps (self-distillation data drawn at a temperature, reproducible).
 """
 
 from collections.abc import Callable, Iterator
@@ -25,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .acceptance import greedy_tokens
+from .acceptance import Sampling, greedy_tokens, pick
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS
 from .llama import LeanLlama
@@ -36,6 +39,7 @@ class Request:
     key: Any  # the caller's handle, returned with the answer
     ids: list[int]  # the prompt's token ids
     max_new_tokens: int
+    seed: int = 0  # its draws' generator (sampled decoding only)
 
 
 @dataclass
@@ -44,6 +48,7 @@ class _Sequence:
     start: int  # the first cache slot of its segment
     length: int  # tokens in its segment (the prompt, then every token fed back)
     tokens: list[int] = field(default_factory=list)  # generated so far
+    generator: torch.Generator | None = None  # its own draws (sampled decoding)
 
     def finished(self, eos: set[int]) -> bool:
         return self.tokens[-1] in eos or len(self.tokens) >= self.request.max_new_tokens
@@ -58,14 +63,17 @@ def check_batching(model: LeanLlama, slots: int) -> None:
         raise ValueError(f"slots must be between 1 and {SKINNY_MAX_ROWS} (the native kernels' rows), not {slots}")
 
 
-def greedy_many(model: LeanLlama, next_request: Callable[[], Request | None], eos: set[int], slots: int,
-                segment: int, on_tokens: Callable[[int], None] | None = None) -> Iterator[tuple[Request, list[int]]]:
+def decode_many(model: LeanLlama, next_request: Callable[[], Request | None], eos: set[int], slots: int,
+                segment: int, on_tokens: Callable[[int], None] | None = None,
+                temperature: float = 0.0) -> Iterator[tuple[Request, list[int]]]:
     """Yield (request, generated ids) as each answer ends (the end token included, as `ar` gives it), in the
     order they end. `next_request()` gives the next request or None when there is none for now; it is asked
     again whenever a slot is free, so the caller may add work as answers come back (the next turn of a
     conversation). A request needs len(ids) + max_new_tokens <= segment. `on_tokens(n)` is told of every n tokens
-    produced (a prompt's first token, then each step's: for progress bars and throughput)."""
+    produced (a prompt's first token, then each step's: for progress bars and throughput). `temperature` 0:
+    greedy; above: each request's tokens drawn with a generator seeded by its `seed`."""
     check_batching(model, slots)
+    sampling = Sampling(temperature)
     cache = model.new_cache(slots * segment)
     scratch = model.new_cache(segment)  # one prompt's prefill, copied into its segment
     free = list(range(slots - 1, -1, -1))
@@ -78,7 +86,7 @@ def greedy_many(model: LeanLlama, next_request: Callable[[], Request | None], eo
                 break
             slot, reuse = _segment_for(request.ids, free, held)
             free.remove(slot)
-            sequence = _prefill(model, cache, scratch, request, slot * segment, segment, reuse)
+            sequence = _prefill(model, cache, scratch, request, slot * segment, segment, sampling, reuse)
             held[slot] = list(request.ids)
             if on_tokens:
                 on_tokens(1)
@@ -89,7 +97,7 @@ def greedy_many(model: LeanLlama, next_request: Callable[[], Request | None], eo
                 active.append(sequence)
         if not active:
             return
-        _step(model, cache, active)
+        _step(model, cache, active, sampling)
         if on_tokens:
             on_tokens(len(active))
         still = []
@@ -126,7 +134,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def _prefill(model: LeanLlama, cache: KVCache, scratch: KVCache, request: Request, start: int,
-             segment: int, reuse: int = 0) -> _Sequence:
+             segment: int, sampling: Sampling, reuse: int = 0) -> _Sequence:
     """Read the prompt as `ar` does (a fresh cache, causal), keep its keys/values in the segment at `start`; its
     first `reuse` positions are already there (the segment's earlier ids) and only the rest is read."""
     n = len(request.ids)
@@ -140,17 +148,23 @@ def _prefill(model: LeanLlama, cache: KVCache, scratch: KVCache, request: Reques
     hidden = model.forward(model.embed_ids(rest), torch.arange(reuse, n), scratch, None)  # [P - reuse, H]
     cache.k[..., start + reuse:start + n] = scratch.k[..., reuse:n]
     cache.v[:, :, start + reuse:start + n] = scratch.v[:, :, reuse:n]
-    first = int(greedy_tokens(model.logits(hidden[-1])))
-    return _Sequence(request, start, n, [first])
+    generator = None if sampling.greedy else torch.Generator(model.device).manual_seed(request.seed)
+    first = pick(model.logits(hidden[-1]), sampling, generator)  # as ar picks its first token
+    return _Sequence(request, start, n, [first], generator)
 
 
-def _step(model: LeanLlama, cache: KVCache, active: list[_Sequence]) -> None:
-    """Feed every active sequence's last token; append each one's next greedy token."""
+def _step(model: LeanLlama, cache: KVCache, active: list[_Sequence], sampling: Sampling) -> None:
+    """Feed every active sequence's last token; append each one's next token (greedy, or drawn from its row with
+    its own generator)."""
     tokens = torch.tensor([s.tokens[-1] for s in active])  # [B]
     positions = torch.tensor([s.length for s in active])  # [B]
     window = torch.tensor([[s.start, s.start + s.length] for s in active], dtype=torch.int64)  # [B, 2]
     hidden = model.forward_sequences(model.embed_ids(tokens), positions, cache, window)  # [B, H]
-    nexts = greedy_tokens(model.logits(hidden)).tolist()  # [B]: the first maximum, as ar's pick
+    logits = model.logits(hidden)  # [B, V]
+    if sampling.greedy:
+        nexts = greedy_tokens(logits).tolist()  # [B]: the first maximum, as ar's pick
+    else:
+        nexts = [pick(row, sampling, s.generator) for row, s in zip(logits, active)]
     for sequence, token in zip(active, nexts):
         sequence.length += 1
         sequence.tokens.append(token)

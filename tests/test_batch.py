@@ -1,5 +1,7 @@
-"""Batched greedy decoding (runtime/batch.py) and the regeneration built on it: every answer is exactly `ar`'s."""
+"""Batched decoding (runtime/batch.py), greedy and sampled, and the regeneration built on it: every answer is exactly
+`ar`'s (with the same seed, sampled)."""
 
+import dataclasses
 import random
 
 import pytest
@@ -9,8 +11,8 @@ from conftest import kernels_or_skip
 import ppdkit.runtime.batch as batch_module
 from ppdkit.data_pipeline.config import TeacherConfig
 from ppdkit.data_pipeline.conversations import Conversation
-from ppdkit.data_pipeline.regenerate import regenerate_conversations
-from ppdkit.runtime.batch import Request, greedy_many
+from ppdkit.data_pipeline.regenerate import regenerate_conversations, turn_seed
+from ppdkit.runtime.batch import Request, decode_many
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.linear import SKINNY_MAX_ROWS
 
@@ -36,9 +38,10 @@ def _requests(decoder: Decoder, n: int, seed: int = 0) -> list[Request]:
     return out
 
 
-def _run(decoder: Decoder, requests: list[Request], slots: int) -> dict[int, list[int]]:
+def _run(decoder: Decoder, requests: list[Request], slots: int, temperature: float = 0.0) -> dict[int, list[int]]:
     queue = list(requests)
-    answers = greedy_many(decoder.model, lambda: queue.pop(0) if queue else None, decoder._eos_ids(), slots, SEGMENT)
+    answers = decode_many(decoder.model, lambda: queue.pop(0) if queue else None, decoder._eos_ids(), slots, SEGMENT,
+                          temperature=temperature)
     return {request.key: tokens for request, tokens in answers}
 
 
@@ -57,6 +60,22 @@ def test_every_batched_answer_is_ar_token_for_token(dtype):
     assert sum(len(t) for t in batched.values()) > 300  # the answers are long enough to say something
 
 
+@pytest.mark.parametrize("dtype", ["float32", "q4"])
+def test_every_sampled_batched_answer_is_ar_sampled_alone_with_its_seed(dtype):
+    """Sampled at a temperature, each request draws from its own row with its own seed: its answer is `ar`'s alone
+    with that seed, whatever its neighbours and the number of slots; another seed gives other answers."""
+    decoder = _decoder(dtype)
+    requests = [dataclasses.replace(r, seed=1000 + r.key) for r in _requests(decoder, 16, seed=3)]
+    sampled = _run(decoder, requests, slots=5, temperature=0.8)
+    for request in requests:
+        alone = decoder.generate(request.ids, max_new_tokens=request.max_new_tokens, method="ar", temperature=0.8,
+                                 seed=request.seed).tokens
+        assert sampled[request.key] == alone, request.key
+    assert _run(decoder, requests, slots=2, temperature=0.8) == sampled
+    reseeded = _run(decoder, [dataclasses.replace(r, seed=r.seed + 1) for r in requests], slots=5, temperature=0.8)
+    assert reseeded != sampled and _run(decoder, requests, slots=5) != sampled  # neither greedy nor the same draws
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "q4"])
 def test_a_request_that_continues_a_finished_one_reads_only_its_new_tokens(dtype, monkeypatch):
     """A follow-up request (an answered prompt, its answer and new tokens: a conversation's next turn) takes the
@@ -69,7 +88,7 @@ def test_a_request_that_continues_a_finished_one_reads_only_its_new_tokens(dtype
     rng = random.Random(1)
     queue = _requests(decoder, 12, seed=1)
     answered = []
-    for request, tokens in greedy_many(decoder.model, lambda: queue.pop(0) if queue else None, decoder._eos_ids(),
+    for request, tokens in decode_many(decoder.model, lambda: queue.pop(0) if queue else None, decoder._eos_ids(),
                                        slots=3, segment=SEGMENT):
         answered.append((request, tokens))
         follow = request.ids + tokens + [rng.randrange(3, decoder.model.vocab_size) for _ in range(rng.choice([1, 6]))]
@@ -96,11 +115,12 @@ def test_a_prompt_read_after_its_reused_prefix_leaves_what_a_whole_prefill_write
 
     cache, scratch = model.new_cache(3 * SEGMENT), model.new_cache(SEGMENT)
     first = Request("first", ids(30), 4)
-    batch_module._prefill(model, cache, scratch, first, 0, SEGMENT)
-    batch_module._prefill(model, cache, scratch, Request("other", ids(50), 4), SEGMENT, SEGMENT)
+    greedy = batch_module.Sampling()
+    batch_module._prefill(model, cache, scratch, first, 0, SEGMENT, greedy)
+    batch_module._prefill(model, cache, scratch, Request("other", ids(50), 4), SEGMENT, SEGMENT, greedy)
     follow = Request("follow", first.ids + ids(41), 4)
-    part = batch_module._prefill(model, cache, scratch, follow, 0, SEGMENT, reuse=30)
-    whole = batch_module._prefill(model, cache, scratch, follow, 2 * SEGMENT, SEGMENT)
+    part = batch_module._prefill(model, cache, scratch, follow, 0, SEGMENT, greedy, reuse=30)
+    whole = batch_module._prefill(model, cache, scratch, follow, 2 * SEGMENT, SEGMENT, greedy)
     n = len(follow.ids)
     assert part.tokens == whole.tokens and part.length == whole.length == n
     assert torch.equal(cache.k[..., :n], cache.k[..., 2 * SEGMENT:2 * SEGMENT + n])
@@ -141,3 +161,26 @@ def test_batched_regeneration_is_greedy_decoding_of_every_turn():
                                               return_dict=False)
             answer = decoder.generate(history, max_new_tokens=12, method="ar")
             assert conv.messages[turn]["content"] == answer.text
+
+
+def test_sampled_regeneration_runs_on_the_runtime_each_turn_ar_with_its_own_seed():
+    """teacher.temperature > 0 on the runtime: each assistant turn is `ar` sampled alone with turn_seed(seed,
+    conversation, turn), so the same seed gives the same conversations with any number of slots, another seed others."""
+    decoder = _decoder("float32")
+    tok = decoder.tokenizer
+    convs = [Conversation(f"c{i}", ({"role": "user", "content": f"tell me about {w}"},
+                                    {"role": "assistant", "content": "an old answer"},
+                                    {"role": "user", "content": "more"},
+                                    {"role": "assistant", "content": "another old answer"}))
+             for i, w in enumerate(["cats", "rust", "ray", "tea"])]
+    kwargs = dict(max_new_tokens=12, max_length=SEGMENT, temperature=0.9)
+    new = regenerate_conversations(None, tok, convs, batch_size=3, runtime=decoder.model, seed=7, **kwargs)
+    assert regenerate_conversations(None, tok, convs, batch_size=1, runtime=decoder.model, seed=7, **kwargs) == new
+    assert regenerate_conversations(None, tok, convs, batch_size=3, runtime=decoder.model, seed=8, **kwargs) != new
+    for conv in new:
+        for answer, turn in ((0, 1), (1, 3)):
+            history = tok.apply_chat_template(list(conv.messages[:turn]), tokenize=True, add_generation_prompt=True,
+                                              return_dict=False)
+            alone = decoder.generate(history, max_new_tokens=12, method="ar", temperature=0.9,
+                                     seed=turn_seed(7, conv.id, answer))
+            assert conv.messages[turn]["content"] == alone.text
