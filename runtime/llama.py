@@ -182,11 +182,17 @@ class LeanLlama:
         keys/values are written like forward's (ProPD's early pruning runs a tree in two parts); `skip` as
         forward's, one mask per layer of the model. A skipped attention writes no keys/values."""
         t = x.shape[0]
-        x, positions, mask = self._step_inputs(x, positions, mask, cache)
+        x = x.to(self.dtype)  # drafts' rows (prompt tokens) may come in the weights' dtype
+        # (no-ops when the caller made them on the model's device, as the decoder does: torch.device context)
+        positions = positions.to(self.device)
+        mask = None if mask is None else mask.to(self.device)
+        if int(positions.max()) >= self.max_positions:
+            raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
+        cache.reserve(t)
         if self.fixed_rows:
             return self._fixed_layers(x, positions, cache, mask, start, stop, skip)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
-        if self._on_native(t, mask):
+        if self.native is not None and (t <= SKINNY_MAX_ROWS or mask is None):
             blocks = [self._native_rows(x[rows], cos[rows, 0], sin[rows, 0], mask, cache, rows.start, start, stop,
                                         skip) for rows in native_blocks(t)]
             return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
@@ -194,24 +200,6 @@ class LeanLlama:
             return self._layers(x, cos, sin, None, cache, start, stop, skip, causal=True)
         bias = attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
         return self._layers(x, cos, sin, bias, cache, start, stop, skip)
-
-    def _on_native(self, t: int, mask: torch.Tensor | None) -> bool:
-        """Whether a forward of T rows runs on the native layers: up to SKINNY_MAX_ROWS rows, or a longer causal prompt
-        in blocks (the fixed-shape steps have their own path)."""
-        return self.native is not None and not self.fixed_rows and (t <= SKINNY_MAX_ROWS or mask is None)
-
-    def _step_inputs(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-                     cache: KVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """A forward's inputs in the activations' dtype on the model's device, its positions checked, room for its
-        rows reserved in `cache`."""
-        x = x.to(self.dtype)  # drafts' rows (prompt tokens) may come in the weights' dtype
-        # (no-ops when the caller made them on the model's device, as the decoder does: torch.device context)
-        positions = positions.to(self.device)
-        mask = None if mask is None else mask.to(self.device)
-        if int(positions.max()) >= self.max_positions:
-            raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
-        cache.reserve(x.shape[0])
-        return x, positions, mask
 
     def _native_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                      cache: KVCache, first: int, start: int, stop: int, skip: tuple[int, ...] | None,
@@ -232,9 +220,13 @@ class LeanLlama:
         segments that stop at each captured layer would make one per segment. None where the forward does not run
         on the native layers (the caller runs the segments): the numbers are the same either way."""
         t = x.shape[0]
-        if not self._on_native(t, mask):
+        if self.native is None or self.fixed_rows or not (t <= SKINNY_MAX_ROWS or mask is None):
             return None
-        x, positions, mask = self._step_inputs(x, positions, mask, cache)
+        x = x.to(self.dtype)
+        positions, mask = positions.to(self.device), None if mask is None else mask.to(self.device)
+        if int(positions.max()) >= self.max_positions:
+            raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
+        cache.reserve(t)
         cos, sin = self.cos[positions], self.sin[positions]  # [T, D]
         states = torch.empty(t, len(capture) * x.shape[1], dtype=self.dtype, device=self.device)
         blocks = [self._native_rows(x[rows], cos[rows], sin[rows], mask, cache, rows.start, 0, stop, None, capture,
