@@ -51,26 +51,22 @@ class Eagle3Set:
 def forward_with_states(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                         mask: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """model.forward's final hidden states [T, H], and the residual stream after each of `layers` decoder
-    layers, concatenated [T, len(layers) H]: the native layers' one call capturing them, or the forward run in
-    segments that stop there (the same numbers)."""
-    x, states = states_after(model, x, positions, cache, mask, layers, len(model.layers))
+    layers, concatenated [T, len(layers) H]: the forward run in segments that stop there."""
+    x, states = states_after(model, x, positions, cache, mask, layers)
+    if max(layers) < len(model.layers):
+        x = model.forward_layers(x, positions, cache, mask, max(layers), len(model.layers))
     return model.final_norm(x), states
 
 
 def states_after(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                 mask: torch.Tensor | None, layers: tuple[int, ...], stop: int | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward up to layer `stop` (default: the last of `layers`, what training reads of the base,
-    trainer/features.py, without the layers above) -> (the residual stream there [T, H], the states after each of
-    `layers` concatenated [T, len(layers) H])."""
-    stop = max(layers) if stop is None else stop
-    captured = model.layers_with_states(x, positions, cache, mask, stop, layers)
-    if captured is not None:
-        return captured
+                 mask: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward up to the last of `layers` only -> (the residual stream there [T, H], the states after each of
+    `layers` concatenated [T, len(layers) H]): what training reads of the base (trainer/features.py), without the
+    layers above."""
     states, start = {}, 0
-    for end in [*sorted(set(layers)), stop]:
-        x = model.forward_layers(x, positions, cache, mask, start, end) if end > start else x
-        states[end], start = x, end
+    for stop in sorted(set(layers)):
+        x = model.forward_layers(x, positions, cache, mask, start, stop)
+        states[stop], start = x, stop
     return x, torch.cat([states[k] for k in layers], dim=-1)
 
 

@@ -202,36 +202,14 @@ class LeanLlama:
         return self._layers(x, cos, sin, bias, cache, start, stop, skip)
 
     def _native_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                     cache: KVCache, first: int, start: int, stop: int, skip: tuple[int, ...] | None,
-                     capture: tuple[int, ...] = (), states: torch.Tensor | None = None) -> torch.Tensor:
+                     cache: KVCache, first: int, start: int, stop: int, skip: tuple[int, ...] | None) -> torch.Tensor:
         """Layers start .. stop - 1 in one native call for at most SKINNY_MAX_ROWS rows: x [T, H], cos/sin [T, D] ->
         [T, H]. `first`: the rows' offset among the forward's, whose keys/values go `first` slots after the
-        committed ones (a block of a long prompt sees the blocks before it; mask is then None, causal). `capture`
-        (with start 0): the residual stream after each of those layers, written into `states` [T, len(capture) H]."""
+        committed ones (a block of a long prompt sees the blocks before it; mask is then None, causal)."""
         bias = attention_bias(mask, cache.length + first, x.shape[0], self.group, self.dtype, self.device)
         return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps, cos,
                                           sin, bias, cache.k[start:stop], cache.v[start:stop], cache.length + first,
-                                          list(skip[start:stop]) if skip else [], None, list(capture), states)
-
-    def layers_with_states(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
-                           stop: int, capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """forward_layers(x, positions, cache, mask, 0, stop) and the residual stream after each of `capture` layers
-        ([T, len(capture) H], in that order) from the same native calls: one per block of rows, where a forward in
-        segments that stop at each captured layer would make one per segment. None where the forward does not run
-        on the native layers (the caller runs the segments): the numbers are the same either way."""
-        t = x.shape[0]
-        if self.native is None or self.fixed_rows or not (t <= SKINNY_MAX_ROWS or mask is None):
-            return None
-        x = x.to(self.dtype)
-        positions, mask = positions.to(self.device), None if mask is None else mask.to(self.device)
-        if int(positions.max()) >= self.max_positions:
-            raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
-        cache.reserve(t)
-        cos, sin = self.cos[positions], self.sin[positions]  # [T, D]
-        states = torch.empty(t, len(capture) * x.shape[1], dtype=self.dtype, device=self.device)
-        blocks = [self._native_rows(x[rows], cos[rows], sin[rows], mask, cache, rows.start, 0, stop, None, capture,
-                                    states[rows]) for rows in native_blocks(t)]
-        return (blocks[0] if len(blocks) == 1 else torch.cat(blocks)), states
+                                          list(skip[start:stop]) if skip else [], None)
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
                 cache: KVCache, start: int, stop: int, skip: tuple[int, ...] | None = None,

@@ -72,41 +72,6 @@ def test_forward_with_states_gives_the_forwards_hidden_states_and_transformers_l
     assert aux_layers(2) == (1, 1, 1) and aux_layers(30) == (2, 15, 27)  # never transformers' normed last entry
 
 
-@pytest.mark.parametrize("rows, masked", [(1, True), (6, True), (130, False)])
-def test_the_native_layers_capture_the_states_a_forward_in_segments_gives(rows, masked, monkeypatch):
-    """On the native layers the verification's states come from one call per block of rows that copies the residual
-    stream out after the draft's layers: the same bits as the forward in segments that stop there, the same final
-    states and keys/values as one plain forward (a tree under a mask; a long prompt in blocks, causal)."""
-    model, tok = tiny_model_on("native", monkeypatch)
-    lean = Decoder(model, tok, None, None).model
-    prefix, ids = torch.randint(3, VOCAB, (9,)), torch.randint(3, VOCAB, (rows,))
-    positions = torch.arange(9, 9 + rows)
-    mask = torch.rand(rows, 9 + rows, generator=torch.Generator().manual_seed(rows)) < 0.7 if masked else None
-    if mask is not None:
-        mask[:, :9], mask[range(rows), range(9, 9 + rows)] = True, True
-
-    def primed():
-        cache = lean.new_cache(9 + rows + 4)
-        lean.forward(lean.embed_ids(prefix), torch.arange(9), cache, None)
-        cache.commit(None, 9)
-        return cache
-
-    assert lean.layers_with_states(lean.embed_ids(ids), positions, primed(), mask, 2, (1,)) is not None  # one call
-    results = []
-    for capture in (True, False):
-        if not capture:
-            monkeypatch.setattr(lean, "layers_with_states", lambda *args: None)  # the segments
-        cache = primed()
-        final, states = forward_with_states(lean, lean.embed_ids(ids), positions, cache, mask, (2, 0, 1, 2))
-        top, only = states_after(lean, lean.embed_ids(ids), positions, primed(), mask, (1, 0))
-        results.append((final, states, top, only, cache.k[:, :, :, :9 + rows].clone()))
-    assert all(torch.equal(a, b) for a, b in zip(*results))
-    assert torch.equal(results[0][1][:, :lean.hidden], results[0][1][:, 3 * lean.hidden:])  # layer 2 twice
-    plain = primed()
-    assert torch.equal(lean.forward(lean.embed_ids(ids), positions, plain, mask), results[0][0])
-    assert torch.equal(plain.k[:, :, :, :9 + rows], results[0][4])
-
-
 def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
     """A draft unrolled by the trainer on a sequence gives, at step k and position t, the log-probabilities the
     decoder's draft gives for the node k + 1 deep on the sequence's own path after t: the training-time test's

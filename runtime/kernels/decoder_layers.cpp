@@ -450,8 +450,7 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
                              const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
                              const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
                              const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length,
-                             const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window,
-                             const std::vector<int64_t>& capture, const std::optional<torch::Tensor>& states) {
+                             const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window) {
   TORCH_CHECK(weights.size() % 6 == 0, "decoder_layers: 6 weights a layer");
   Step st = make_step(x_in, shape, eps, cos, sin, bias, cache_k, cache_v, length, window);
   TORCH_CHECK(x_in.size(1) == st.hidden, "decoder_layers: x [T, H]");
@@ -459,26 +458,13 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
     TORCH_CHECK(weights[i].scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only (norms)");
   TORCH_CHECK(cache_k.size(0) * 6 == static_cast<int64_t>(weights.size()), "decoder_layers: one cache layer per layer");
   TORCH_CHECK(skip.empty() || skip.size() * 6 == weights.size(), "decoder_layers: one skip mask per layer");
-  // capture: the residual stream after that many of these layers (0: x) goes into states [T, capture.size() H], in order
-  // (EAGLE-3's low, middle and high states from the verification's own forward, one call, not one per segment)
-  const int64_t layers = static_cast<int64_t>(weights.size() / 6);
-  TORCH_CHECK(capture.empty() || (states && states->scalar_type() == torch::kFloat32 && states->is_contiguous() &&
-                                  states->size(0) == x_in.size(0) &&
-                                  states->size(1) == static_cast<int64_t>(capture.size()) * st.hidden),
-              "decoder_layers: states [T, len(capture) H] float32, contiguous, for the layers captured");
-  for (int64_t c : capture)
-    TORCH_CHECK(c >= 0 && c <= layers, "decoder_layers: capture after 0 ..", layers, " layers, not ", c);
   auto x = x_in.contiguous().clone();
-  for (size_t c = 0; c < capture.size(); ++c)  // after no layer: the input itself
-    if (capture[c] == 0) states->narrow(1, c * st.hidden, st.hidden).copy_(x);
-  for (int64_t layer = 0; layer < layers; ++layer) {
+  for (size_t layer = 0; layer < weights.size() / 6; ++layer) {
     const torch::Tensor* w = &weights[layer * 6];
     const int64_t skipped = skip.empty() ? 0 : skip[layer];
     if (!(skipped & 1))
       x.add_(attention_block(st, rms_norm(x, w[0], st.eps), w[1], w[2], cache_k, cache_v, layer, length));
     if (!(skipped & 2)) mlp_block(st, x, w[3], w[4], w[5]);
-    for (size_t c = 0; c < capture.size(); ++c)
-      if (capture[c] == layer + 1) states->narrow(1, c * st.hidden, st.hidden).copy_(x);
   }
   return x;
 }
