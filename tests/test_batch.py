@@ -141,25 +141,33 @@ def test_the_teacher_config_allows_no_more_slots_than_the_kernels_take():
         TeacherConfig(generate_batch=SKINNY_MAX_ROWS + 1)
 
 
+def _two_turn_conversations(topics: list[str]) -> list[Conversation]:
+    return [Conversation(f"c{i}", ({"role": "user", "content": f"question {i} about {w}"},
+                                   {"role": "assistant", "content": "an old answer"},
+                                   {"role": "user", "content": "and then?"},
+                                   {"role": "assistant", "content": "another old answer"}))
+            for i, w in enumerate(topics)]
+
+
+def _history(tok, conv: Conversation, turn: int) -> list[int]:
+    """The prompt ids an assistant turn answered: the conversation before it, with the generation prompt."""
+    return tok.apply_chat_template(list(conv.messages[:turn]), tokenize=True, add_generation_prompt=True,
+                                   return_dict=False)
+
+
 def test_batched_regeneration_is_greedy_decoding_of_every_turn():
     """Multi-turn conversations regenerated on the runtime: each assistant turn is `ar`'s answer to the
     conversation so far (the model's own earlier turns included), whatever the number of slots."""
     decoder = _decoder("float32")
     tok = decoder.tokenizer
-    convs = [Conversation(f"c{i}", ({"role": "user", "content": f"question {i} about {w}"},
-                                    {"role": "assistant", "content": "an old answer"},
-                                    {"role": "user", "content": "and then?"},
-                                    {"role": "assistant", "content": "another old answer"}))
-             for i, w in enumerate(["cats", "rust", "ray", "tea", "maps"])]
+    convs = _two_turn_conversations(["cats", "rust", "ray", "tea", "maps"])
     kwargs = dict(max_new_tokens=12, max_length=SEGMENT, temperature=0.0, seed=0)
     new = regenerate_conversations(None, tok, convs, batch_size=2, runtime=decoder.model, **kwargs)
     assert regenerate_conversations(None, tok, convs, batch_size=5, runtime=decoder.model, **kwargs) == new
     for conv in new:
         assert [m["role"] for m in conv.messages] == ["user", "assistant", "user", "assistant"]
         for turn in (1, 3):
-            history = tok.apply_chat_template(list(conv.messages[:turn]), tokenize=True, add_generation_prompt=True,
-                                              return_dict=False)
-            answer = decoder.generate(history, max_new_tokens=12, method="ar")
+            answer = decoder.generate(_history(tok, conv, turn), max_new_tokens=12, method="ar")
             assert conv.messages[turn]["content"] == answer.text
 
 
@@ -168,19 +176,13 @@ def test_sampled_regeneration_runs_on_the_runtime_each_turn_ar_with_its_own_seed
     conversation, turn), so the same seed gives the same conversations with any number of slots, another seed others."""
     decoder = _decoder("float32")
     tok = decoder.tokenizer
-    convs = [Conversation(f"c{i}", ({"role": "user", "content": f"tell me about {w}"},
-                                    {"role": "assistant", "content": "an old answer"},
-                                    {"role": "user", "content": "more"},
-                                    {"role": "assistant", "content": "another old answer"}))
-             for i, w in enumerate(["cats", "rust", "ray", "tea"])]
+    convs = _two_turn_conversations(["cats", "rust", "ray", "tea"])
     kwargs = dict(max_new_tokens=12, max_length=SEGMENT, temperature=0.9)
     new = regenerate_conversations(None, tok, convs, batch_size=3, runtime=decoder.model, seed=7, **kwargs)
     assert regenerate_conversations(None, tok, convs, batch_size=1, runtime=decoder.model, seed=7, **kwargs) == new
     assert regenerate_conversations(None, tok, convs, batch_size=3, runtime=decoder.model, seed=8, **kwargs) != new
     for conv in new:
         for answer, turn in ((0, 1), (1, 3)):
-            history = tok.apply_chat_template(list(conv.messages[:turn]), tokenize=True, add_generation_prompt=True,
-                                              return_dict=False)
-            alone = decoder.generate(history, max_new_tokens=12, method="ar", temperature=0.9,
+            alone = decoder.generate(_history(tok, conv, turn), max_new_tokens=12, method="ar", temperature=0.9,
                                      seed=turn_seed(7, conv.id, answer))
             assert conv.messages[turn]["content"] == alone.text
