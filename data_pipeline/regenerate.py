@@ -20,7 +20,6 @@ Two engines:
 """
 
 import hashlib
-
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
