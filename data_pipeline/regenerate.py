@@ -114,19 +114,17 @@ def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conve
                         temperature: float = 0.0, seed: int = 0) -> list[Conversation]:
     states = [_Progress(c) for c in conversations]
     waiting = deque((i, ids) for i, s in enumerate(states) if (ids := _advance(s, tokenizer, max_length)) is not None)
-    answered = [0] * len(states)  # answers each conversation has had so far: the next one's turn
 
     def next_request() -> Request | None:
         if not waiting:
             return None
         i, ids = waiting.popleft()
-        return Request(i, ids, min(max_new_tokens, max_length - len(ids)),
-                       turn_seed(seed, states[i].conv.id, answered[i]))
+        turn = sum(m["role"] == "assistant" for m in states[i].messages)  # its answers so far: this one's turn
+        return Request(i, ids, min(max_new_tokens, max_length - len(ids)), turn_seed(seed, states[i].conv.id, turn))
 
     with torch.inference_mode():
         for request, tokens in decode_many(runtime, next_request, end_tokens(runtime, tokenizer), slots, max_length,
                                            on_tokens=on_tokens, temperature=temperature):
-            answered[request.key] += 1
             state = states[request.key]
             _answered(state, tokenizer.decode(tokens, skip_special_tokens=True))
             if (ids := _advance(state, tokenizer, max_length)) is not None:  # first in line: while the segment
