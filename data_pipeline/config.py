@@ -1,6 +1,6 @@
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ppdkit.models.config import Section
 
@@ -9,13 +9,22 @@ class DataConfig(Section):
     execution_only = frozenset({"shards"})
 
     source: str = Field("sharegpt", min_length=1,
-                        description="sharegpt | mt-bench | humaneval | chitchat | path to .json/.jsonl(.gz)")
-    limit: int | None = Field(512, ge=1, description="usable conversations to read (null: all)")
+                        description="sharegpt | mt-bench | humaneval | chitchat | magpie (prompts the base model "
+                                    "writes itself, teacher.regenerate answers them) | path to .json/.jsonl(.gz)")
+    limit: int | None = Field(512, ge=1, description="usable conversations to read (null: all; magpie: how many "
+                                                     "the model writes)")
     max_length: int = Field(512, ge=8, description="tokens kept per conversation; at most the base model's context")
     holdout: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of conversations held out for evaluation")
     seed: int = Field(0, description="seed of the shuffle that picks the held-out conversations")
     shards: int = Field(2, ge=1, description="Ray tasks that template and tokenize in parallel")
     check_sequences: int = Field(8, ge=0, description="held-out sequences the base model scores as a data check")
+
+    @model_validator(mode="after")
+    def _endless_source_has_a_limit(self) -> "DataConfig":
+        if self.source == "magpie" and self.limit is None:
+            raise ValueError("data.source magpie has no end (the base model writes its prompts): set data.limit to "
+                             "the number of conversations to write")
+        return self
 
     def check_context(self, max_positions: int) -> None:
         """Raise before any work when sequences of max_length would not fit the base model's context (its
@@ -50,6 +59,9 @@ class TeacherConfig(Section):
                                 "(continuous batching: a finished one's slot takes the next at once)")
     max_new_tokens: int = Field(256, ge=1, description="tokens per regenerated assistant turn")
     temperature: float = Field(0.0, ge=0.0, description="0: greedy regeneration; > 0: sampled")
+    prompt_temperature: float = Field(
+        0.8, gt=0.0, description="the temperature the model writes user turns marked write at (data.source magpie): "
+                                 "1.0 is Magpie's, lower keeps a small model's prompts coherent at some loss of variety")
     seed: int = Field(0, description="seed of sampled regeneration, mixed with each shard's id; on the runtime each "
                                      "answer draws with a generator of its own, seeded by it, its conversation and its "
                                      "turn (another seed: other answers to the same prompts)")

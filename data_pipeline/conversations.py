@@ -2,7 +2,9 @@
 
 Accepted row forms (JSON objects):
 - ShareGPT: {"id"?, "conversations": [{"from": "human"|"gpt"|"system"|..., "value": str}, ...]}
-- messages: {"id"?, "messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]}
+- messages: {"id"?, "messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]}; a user turn
+            {"role": "user", "write": true} (no content) is written by the base model itself when the teacher
+            regenerates (data_pipeline/regenerate.py; data.source magpie is made of them)
 - MT-Bench: {"question_id"?, "turns": [str, ...]}   (the first turn: later ones answer a reply we lack)
 - prompt:   {"task_id"?|"id"?, "prompt": str}      (one user turn, e.g. HumanEval)
 """
@@ -32,6 +34,10 @@ class Conversation:
 
     def has_assistant_turn(self) -> bool:
         return any(m["role"] == "assistant" for m in self.messages)
+
+    def has_turns_to_write(self) -> bool:
+        """Whether a user turn is left for the model to write (a `write` mark): only regeneration can use it."""
+        return any(m.get("write") for m in self.messages)
 
 
 @dataclass
@@ -83,6 +89,9 @@ def _turns(items: Any, role_key: str, text_key: str, roles: dict[str, str], form
         raise MalformedRow(f"'{form}' is not a non-empty list")
     messages = []
     for turn in items:
+        if isinstance(turn, dict) and turn.get("write") is True and form == "messages":
+            messages.append(_turn_to_write(turn))
+            continue
         if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
             raise MalformedRow(f"a '{form}' entry lacks '{role_key}'/'{text_key}'")
         role = roles.get(str(turn[role_key]).lower())
@@ -90,6 +99,14 @@ def _turns(items: Any, role_key: str, text_key: str, roles: dict[str, str], form
             raise MalformedRow(f"unknown role {turn[role_key]!r}")
         messages.append({"role": role, "content": _text(turn[text_key], f"a '{form}' {text_key}")})
     return messages
+
+
+def _turn_to_write(turn: dict) -> dict:
+    """A user turn the model writes itself: {"role": "user", "write": true}, its content left empty until then."""
+    if turn.get("role") != "user" or turn.get("content"):
+        raise MalformedRow("only a user turn without content can be marked write (the model writes it; an assistant "
+                           "turn is rewritten by teacher.regenerate anyway)")
+    return {"role": "user", "content": "", "write": True}
 
 
 def to_conversation(row: Any, fallback_id: str) -> Conversation:

@@ -8,6 +8,7 @@ row. A source with no usable row at all is an error that names it and the form e
 
 import gzip
 import importlib.util
+import itertools
 import json
 import logging
 import re
@@ -156,12 +157,20 @@ def _chitchat() -> Iterator[Row]:
             yield conv_id, MalformedRow(f"chitchat conversation without the expected fields ({e!r})")
 
 
+def _magpie() -> Iterator[Row]:
+    # endless: data.limit says how many (DataConfig requires one); the teacher's regeneration writes both turns
+    for i in itertools.count():
+        yield f"magpie-{i}", {"id": f"magpie-{i:07d}", "messages": [{"role": "user", "write": True},
+                                                                   {"role": "assistant", "content": ""}]}
+
+
 # packaged sources by name; anything else is a file path
 SOURCES: dict[str, Callable[[], Iterator[Row]]] = {
     "sharegpt": _sharegpt,
     "mt-bench": _mt_bench,
     "humaneval": _humaneval,
     "chitchat": _chitchat,
+    "magpie": _magpie,  # prompts the base model writes itself (data_pipeline/regenerate.py)
 }
 
 

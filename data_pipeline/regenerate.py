@@ -17,6 +17,12 @@ Two engines:
 - transformers' generate in fixed batches with left padding, for models the native kernels cannot run. Its rows
   may depend on their batch neighbours (padding, library kernels that change with the batch), so it is not
   reproducible across batch sizes.
+
+A user turn marked `write` (data.source magpie, or a file's {"role": "user", "write": true}) is written by the model
+itself first, Magpie's way (Xu et al. 2024): the chat template up to where a user's text would start, continued at
+`prompt_temperature` until the end-of-turn token. An instruction-tuned model then asks what its own fine-tuning data
+asked, so prompts come in any number, in the model's own distribution, not only from the sets at hand. Drawn on the
+runtime, each is `ar`'s sample from that prefix with a seed of its own (`turn_seed` of the user turn).
 """
 
 import hashlib
@@ -30,6 +36,7 @@ from ppdkit.runtime.batch import Request, decode_many
 from ppdkit.runtime.llama import LeanLlama, end_tokens
 
 from .conversations import Conversation
+from .templating import user_turn_prefix
 
 
 @dataclass
@@ -38,12 +45,19 @@ class _Progress:
     next_index: int = 0
     messages: list[dict] = field(default_factory=list)
     done: bool = False
+    writing_prompt: bool = False  # the turn waiting to be generated is a user turn marked `write`, not an answer
+
+
+def _model_writes(message: dict, before: list[dict]) -> bool:
+    """Whether the model writes `message`: an assistant turn with something before it to answer, or a user turn
+    marked `write`."""
+    return bool(message.get("write")) or (message["role"] == "assistant" and bool(before))
 
 
 def _advance(state: _Progress, tokenizer, max_length: int) -> list[int] | None:
-    """Copy turns up to the next assistant turn; the prompt's ids if one is waiting to be generated, else None."""
+    """Copy turns up to the next one the model writes; the ids it continues if one is waiting, else None."""
     msgs = state.conv.messages
-    while state.next_index < len(msgs) and (msgs[state.next_index]["role"] != "assistant" or not state.messages):
+    while state.next_index < len(msgs) and not _model_writes(msgs[state.next_index], state.messages):
         if msgs[state.next_index]["role"] != "assistant":
             state.messages.append(dict(msgs[state.next_index]))
         # else: an assistant turn with nothing before it (ShareGPT has some) has no prompt to answer: dropped
@@ -51,7 +65,10 @@ def _advance(state: _Progress, tokenizer, max_length: int) -> list[int] | None:
     if state.next_index >= len(msgs):
         state.done = True
         return None
-    ids = tokenizer.apply_chat_template(state.messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+    state.writing_prompt = bool(msgs[state.next_index].get("write"))
+    ids = (tokenizer(user_turn_prefix(tokenizer, state.messages), add_special_tokens=False)["input_ids"]
+           if state.writing_prompt else
+           tokenizer.apply_chat_template(state.messages, tokenize=True, add_generation_prompt=True, return_dict=False))
     if len(ids) >= max_length:  # later turns would be cut by max_length anyway
         state.done = True
         return None
@@ -59,20 +76,33 @@ def _advance(state: _Progress, tokenizer, max_length: int) -> list[int] | None:
 
 
 def _answered(state: _Progress, text: str) -> None:
-    state.messages.append({"role": "assistant", "content": text})
+    """Record the turn the model wrote. A written prompt that is empty ends the conversation there (nothing to
+    answer; the teacher stage then skips it as holding no assistant tokens)."""
     state.next_index += 1
+    if not state.writing_prompt:
+        state.messages.append({"role": "assistant", "content": text})
+    elif text.strip():
+        state.messages.append({"role": "user", "content": text.strip()})
+    else:
+        state.done = True
+
+
+def _waiting_turn(state: _Progress) -> tuple[str, int]:
+    """The role of the turn waiting to be written and its number among that role's turns (from 0): what seeds it."""
+    role = "user" if state.writing_prompt else "assistant"
+    return role, sum(m["role"] == role for m in state.messages)
 
 
 def regenerate_conversations(model, tokenizer, conversations: list[Conversation], *, max_new_tokens: int,
                              max_length: int, temperature: float, seed: int, batch_size: int,
-                             runtime: LeanLlama | None = None,
+                             runtime: LeanLlama | None = None, prompt_temperature: float = 1.0,
                              on_tokens: Callable[[int], None] | None = None) -> list[Conversation]:
-    """Each conversation with its assistant turns replaced by the model's own (greedy when temperature == 0):
-    on `runtime` with `batch_size` slots when given, else through `model.generate`. `on_tokens(n)` is told of every
-    n tokens generated."""
+    """Each conversation with its assistant turns replaced by the model's own (greedy when temperature == 0) and
+    its user turns marked `write` written by it (at `prompt_temperature`): on `runtime` with `batch_size` slots when
+    given, else through `model.generate`. `on_tokens(n)` is told of every n tokens generated."""
     if runtime is not None:
         return _regenerate_batched(runtime, tokenizer, conversations, max_new_tokens, max_length, batch_size, on_tokens,
-                                   temperature, seed)
+                                   temperature, seed, prompt_temperature)
     states = [_Progress(c) for c in conversations]
     generator_seed = seed
     pad_side = tokenizer.padding_side
@@ -82,16 +112,19 @@ def regenerate_conversations(model, tokenizer, conversations: list[Conversation]
             waiting = [s for s in states if not s.done and _advance(s, tokenizer, max_length) is not None]
             if not waiting:
                 break
-            for i in range(0, len(waiting), batch_size):
-                batch = waiting[i:i + batch_size]
-                prompts = [tokenizer.apply_chat_template(s.messages, tokenize=False, add_generation_prompt=True)
+            # prompts and answers in batches of their own: each batch draws at one temperature
+            kinds = ([s for s in waiting if s.writing_prompt], [s for s in waiting if not s.writing_prompt])
+            for batch in (kind[i:i + batch_size] for kind in kinds for i in range(0, len(kind), batch_size)):
+                heat = prompt_temperature if batch[0].writing_prompt else temperature
+                prompts = [user_turn_prefix(tokenizer, s.messages) if s.writing_prompt else
+                           tokenizer.apply_chat_template(s.messages, tokenize=False, add_generation_prompt=True)
                            for s in batch]
                 enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
                 torch.manual_seed(generator_seed)
                 generator_seed += 1
                 with torch.inference_mode():
-                    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                                         temperature=temperature if temperature > 0 else None, top_p=None, top_k=None,
+                    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=heat > 0,
+                                         temperature=heat if heat > 0 else None, top_p=None, top_k=None,
                                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
                 new_tokens = out[:, enc["input_ids"].shape[1]:]
                 for state, new in zip(batch, new_tokens):
@@ -103,15 +136,17 @@ def regenerate_conversations(model, tokenizer, conversations: list[Conversation]
     return [Conversation(s.conv.id, tuple(s.messages)) for s in states]
 
 
-def turn_seed(seed: int, conversation: str, turn: int) -> int:
-    """The generator seed of a conversation's `turn`-th answer (from 0) in a regeneration seeded `seed`: independent of
-    which worker, shard or batch the conversation lands in."""
-    return int.from_bytes(hashlib.sha256(f"{seed}/{conversation}/{turn}".encode()).digest()[:7], "big")
+def turn_seed(seed: int, conversation: str, turn: int, role: str = "assistant") -> int:
+    """The generator seed of a conversation's `turn`-th answer (from 0), or with role "user" its `turn`-th written
+    prompt, in a regeneration seeded `seed`: independent of which worker, shard or batch the conversation lands in."""
+    key = f"{seed}/{conversation}/{turn}" if role == "assistant" else f"{seed}/{conversation}/{role}/{turn}"
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "big")
 
 
 def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conversation], max_new_tokens: int,
                         max_length: int, slots: int, on_tokens: Callable[[int], None] | None,
-                        temperature: float = 0.0, seed: int = 0) -> list[Conversation]:
+                        temperature: float = 0.0, seed: int = 0, prompt_temperature: float = 1.0
+                        ) -> list[Conversation]:
     states = [_Progress(c) for c in conversations]
     waiting = deque((i, ids) for i, s in enumerate(states) if (ids := _advance(s, tokenizer, max_length)) is not None)
 
@@ -119,8 +154,10 @@ def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conve
         if not waiting:
             return None
         i, ids = waiting.popleft()
-        turn = sum(m["role"] == "assistant" for m in states[i].messages)  # its answers so far: this one's turn
-        return Request(i, ids, min(max_new_tokens, max_length - len(ids)), turn_seed(seed, states[i].conv.id, turn))
+        state = states[i]
+        role, turn = _waiting_turn(state)
+        return Request(i, ids, min(max_new_tokens, max_length - len(ids)), turn_seed(seed, state.conv.id, turn, role),
+                       prompt_temperature if state.writing_prompt else None)
 
     with torch.inference_mode():
         for request, tokens in decode_many(runtime, next_request, end_tokens(runtime, tokenizer), slots, max_length,

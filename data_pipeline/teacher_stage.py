@@ -57,6 +57,13 @@ def supervised_positions(loss_mask: list[int]) -> list[int]:
     return [t for t in range(len(loss_mask) - 1) if loss_mask[t + 1]]
 
 
+def _has_turns_to_write(row: dict) -> bool:
+    try:
+        return any(m.get("write") for m in json.loads(row.get("messages") or "[]"))
+    except (TypeError, ValueError, AttributeError):
+        return False  # no readable messages: check_row judges its tokens
+
+
 def check_row(row: dict, vocab_size: int) -> None:
     ids, mask = row.get("input_ids"), row.get("loss_mask")
     if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask):
@@ -161,6 +168,9 @@ class TeacherWorker:
         good = []
         for r in rows:
             try:
+                if not cfg.regenerate and _has_turns_to_write(r):  # its tokens hold an empty user turn
+                    raise MalformedRow("a user turn is marked write, for the base model to write: set "
+                                       "teacher.regenerate true")
                 check_row(r, self.base.model.config.vocab_size)
                 good.append(r)
                 report.keep()
@@ -194,6 +204,7 @@ class TeacherWorker:
         new = regenerate_conversations(self.base.model, self.base.tokenizer, convs, max_new_tokens=cfg.max_new_tokens,
                                        max_length=max_length, temperature=cfg.temperature, seed=seed,
                                        batch_size=cfg.generate_batch, runtime=self.runtime,
+                                       prompt_temperature=cfg.prompt_temperature,
                                        on_tokens=lambda n: generated.update(tokens=n))
         out = []
         for r, conv in zip(usable, new):
@@ -250,6 +261,8 @@ def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_
             "batch_size": cfg.batch_size, "regenerate": cfg.regenerate,
             "generation": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": cfg.seed,
                            "engine": worker_info["regeneration_engine"],
+                           # only where every prompt is written (caches of other sources keep their headers)
+                           **({"prompt_temperature": cfg.prompt_temperature} if data.source == "magpie" else {}),
                            # fixed batches of transformers' generate may change a row with its neighbours
                            **({"batch": cfg.generate_batch} if worker_info["regeneration_engine"] != "runtime" else {})}
             if cfg.regenerate else None, "max_length": data.max_length}

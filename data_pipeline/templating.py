@@ -38,6 +38,20 @@ def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict], generation
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
 
+# stands for a user turn's text while its header is rendered: no template writes it on its own
+_TEXT_GOES_HERE = "PPDKIT-USER-TEXT-GOES-HERE"
+
+
+def user_turn_prefix(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> str:
+    """The rendering of `messages` and then of a user turn's header, up to where its text starts: what the model
+    continues to write that turn itself (a template's default system prompt included, as the decoder renders it)."""
+    text = _render(tokenizer, [*messages, {"role": "user", "content": _TEXT_GOES_HERE}], generation_prompt=False)
+    if _TEXT_GOES_HERE not in text:
+        raise TemplateError("the chat template does not render a user turn's text as given, so the model cannot be "
+                            "asked to write one (a user turn marked write)")
+    return text[:text.index(_TEXT_GOES_HERE)]
+
+
 def assistant_char_spans(tokenizer: PreTrainedTokenizerBase, messages: list[dict], text: str,
                          within: int) -> list[tuple[int, int]]:
     """[start, end) character spans in `text` (the whole rendering) of the assistant turns that start

@@ -121,6 +121,13 @@ class JobSpec(Section):
         return self
 
     @model_validator(mode="after")
+    def _written_prompts_are_answered(self) -> "JobSpec":
+        if self.data.source == "magpie" and not self.teacher.regenerate:
+            raise ValueError("data.source magpie holds only prompts for the base model to write, and the teacher's "
+                             "regeneration writes them and their answers: set teacher.regenerate true")
+        return self
+
+    @model_validator(mode="after")
     def _evaluated_tree_is_calibrated(self) -> "JobSpec":
         if self.evaluate.tree_size is not None and self.evaluate.tree_size not in self.calibrate.sizes:
             raise ValueError(f"evaluate.tree_size {self.evaluate.tree_size} is not one of calibrate.sizes "

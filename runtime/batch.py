@@ -40,6 +40,7 @@ class Request:
     ids: list[int]  # the prompt's token ids
     max_new_tokens: int
     seed: int = 0  # its draws' generator (sampled decoding only)
+    temperature: float | None = None  # its own, in place of the call's (prompts drawn hotter than their answers)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class _Sequence:
     request: Request
     start: int  # the first cache slot of its segment
     length: int  # tokens in its segment (the prompt, then every token fed back)
+    sampling: Sampling
     tokens: list[int] = field(default_factory=list)  # generated so far
     generator: torch.Generator | None = None  # its own draws (sampled decoding)
 
@@ -71,9 +73,10 @@ def decode_many(model: LeanLlama, next_request: Callable[[], Request | None], eo
     again whenever a slot is free, so the caller may add work as answers come back (the next turn of a
     conversation). A request needs len(ids) + max_new_tokens <= segment. `on_tokens(n)` is told of every n tokens
     produced (a prompt's first token, then each step's: for progress bars and throughput). `temperature` 0:
-    greedy; above: each request's tokens drawn with a generator seeded by its `seed`."""
+    greedy; above: each request's tokens drawn with a generator seeded by its `seed`. A request with a temperature of
+    its own decodes at that one."""
     check_batching(model, slots)
-    sampling = Sampling(temperature)
+    default = Sampling(temperature)
     cache = model.new_cache(slots * segment)
     scratch = model.new_cache(segment)  # one prompt's prefill, copied into its segment
     free = list(range(slots - 1, -1, -1))
@@ -86,6 +89,7 @@ def decode_many(model: LeanLlama, next_request: Callable[[], Request | None], eo
                 break
             slot, reuse = _segment_for(request.ids, free, held)
             free.remove(slot)
+            sampling = default if request.temperature is None else Sampling(request.temperature)
             sequence = _prefill(model, cache, scratch, request, slot * segment, segment, sampling, reuse)
             held[slot] = list(request.ids)
             if on_tokens:
@@ -97,7 +101,7 @@ def decode_many(model: LeanLlama, next_request: Callable[[], Request | None], eo
                 active.append(sequence)
         if not active:
             return
-        _step(model, cache, active, sampling)
+        _step(model, cache, active)
         if on_tokens:
             on_tokens(len(active))
         still = []
@@ -150,21 +154,21 @@ def _prefill(model: LeanLlama, cache: KVCache, scratch: KVCache, request: Reques
     cache.v[:, :, start + reuse:start + n] = scratch.v[:, :, reuse:n]
     generator = None if sampling.greedy else torch.Generator(model.device).manual_seed(request.seed)
     first = pick(model.logits(hidden[-1]), sampling, generator)  # as ar picks its first token
-    return _Sequence(request, start, n, [first], generator)
+    return _Sequence(request, start, n, sampling, [first], generator)
 
 
-def _step(model: LeanLlama, cache: KVCache, active: list[_Sequence], sampling: Sampling) -> None:
+def _step(model: LeanLlama, cache: KVCache, active: list[_Sequence]) -> None:
     """Feed every active sequence's last token; append each one's next token (greedy, or drawn from its row with
-    its own generator)."""
+    its own generator at its own temperature)."""
     tokens = torch.tensor([s.tokens[-1] for s in active])  # [B]
     positions = torch.tensor([s.length for s in active])  # [B]
     window = torch.tensor([[s.start, s.start + s.length] for s in active], dtype=torch.int64)  # [B, 2]
     hidden = model.forward_sequences(model.embed_ids(tokens), positions, cache, window)  # [B, H]
     logits = model.logits(hidden)  # [B, V]
-    if sampling.greedy:
+    if all(s.sampling.greedy for s in active):
         nexts = greedy_tokens(logits).tolist()  # [B]: the first maximum, as ar's pick
     else:
-        nexts = [pick(row, sampling, s.generator) for row, s in zip(logits, active)]
+        nexts = [pick(row, s.sampling, s.generator) for row, s in zip(logits, active)]
     for sequence, token in zip(active, nexts):
         sequence.length += 1
         sequence.tokens.append(token)

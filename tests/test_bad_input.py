@@ -15,7 +15,7 @@ import yaml
 
 from conftest import FIXTURES, free_port
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
-from ppdkit.data_pipeline.conversations import Conversation
+from ppdkit.data_pipeline.conversations import Conversation, MalformedRow, to_conversation
 from ppdkit.data_pipeline.data_stage import run_data_stage, tokenize_shard
 from ppdkit.data_pipeline.readers import NOT_UTF8, DataSourceError, read_conversations
 from ppdkit.jobs.cli import main
@@ -389,3 +389,25 @@ def test_a_block_format_teacher_needs_the_unquantized_model_and_a_gguf():
                         "teacher": {"compute_dtype": "gguf"}})
     assert spec_from_dict({"name": "x", "base_model": base,
                            "teacher": {"compute_dtype": "q4", "regenerate": True, "temperature": 0.7}})
+
+
+def test_magpie_prompts_need_a_limit_and_regeneration_and_only_user_turns_are_written():
+    """data.source magpie is endless and holds only prompts for the base model to write: refused without data.limit
+    or teacher.regenerate, saying which key to set. A file's write mark goes on a user turn without content only."""
+    with pytest.raises(SpecError, match="magpie has no end.*set data.limit"):
+        spec_from_dict({"name": "x", "data": {"source": "magpie", "limit": None}, "teacher": {"regenerate": True}})
+    with pytest.raises(SpecError, match="set teacher.regenerate true"):
+        spec_from_dict({"name": "x", "data": {"source": "magpie", "limit": 8}})
+    with pytest.raises(SpecError, match="teacher.prompt_temperature"):
+        spec_from_dict({"name": "x", "teacher": {"prompt_temperature": 0}})
+    assert spec_from_dict({"name": "x", "data": {"source": "magpie", "limit": 8}, "teacher": {"regenerate": True}})
+    convs, _ = read_conversations("magpie", limit=3, require_assistant=True)
+    assert [c.id for c in convs] == ["magpie-0000000", "magpie-0000001", "magpie-0000002"]
+    assert all(c.has_turns_to_write() for c in convs)
+    rows = [{"messages": [{"role": "user", "write": True}, {"role": "assistant", "content": ""}]},
+            {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "write": True}]},
+            {"messages": [{"role": "user", "content": "Hi", "write": True}, {"role": "assistant", "content": ""}]}]
+    assert to_conversation(rows[0], "0").has_turns_to_write()
+    for row in rows[1:]:
+        with pytest.raises(MalformedRow, match="only a user turn without content can be marked write"):
+            to_conversation(row, "1")

@@ -12,6 +12,7 @@ import ppdkit.runtime.batch as batch_module
 from ppdkit.data_pipeline.config import TeacherConfig
 from ppdkit.data_pipeline.conversations import Conversation
 from ppdkit.data_pipeline.regenerate import regenerate_conversations, turn_seed
+from ppdkit.data_pipeline.templating import user_turn_prefix
 from ppdkit.runtime.batch import Request, decode_many
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.linear import SKINNY_MAX_ROWS
@@ -186,3 +187,33 @@ def test_sampled_regeneration_runs_on_the_runtime_each_turn_ar_with_its_own_seed
             alone = decoder.generate(_history(tok, conv, turn), max_new_tokens=12, method="ar", temperature=0.9,
                                      seed=turn_seed(7, conv.id, answer))
             assert conv.messages[turn]["content"] == alone.text
+
+
+def test_user_turns_marked_write_are_the_models_own_samples_then_answered():
+    """Magpie: a user turn marked write is `ar` sampled alone from the template's user header at the prompt
+    temperature with turn_seed(seed, conversation, turn, "user"); its answer is greedy `ar` of the conversation so
+    far. Any number of slots gives the same conversations, another seed other prompts, and no mark is left."""
+    decoder = _decoder("float32")
+    tok = decoder.tokenizer
+    to_write = {"role": "user", "content": "", "write": True}
+    convs = [Conversation(f"m{i}", (to_write, {"role": "assistant", "content": ""}, to_write,
+                                    {"role": "assistant", "content": ""})) for i in range(4)]
+    kwargs = dict(max_new_tokens=10, max_length=SEGMENT, temperature=0.0, prompt_temperature=0.9)
+    new = regenerate_conversations(None, tok, convs, batch_size=3, runtime=decoder.model, seed=5, **kwargs)
+    assert regenerate_conversations(None, tok, convs, batch_size=1, runtime=decoder.model, seed=5, **kwargs) == new
+    assert regenerate_conversations(None, tok, convs, batch_size=3, runtime=decoder.model, seed=6, **kwargs) != new
+    assert len({c.messages[0]["content"] for c in new}) > 1  # each conversation draws its own prompt
+    assert any(len(c.messages) == 4 for c in new)  # (an empty written prompt would end its conversation there)
+    for conv in new:
+        assert not conv.has_turns_to_write()
+        assert [m["role"] for m in conv.messages] == ["user", "assistant", "user", "assistant"][:len(conv.messages)]
+        for turn, written in ((0, 0), (2, 1)):
+            if turn >= len(conv.messages):
+                continue
+            header = tok(user_turn_prefix(tok, list(conv.messages[:turn])), add_special_tokens=False)["input_ids"]
+            alone = decoder.generate(header, max_new_tokens=10, method="ar", temperature=0.9,
+                                     seed=turn_seed(5, conv.id, written, "user"))
+            assert conv.messages[turn]["content"] == alone.text.strip()
+            if turn + 1 < len(conv.messages):
+                answer = decoder.generate(_history(tok, conv, turn + 1), max_new_tokens=10, method="ar")
+                assert conv.messages[turn + 1]["content"] == answer.text

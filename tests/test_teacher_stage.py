@@ -275,3 +275,40 @@ def test_regeneration_drops_an_assistant_turn_with_no_prompt_before_it():
                                      temperature=0.0, seed=0, batch_size=2)
     assert [m["role"] for m in new.messages] == ["user", "assistant"]
     assert new.messages[0]["content"] == "add two and two" and new.messages[1]["content"] != "four"
+
+
+def test_magpie_conversations_are_written_and_answered_by_the_base_model(ray_local, tmp_path):
+    """data.source magpie end to end on Ray: the data stage holds only marks (nothing to score), the teacher's
+    regeneration writes each prompt and its answer, and the cache supervises the answers, not the prompts."""
+    data = DataConfig(source="magpie", limit=6, max_length=64, holdout=0.2, shards=1, check_sequences=4)
+    summary = run_data_stage(BASE, data, tmp_path / "data")
+    assert summary["train_sequences"] + summary["holdout_sequences"] == 6 and "check_nll" not in summary
+    cfg = TEACHER.model_copy(update={"workers": 1, "rows_per_shard": 3, "regenerate": True, "max_new_tokens": 8})
+    teacher = run_teacher_stage(BASE, data, cfg, tmp_path / "data", tmp_path / "teacher")
+    assert teacher["skipped_rows"] <= 1 and teacher["positions"] > 0
+    assert _manifest(tmp_path / "teacher")["generation"]["prompt_temperature"] == cfg.prompt_temperature
+    tok = load_base_model("tiny-llama").tokenizer
+    prompts = set()
+    for seq in TeacherCache(tmp_path / "teacher").sequences("train"):
+        text = tok.decode(seq.input_ids)
+        user = text.split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
+        assert user.strip()  # the model's own prompt, where the data stage left an empty turn
+        prompts.add(user)
+        first_answer = text.index("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")
+        starts = [len(tok.decode(seq.input_ids[:p + 1])) for p in seq.positions.tolist()]
+        assert min(starts) >= first_answer - 1  # supervised: the answer's tokens only
+    assert len(prompts) > 1
+
+
+def test_transformers_regeneration_writes_marked_user_turns_too():
+    """Where the native kernels cannot run, transformers' generate writes the marked prompt (sampled) and answers it."""
+    from ppdkit.data_pipeline.conversations import Conversation
+    from ppdkit.data_pipeline.regenerate import regenerate_conversations
+
+    base = load_base_model("tiny-llama", quantization="none")
+    convs = [Conversation(f"m{i}", ({"role": "user", "content": "", "write": True},
+                                    {"role": "assistant", "content": ""})) for i in range(3)]
+    new = regenerate_conversations(base.model, base.tokenizer, convs, max_new_tokens=6, max_length=64,
+                                   temperature=0.0, seed=0, batch_size=2, prompt_temperature=1.0)
+    assert all(not c.has_turns_to_write() for c in new)
+    assert any([m["role"] for m in c.messages] == ["user", "assistant"] and c.messages[0]["content"] for c in new)
