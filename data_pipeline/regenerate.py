@@ -77,7 +77,7 @@ def _advance(state: _Progress, tokenizer, max_length: int) -> list[int] | None:
 
 def _answered(state: _Progress, text: str) -> None:
     """Record the turn the model wrote. A written prompt that is empty ends the conversation there (nothing to
-    answer; the teacher stage then skips it as holding no assistant tokens)."""
+    answer; the teacher stage skips a conversation left with no turn at all)."""
     state.next_index += 1
     if not state.writing_prompt:
         state.messages.append({"role": "assistant", "content": text})
@@ -95,7 +95,7 @@ def _waiting_turn(state: _Progress) -> tuple[str, int]:
 
 def regenerate_conversations(model, tokenizer, conversations: list[Conversation], *, max_new_tokens: int,
                              max_length: int, temperature: float, seed: int, batch_size: int,
-                             runtime: LeanLlama | None = None, prompt_temperature: float = 1.0,
+                             runtime: LeanLlama | None = None, prompt_temperature: float = 0.8,
                              on_tokens: Callable[[int], None] | None = None) -> list[Conversation]:
     """Each conversation with its assistant turns replaced by the model's own (greedy when temperature == 0) and
     its user turns marked `write` written by it (at `prompt_temperature`): on `runtime` with `batch_size` slots when
@@ -145,8 +145,7 @@ def turn_seed(seed: int, conversation: str, turn: int, role: str = "assistant") 
 
 def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conversation], max_new_tokens: int,
                         max_length: int, slots: int, on_tokens: Callable[[int], None] | None,
-                        temperature: float = 0.0, seed: int = 0, prompt_temperature: float = 1.0
-                        ) -> list[Conversation]:
+                        temperature: float, seed: int, prompt_temperature: float) -> list[Conversation]:
     states = [_Progress(c) for c in conversations]
     waiting = deque((i, ids) for i, s in enumerate(states) if (ids := _advance(s, tokenizer, max_length)) is not None)
 

@@ -208,6 +208,9 @@ class TeacherWorker:
                                        on_tokens=lambda n: generated.update(tokens=n))
         out = []
         for r, conv in zip(usable, new):
+            if not conv.messages:  # its first turn was to be written, and the model wrote nothing
+                report.skip(f"row {r['row']}", "regenerated: the model wrote an empty prompt")
+                continue
             try:
                 enc = encode_conversation(self.base.tokenizer, conv, max_length)
             except MalformedRow as e:

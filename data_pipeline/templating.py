@@ -90,6 +90,8 @@ def encode_conversation(
     """Template, tokenize, mask; keep the first `max_length` tokens. Raises MalformedRow when nothing is left
     to learn."""
     messages = list(conv.messages)
+    if not messages:  # chat templates refuse an empty conversation with a ValueError of their own
+        raise MalformedRow("no messages")
     text = _render(tokenizer, messages, generation_prompt=False)
     ids, offsets = first_tokens(tokenizer, text, max_length)
     spans = assistant_char_spans(tokenizer, messages, text, within=offsets[-1][1] if offsets else 0)

@@ -312,3 +312,18 @@ def test_transformers_regeneration_writes_marked_user_turns_too():
                                    temperature=0.0, seed=0, batch_size=2, prompt_temperature=1.0)
     assert all(not c.has_turns_to_write() for c in new)
     assert any([m["role"] for m in c.messages] == ["user", "assistant"] and c.messages[0]["content"] for c in new)
+
+
+def test_an_empty_written_prompt_ends_its_conversation_and_is_skipped_not_fatal():
+    """A prompt the model writes empty (its end token first) leaves nothing to answer: the conversation ends there,
+    and one with no turn left is a counted skip, never a template error inside a shard."""
+    from ppdkit.data_pipeline.conversations import Conversation, MalformedRow
+    from ppdkit.data_pipeline.regenerate import _answered, _Progress
+    from ppdkit.data_pipeline.templating import encode_conversation
+
+    state = _Progress(Conversation("m", ({"role": "user", "content": "", "write": True},
+                                         {"role": "assistant", "content": ""})), writing_prompt=True)
+    _answered(state, "  \n")
+    assert state.done and state.messages == []
+    with pytest.raises(MalformedRow, match="no messages"):
+        encode_conversation(load_base_model("tiny-llama").tokenizer, Conversation("m", ()), 64)
