@@ -40,6 +40,9 @@ def load_prompts(source: str, limit: int | None) -> list[str]:
     conversations, report = read_conversations(source, limit)
     if not conversations:
         raise ValueError(f"no prompt in {source!r}: {report.describe()}")
+    if any(c.has_turns_to_write() for c in conversations):  # magpie's: empty until a data run writes them
+        raise ValueError(f"the prompts of {source!r} are left for the base model to write, which a data run's "
+                         "teacher stage does: bench on a prompt set or a file of prompts instead")
     return [c.first_user_turn for c in conversations]
 
 

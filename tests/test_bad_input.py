@@ -18,6 +18,7 @@ from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.data_pipeline.conversations import Conversation, MalformedRow, to_conversation
 from ppdkit.data_pipeline.data_stage import run_data_stage, tokenize_shard
 from ppdkit.data_pipeline.readers import NOT_UTF8, DataSourceError, read_conversations
+from ppdkit.jobs.bench import load_prompts
 from ppdkit.jobs.cli import main
 from ppdkit.jobs.spec import EvalMethod, SpecError, load_spec, spec_from_dict
 from ppdkit.models.config import BaseModelConfig
@@ -404,6 +405,8 @@ def test_magpie_prompts_need_a_limit_and_regeneration_and_only_user_turns_are_wr
     convs, _ = read_conversations("magpie", limit=3, require_assistant=True)
     assert [c.id for c in convs] == ["magpie-0000000", "magpie-0000001", "magpie-0000002"]
     assert all(c.has_turns_to_write() for c in convs)
+    with pytest.raises(ValueError, match="left for the base model to write"):
+        load_prompts("magpie", 2)
     rows = [{"messages": [{"role": "user", "write": True}, {"role": "assistant", "content": ""}]},
             {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "write": True}]},
             {"messages": [{"role": "user", "content": "Hi", "write": True}, {"role": "assistant", "content": ""}]}]
