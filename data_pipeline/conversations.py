@@ -37,7 +37,12 @@ class Conversation:
 
     def has_turns_to_write(self) -> bool:
         """Whether a user turn is left for the model to write (a `write` mark): only regeneration can use it."""
-        return any(m.get("write") for m in self.messages)
+        return any(map(to_write, self.messages))
+
+
+def to_write(message: dict) -> bool:
+    """Whether a message is a turn left for the model to write (_turn_to_write's mark)."""
+    return bool(message.get("write"))
 
 
 @dataclass

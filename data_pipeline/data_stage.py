@@ -148,11 +148,11 @@ def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dic
                      *([split_record(cfg.source, "validation", holdout, read_report.summary())] if holdout else [])],
     }
     # the base model scores sequences of given text only: one whose user turns it writes itself holds none yet
-    given = {c.id for c in (*train_convs, *holdout_convs) if not c.has_turns_to_write()}
-    check_rows = [r for r in (holdout or train) if r.id in given][: cfg.check_sequences]
-    if len(given) < len(train_convs) + len(holdout_convs):
+    unwritten = {c.id for c in (*train_convs, *holdout_convs) if c.has_turns_to_write()}
+    check_rows = [r for r in (holdout or train) if r.id not in unwritten][: cfg.check_sequences]
+    if unwritten:
         log.info("%d conversations leave user turns for the base model to write (teacher.regenerate writes them)",
-                 len(train_convs) + len(holdout_convs) - len(given))
+                 len(unwritten))
     if check_rows:
         log.info("base model %s (%s) scores %d held-out sequences on a Ray task", base.name, base.quantization, len(check_rows))
         cpus = max(1, min(4, int(ray.available_resources().get("CPU", 1))))

@@ -35,7 +35,7 @@ import torch
 from ppdkit.runtime.batch import Request, decode_many
 from ppdkit.runtime.llama import LeanLlama, end_tokens
 
-from .conversations import Conversation
+from .conversations import Conversation, to_write
 from .templating import user_turn_prefix
 
 
@@ -51,7 +51,7 @@ class _Progress:
 def _model_writes(message: dict, before: list[dict]) -> bool:
     """Whether the model writes `message`: an assistant turn with something before it to answer, or a user turn
     marked `write`."""
-    return bool(message.get("write")) or (message["role"] == "assistant" and bool(before))
+    return to_write(message) or (message["role"] == "assistant" and bool(before))
 
 
 def _advance(state: _Progress, tokenizer, max_length: int) -> list[int] | None:
@@ -65,7 +65,7 @@ def _advance(state: _Progress, tokenizer, max_length: int) -> list[int] | None:
     if state.next_index >= len(msgs):
         state.done = True
         return None
-    state.writing_prompt = bool(msgs[state.next_index].get("write"))
+    state.writing_prompt = to_write(msgs[state.next_index])
     ids = (tokenizer(user_turn_prefix(tokenizer, state.messages), add_special_tokens=False)["input_ids"]
            if state.writing_prompt else
            tokenizer.apply_chat_template(state.messages, tokenize=True, add_generation_prompt=True, return_dict=False))

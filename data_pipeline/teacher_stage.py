@@ -38,7 +38,7 @@ from ppdkit.runtime.llama import LeanLlama
 from ppdkit.runtime.precision import resolve_dtype
 
 from .config import DataConfig, TeacherConfig
-from .conversations import Conversation, MalformedRow, ReadReport
+from .conversations import Conversation, MalformedRow, ReadReport, to_write
 from .regenerate import regenerate_conversations
 from .teacher_cache import (FORMAT, ShardSequence, compress_head, compress_logits, mass_figures, read_rest_mass,
                             write_shard)
@@ -59,7 +59,7 @@ def supervised_positions(loss_mask: list[int]) -> list[int]:
 
 def _has_turns_to_write(row: dict) -> bool:
     try:
-        return any(m.get("write") for m in json.loads(row.get("messages") or "[]"))
+        return any(map(to_write, json.loads(row.get("messages") or "[]")))
     except (TypeError, ValueError, AttributeError):
         return False  # no readable messages: check_row judges its tokens
 
