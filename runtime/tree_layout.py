@@ -47,17 +47,25 @@ def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
     total = n_nodes + sum(state.prompts) * epts
     mask = torch.zeros(total, total, dtype=torch.bool)
     offsets = torch.zeros(total, dtype=torch.long)
-    slot_embedding, slot_distances, guess_rows = [], [], []
-    for node in range(n_nodes):
-        mask[node, paths[node]] = True
-        offsets[node] = state.depths[node]
+    # the nodes' part in one tensor each, not an indexing per node: grown trees (no prompt tokens) are laid out on
+    # most steps, their shapes recurring too seldom for the cache below to hold them all
+    seen = [[False] * n_nodes for _ in range(n_nodes)]
+    for node, path in enumerate(paths):
+        for ancestor in path:
+            seen[node][ancestor] = True
+    mask[:n_nodes, :n_nodes] = torch.tensor(seen, dtype=torch.bool).reshape(n_nodes, n_nodes)
+    offsets[:n_nodes] = torch.tensor(state.depths, dtype=torch.long)
+    no_rows = torch.zeros(0, dtype=torch.long)
+    slot_embedding, slot_distances, guess_rows = [no_rows], [], []
     start = n_nodes
     for node in range(n_nodes):
         c = state.prompts[node]
+        if not c:
+            guess_rows.append(no_rows)
+            continue
         slots = torch.arange(start, start + c * epts)
         mask[slots[:, None], torch.tensor(paths[node])[None, :]] = True  # the node's own path
-        if c:
-            mask[slots[:, None], slots[None, :]] = ept_mask(c, epts, mask_kind)  # its prompt tokens, per EPT mask
+        mask[slots[:, None], slots[None, :]] = ept_mask(c, epts, mask_kind)  # its prompt tokens, per EPT mask
         offsets[slots] = state.depths[node] + torch.arange(c).repeat_interleave(epts) + 1
         slot_embedding.append(torch.arange(c * epts))  # distance j's EPTs are embeddings j*n .. j*n+n-1
         guess_rows.append(n_nodes + len(slot_distances) + torch.arange(c))
