@@ -8,9 +8,8 @@ holds. The last row's output h drafts the root's children. Growing the tree adds
 committed ones, one per expanded node, each seeing the committed rows, its ancestors' rows and itself; once the
 tree is chosen those rows are dropped (the cache rolls back to its committed length), so a rejected branch
 leaves nothing behind, and the next verification's rows overwrite the space. The base model's hidden states
-come from the verification forward itself (LeanLlama.forward_with_states: copied out of the native layers' one
-call, or the forward run in segments that stop at the draft's layers): the same arithmetic, so the output stays
-the base model's own.
+come from the verification forward itself, run in segments that stop at the draft's layers
+(LeanLlama.forward_layers): the same arithmetic, so the output stays the base model's own.
 """
 
 import math
@@ -47,6 +46,28 @@ class Eagle3Set:
 
     def new_cache(self, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         return KVCache(1, self.kv_heads, self.head_dim, capacity, dtype, device)
+
+
+def forward_with_states(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                        mask: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """model.forward's final hidden states [T, H], and the residual stream after each of `layers` decoder
+    layers, concatenated [T, len(layers) H]: the forward run in segments that stop there."""
+    x, states = states_after(model, x, positions, cache, mask, layers)
+    if max(layers) < len(model.layers):
+        x = model.forward_layers(x, positions, cache, mask, max(layers), len(model.layers))
+    return model.final_norm(x), states
+
+
+def states_after(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                 mask: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward up to the last of `layers` only -> (the residual stream there [T, H], the states after each of
+    `layers` concatenated [T, len(layers) H]): what training reads of the base (trainer/features.py), without the
+    layers above."""
+    states, start = {}, 0
+    for stop in sorted(set(layers)):
+        x = model.forward_layers(x, positions, cache, mask, start, stop)
+        states[stop], start = x, stop
+    return x, torch.cat([states[k] for k in layers], dim=-1)
 
 
 def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch.Tensor, tokens: torch.Tensor,
@@ -87,8 +108,8 @@ class Eagle3Drafter:
 
     def prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         model = self.model
-        hidden, states = model.forward_with_states(model.embed_ids(ids), torch.arange(len(ids)), cache, None,
-                                                   self.draft.layers)
+        hidden, states = forward_with_states(model, model.embed_ids(ids), torch.arange(len(ids)), cache, None,
+                                             self.draft.layers)
         cache.commit(None, len(ids))
         self.pending_states, self.pending_tokens = states, ids
         return model.logits(hidden[-1])
@@ -96,8 +117,8 @@ class Eagle3Drafter:
     def verify(self, cache: KVCache, layout, tokens: torch.Tensor, sampling: Sampling,
                generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
         model, start = self.model, cache.length
-        hidden, states = model.forward_with_states(model.embed_ids(tokens), start + layout.offsets, cache,
-                                                   layout.mask_after(start), self.draft.layers)  # [N, H], [N, 3H]
+        hidden, states = forward_with_states(model, model.embed_ids(tokens), start + layout.offsets, cache,
+                                             layout.mask_after(start), self.draft.layers)  # [N, H], [N, 3H]
         final, next_token = choose(tokens, model.logits(hidden), layout.links, sampling, generator)
         path = layout.paths[final]
         cache.commit(path, layout.size)

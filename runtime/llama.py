@@ -175,53 +175,6 @@ class LeanLlama:
             return fixed_shapes.in_blocks(lambda rows: self._rms(rows, self.norm), x, self.fixed_rows)
         return self._rms(x, self.norm)
 
-    def forward_with_states(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
-                            layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """forward's final hidden states [T, H], and the residual stream after each of `layers` decoder layers
-        (hidden_states indices: 0 the embeddings), concatenated [T, len(layers) H]: what EAGLE-3's draft reads of a
-        verified tree. A step the native layers take in one call copies them out of that call (taps); otherwise
-        the forward runs in segments that stop there, the same arithmetic."""
-        t = x.shape[0]
-        if self.native is None or self.fixed_rows or t > SKINNY_MAX_ROWS:
-            x, states = self.states_after(x, positions, cache, mask, layers)
-            if max(layers) < len(self.layers):
-                x = self.forward_layers(x, positions, cache, mask, max(layers), len(self.layers))
-            return self.final_norm(x), states
-        taps = sorted(set(layers))
-        x, positions, mask = self._step_inputs(x, positions, cache, mask)
-        tapped = torch.empty(t, len(taps) * self.hidden, dtype=x.dtype, device=x.device)
-        bias = attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)
-        x = self.native.decoder_layers(x, self.native_weights, self.native_shape, self.eps, self.cos[positions],
-                                       self.sin[positions], bias, cache.k, cache.v, cache.length, [], None, taps,
-                                       tapped)
-        if list(layers) != taps:  # the draft's order, where it lists a layer twice or out of order
-            tapped = tapped.view(t, len(taps), self.hidden)[:, [taps.index(k) for k in layers]].reshape(t, -1)
-        return self.final_norm(x), tapped
-
-    def states_after(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
-                     layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The forward up to the last of `layers` only -> (the residual stream there [T, H], the states after each
-        of `layers` concatenated [T, len(layers) H]): what training reads of the base (trainer/features.py),
-        without the layers above."""
-        states, start = {}, 0
-        for stop in sorted(set(layers)):
-            x = self.forward_layers(x, positions, cache, mask, start, stop)
-            states[stop], start = x, stop
-        return x, torch.cat([states[k] for k in layers], dim=-1)
-
-    def _step_inputs(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """A step's inputs in the model's dtype and on its device, its positions checked and its rows' room in the
-        cache reserved."""
-        x = x.to(self.dtype)  # drafts' rows (prompt tokens) may come in the weights' dtype
-        # (no-ops when the caller made them on the model's device, as the decoder does: torch.device context)
-        positions = positions.to(self.device)
-        mask = None if mask is None else mask.to(self.device)
-        if int(positions.max()) >= self.max_positions:
-            raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
-        cache.reserve(x.shape[0])
-        return x, positions, mask
-
     def forward_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
                        start: int, stop: int, skip: tuple[int, ...] | None = None) -> torch.Tensor:
         """Decoder layers start .. stop - 1 only: x [T, H], the residual stream after layer start - 1 (the
@@ -229,7 +182,13 @@ class LeanLlama:
         keys/values are written like forward's (ProPD's early pruning runs a tree in two parts); `skip` as
         forward's, one mask per layer of the model. A skipped attention writes no keys/values."""
         t = x.shape[0]
-        x, positions, mask = self._step_inputs(x, positions, cache, mask)
+        x = x.to(self.dtype)  # drafts' rows (prompt tokens) may come in the weights' dtype
+        # (no-ops when the caller made them on the model's device, as the decoder does: torch.device context)
+        positions = positions.to(self.device)
+        mask = None if mask is None else mask.to(self.device)
+        if int(positions.max()) >= self.max_positions:
+            raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
+        cache.reserve(t)
         if self.fixed_rows:
             return self._fixed_layers(x, positions, cache, mask, start, stop, skip)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]

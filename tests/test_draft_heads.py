@@ -103,6 +103,7 @@ def test_features_are_computed_on_the_engine_the_teacher_ran_on(engine, dtype, p
     from types import SimpleNamespace
 
     from ppdkit.runtime.ar import read_prompt
+    from ppdkit.runtime.eagle3 import forward_with_states
     from ppdkit.trainer.features import FeatureCache, teacher_runtime
 
     model, _ = tiny_model_on(path, monkeypatch)
@@ -119,8 +120,8 @@ def test_features_are_computed_on_the_engine_the_teacher_ran_on(engine, dtype, p
     seq = SimpleNamespace(features=None, row=0, input_ids=ids)
     expected = read_prompt(runtime, ids, runtime.new_cache(len(ids))).to(torch.float16).float()
     assert torch.equal(final(seq, "train"), expected)
-    _, states = runtime.forward_with_states(runtime.embed_ids(ids), torch.arange(len(ids)),
-                                            runtime.new_cache(len(ids)), None, (1, 2))
+    _, states = forward_with_states(runtime, runtime.embed_ids(ids), torch.arange(len(ids)),
+                                    runtime.new_cache(len(ids)), None, (1, 2))
     assert torch.equal(layers(seq, "train"), states.to(torch.bfloat16).float())
 
 

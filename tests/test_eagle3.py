@@ -25,7 +25,7 @@ from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.decoder_loading import draft_matrices
 from ppdkit.models.eagle3 import readout
-from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows
+from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows, forward_with_states, states_after
 from ppdkit.runtime.grown_tree import StepCost, by_value, level_logp
 from ppdkit.runtime.head_loading import eagle3_set
 from ppdkit.runtime.tree_layout import shape_layout
@@ -60,14 +60,14 @@ def test_forward_with_states_gives_the_forwards_hidden_states_and_transformers_l
     ids = torch.tensor([5, 9, 200, 31, 7])
     lean = decoder.model
     cache = lean.new_cache(16)
-    final, states = lean.forward_with_states(lean.embed_ids(ids), torch.arange(5), cache, None, (1, 0, 1))
+    final, states = forward_with_states(lean, lean.embed_ids(ids), torch.arange(5), cache, None, (1, 0, 1))
     whole = lean.forward(lean.embed_ids(ids), torch.arange(5), lean.new_cache(16), None)
     assert torch.equal(final, whole)  # the segments are the same arithmetic
     with torch.no_grad():
         hf = model(ids[None], output_hidden_states=True).hidden_states
     assert torch.allclose(states, torch.cat([hf[1][0], hf[0][0], hf[1][0]], dim=-1), atol=1e-10)
     cache = lean.new_cache(16)  # training's features: the same states, the layers above the last asked for not run
-    top, only = lean.states_after(lean.embed_ids(ids), torch.arange(5), cache, None, (1, 0, 1))
+    top, only = states_after(lean, lean.embed_ids(ids), torch.arange(5), cache, None, (1, 0, 1))
     assert torch.equal(only, states) and torch.equal(top, states[:, :lean.hidden]) and not cache.k[1:].any()
     assert aux_layers(2) == (1, 1, 1) and aux_layers(30) == (2, 15, 27)  # never transformers' normed last entry
 

@@ -206,37 +206,6 @@ def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatc
                                    bias, caches[0].k, caches[0].v, 20, [], None)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_tapped_native_call_is_the_segmented_forward_bit_for_bit(dtype):
-    """forward_with_states on the native layers copies EAGLE-3's states out of one call (taps); the forward run in
-    segments that stop at those layers gives the same bits: final states, tapped states and the cache."""
-    if native_kernels() is None or (dtype == torch.bfloat16 and not native_kernels().bf16_available()):
-        pytest.skip("no native kernels (or no AVX512-BF16) on this CPU")
-    model, _ = build_tiny_llama()
-    lean = LeanLlama(model.to(dtype).eval(), 256)
-    assert lean.native is not None
-    g = torch.Generator().manual_seed(5)
-    t, before = 7, 12
-    mask = torch.cat([torch.ones(t, before, dtype=torch.bool), torch.rand(t, t, generator=g) < 0.5], 1)
-    mask[:, before:] |= torch.eye(t, dtype=torch.bool)
-    positions = before + torch.arange(t)
-    x = lean.embed_ids(torch.randint(3, 200, (t,), generator=g))
-    for layers in [(1, 0, 2), (2, 1), (len(lean.layers),)]:
-        results = []
-        for segmented in (False, True):
-            cache = lean.new_cache(64)
-            lean.forward(lean.embed_ids(torch.tensor(_prompt(1, before))), torch.arange(before), cache, None)
-            cache.commit(None, before)
-            if segmented:  # the fallback's path: a segment per tap, then the layers above
-                top, states = lean.states_after(x, positions, cache, mask, layers)
-                final = lean.final_norm(lean.forward_layers(top, positions, cache, mask, max(layers), len(lean.layers)))
-            else:
-                final, states = lean.forward_with_states(x, positions, cache, mask, layers)
-            results.append((final, states, cache.k[..., :before + t], cache.v[:, :, :before + t]))
-        assert all(torch.equal(a, b) for a, b in zip(*results)), layers
-        assert results[0][1].shape == (t, len(layers) * lean.hidden)
-
-
 def test_float32_forward_agrees_with_transformers():
     """float32 takes the native kernel or oneDNN (prepacked weights); only summation order may differ."""
     model, tok = build_tiny_llama()

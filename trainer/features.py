@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from ppdkit.data_pipeline.teacher_cache import ShardSequence, TeacherCache
 from ppdkit.runtime.ar import read_prompt
 from ppdkit.runtime.dtypes import BLOCK_FORMATS
+from ppdkit.runtime.eagle3 import states_after
 from ppdkit.runtime.llama import LeanLlama
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,6 @@ class FeatureCache:
             if self.layer is None:
                 return read_prompt(rt, ids, rt.new_cache(len(ids))).to(torch.float16)
             layers = (self.layer,) if isinstance(self.layer, int) else self.layer
-            _, states = rt.states_after(rt.embed_ids(ids), torch.arange(len(ids)), rt.new_cache(len(ids)), None,
-                                        layers)  # [T, n H]: the layers above the last asked for are not run
+            _, states = states_after(rt, rt.embed_ids(ids), torch.arange(len(ids)), rt.new_cache(len(ids)), None,
+                                     layers)  # [T, n H]: the layers above the last asked for are not run
         return states.to(torch.float16 if isinstance(self.layer, int) else torch.bfloat16)

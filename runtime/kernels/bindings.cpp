@@ -10,11 +10,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_fma_from_rows", &skinny_bf16_fma_from_rows, pybind11::arg("rows") = 0);
   m.def("pack", &skinny_pack, pybind11::arg("weight"), pybind11::arg("kernel") = "auto");
   m.def("linear", &skinny_linear);
-  m.def("decoder_layers", &decoder_layers, pybind11::arg("x"), pybind11::arg("weights"), pybind11::arg("shape"),
-        pybind11::arg("eps"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("bias"),
-        pybind11::arg("cache_k"), pybind11::arg("cache_v"), pybind11::arg("length"), pybind11::arg("skip"),
-        pybind11::arg("window"), pybind11::arg("taps") = std::vector<int64_t>{},
-        pybind11::arg("states") = pybind11::none());
+  m.def("decoder_layers", &decoder_layers);
   m.def("eagle3_layer", &eagle3_layer);
   m.def("quantized_available", &quantized_available);
   m.def("quantized_pack", &quantized_pack);

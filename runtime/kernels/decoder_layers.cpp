@@ -446,15 +446,11 @@ Step make_step(const torch::Tensor& x, const std::vector<int64_t>& shape, double
 // window: none, or [T, 2] int64 for rows of several sequences sharing the cache (runtime/batch.py): row r's
 // key/value is written at slot window[r][1], and the row sees slots window[r][0] .. window[r][1] (its own
 // sequence, causally; bias must be none). A row's arithmetic is then that of its sequence decoded alone.
-// taps: layer counts c (ascending, 0 .. layers) after which a copy of the residual stream is written into
-// states [T, len(taps) H], tap i at columns [i H, (i + 1) H): EAGLE-3's fused hidden states from the same call
-// that verifies a tree (runtime/llama.py forward_with_states), where four calls cost three more dispatches.
 torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
                              const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
                              const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
                              const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length,
-                             const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window,
-                             const std::vector<int64_t>& taps, const std::optional<torch::Tensor>& states) {
+                             const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window) {
   TORCH_CHECK(weights.size() % 6 == 0, "decoder_layers: 6 weights a layer");
   Step st = make_step(x_in, shape, eps, cos, sin, bias, cache_k, cache_v, length, window);
   TORCH_CHECK(x_in.size(1) == st.hidden, "decoder_layers: x [T, H]");
@@ -462,27 +458,13 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
     TORCH_CHECK(weights[i].scalar_type() == torch::kFloat32, "decoder_layers runs float32 tensors only (norms)");
   TORCH_CHECK(cache_k.size(0) * 6 == static_cast<int64_t>(weights.size()), "decoder_layers: one cache layer per layer");
   TORCH_CHECK(skip.empty() || skip.size() * 6 == weights.size(), "decoder_layers: one skip mask per layer");
-  const int64_t layers = static_cast<int64_t>(weights.size() / 6), n_taps = static_cast<int64_t>(taps.size());
-  TORCH_CHECK(taps.empty() || (states && states->scalar_type() == torch::kFloat32 && states->is_contiguous() &&
-                               states->dim() == 2 && states->size(0) == st.t && states->size(1) == n_taps * st.hidden),
-              "decoder_layers: taps need states [T, len(taps) H], float32, contiguous");
-  for (int64_t i = 0; i < n_taps; ++i)
-    TORCH_CHECK(0 <= taps[i] && taps[i] <= layers && (i == 0 || taps[i - 1] < taps[i]),
-                "decoder_layers: taps ascending layer counts within 0 .. ", layers);
   auto x = x_in.contiguous().clone();
-  int64_t next_tap = 0;
-  auto tap = [&](int64_t done) {  // copy x after `done` layers into its tap's columns
-    for (; next_tap < n_taps && taps[next_tap] == done; ++next_tap)
-      states->narrow(1, next_tap * st.hidden, st.hidden).copy_(x);
-  };
-  tap(0);
-  for (int64_t layer = 0; layer < layers; ++layer) {
+  for (size_t layer = 0; layer < weights.size() / 6; ++layer) {
     const torch::Tensor* w = &weights[layer * 6];
     const int64_t skipped = skip.empty() ? 0 : skip[layer];
     if (!(skipped & 1))
       x.add_(attention_block(st, rms_norm(x, w[0], st.eps), w[1], w[2], cache_k, cache_v, layer, length));
     if (!(skipped & 2)) mlp_block(st, x, w[3], w[4], w[5]);
-    tap(layer + 1);
   }
   return x;
 }

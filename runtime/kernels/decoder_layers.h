@@ -10,9 +10,7 @@ torch::Tensor decoder_layers(const torch::Tensor& x, const std::vector<torch::Te
                              const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
                              const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
                              const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length,
-                             const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window,
-                             const std::vector<int64_t>& taps = {},
-                             const std::optional<torch::Tensor>& states = std::nullopt);
+                             const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window);
 torch::Tensor eagle3_layer(const torch::Tensor& embeds, const torch::Tensor& hidden,
                            const std::vector<torch::Tensor>& weights, const std::vector<int64_t>& shape, double eps,
                            const torch::Tensor& cos, const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
