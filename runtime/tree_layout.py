@@ -53,10 +53,10 @@ def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
     for node, path in enumerate(paths):
         for ancestor in path:
             seen[node][ancestor] = True
-    mask[:n_nodes, :n_nodes] = torch.tensor(seen, dtype=torch.bool).reshape(n_nodes, n_nodes)
+    mask[:n_nodes, :n_nodes] = torch.tensor(seen, dtype=torch.bool)
     offsets[:n_nodes] = torch.tensor(state.depths, dtype=torch.long)
-    no_rows = torch.zeros(0, dtype=torch.long)
-    slot_embedding, slot_distances, guess_rows = [no_rows], [], []
+    no_rows = torch.zeros(0, dtype=torch.long)  # a node's guess rows without prompt tokens; and the slots' index
+    slot_embedding, slot_distances, guess_rows = [no_rows], [], []  # concatenates when no node has prompt tokens
     start = n_nodes
     for node in range(n_nodes):
         c = state.prompts[node]
