@@ -1,10 +1,13 @@
 """The runtime's native kernels (runtime/kernels/*.cpp), built for this CPU on first use and cached.
 
 Built with -march=native by PyTorch's extension builder into its usual directory (TORCH_EXTENSIONS_DIR,
-by default ~/.cache/torch_extensions), named by the sources, the PyTorch version and the CPU, so a machine
-builds them once (about a minute) whatever ppdkit cache a process uses. Anything that stops the build
-(no compiler, neither AVX-512 nor AVX2, PPDKIT_NATIVE_KERNELS=0) leaves the runtime on its portable
-path, with one warning saying why.
+by default ~/.cache/torch_extensions), named by the sources, the PyTorch install and the CPU, so a machine
+builds them once (about a minute) whatever ppdkit cache a process uses. The build compiles copies of the sources
+kept in that directory, with the ninja of ppdkit's own environment where it has one: ninja rebuilds everything
+when its build file names other source paths (a job's copy of the package on a Ray cluster) or when another
+ninja version wrote its logs (a system ninja and the venv's, found by PATH), which cost 1.5 minutes a switch.
+Anything that stops the build (no compiler, neither AVX-512 nor AVX2, PPDKIT_NATIVE_KERNELS=0) leaves the runtime on
+its portable path, with one warning saying why.
 """
 
 import functools
@@ -12,7 +15,9 @@ import hashlib
 import logging
 import os
 import platform
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -56,32 +61,76 @@ def native_kernels() -> ModuleType | None:
     return build_kernels()
 
 
+def _flags(extra_cflags: tuple[str, ...]) -> list[str]:
+    return ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", *extra_cflags]
+
+
+def kernels_build_dir(extra_cflags: tuple[str, ...] = ()) -> Path:
+    """The folder build_kernels(extra_cflags) builds in: named by the sources, the flags, this CPU and the PyTorch
+    install (another venv's headers and libraries are another build)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    code = b"".join(path.read_bytes() for path in sorted(KERNELS.glob("*.[ch]*")))
+    stamp = (code + torch.__version__.encode() + torch.__file__.encode() + _cpu_flags().encode()
+             + " ".join(_flags(extra_cflags)).encode())
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / f"ppdkit_kernels_{hashlib.sha256(stamp).hexdigest()[:12]}"
+
+
 @functools.cache
 def build_kernels(extra_cflags: tuple[str, ...] = ()) -> ModuleType | None:
     """Build (or load the cached build of) runtime/kernels/ with -march=native plus `extra_cflags`
     (("-mno-avx512f",) builds the AVX2 variant on an AVX-512 machine, as the tests do)."""
-    sources = sorted(KERNELS.glob("*.cpp"))
-    code = b"".join(path.read_bytes() for path in sorted(KERNELS.glob("*.[ch]*")))
-    flags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", *extra_cflags]
-    stamp = code + torch.__version__.encode() + _cpu_flags().encode() + " ".join(flags).encode()
-    name = f"ppdkit_kernels_{hashlib.sha256(stamp).hexdigest()[:12]}"
     try:
-        from torch.utils.cpp_extension import get_default_build_root, load
+        from torch.utils.cpp_extension import load
 
-        build = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
+        build = kernels_build_dir(extra_cflags)
         build.mkdir(parents=True, exist_ok=True)
         if not any(build.glob("*.so")):
             log.info("building the runtime's native kernels for this CPU in %s (once, about a minute)", build)
-        module = load(name=name, sources=[str(path) for path in sources], build_directory=str(build),
-                      extra_include_paths=[str(KERNELS)],
-                      extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                      verbose=False)  # OpenMP: at::parallel_for runs on PyTorch's threads. No contraction of
-        # a * b + c into an FMA behind our back: a loop's vector body and scalar tail must round alike
+        sources = _copied_sources(sorted(KERNELS.glob("*.[ch]*")), build / "src")
+        with _own_ninja_first():
+            module = load(name=build.name, sources=[str(path) for path in sources if path.suffix == ".cpp"],
+                          build_directory=str(build), extra_include_paths=[str(build / "src")],
+                          extra_cflags=_flags(extra_cflags), extra_ldflags=["-fopenmp"],
+                          verbose=False)  # OpenMP: at::parallel_for runs on PyTorch's threads. No contraction of
+            # a * b + c into an FMA behind our back: a loop's vector body and scalar tail must round alike
     except Exception as error:  # a missing compiler or ninja must not stop decoding
         log.warning("the runtime's native kernels could not be built (%s); using oneDNN, which is slower "
                     "for decoding steps. Install a C++ compiler, or set PPDKIT_NATIVE_KERNELS=0 to skip", error)
         return None
     return module if module.available() else None
+
+
+def _copied_sources(files: list[Path], folder: Path) -> list[Path]:
+    """`files` copied into `folder` once (the build directory is named by their content, so a copy there never
+    goes stale): the build file then names the same paths wherever the package lives. Written under a temporary
+    name and renamed, so processes building at once never read half a file; an existing copy keeps its mtime,
+    which ninja compares with the objects'."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for path in files:
+        copy = folder / path.name
+        if not copy.exists():
+            partial = folder / f".{path.name}.{os.getpid()}"
+            partial.write_bytes(path.read_bytes())
+            partial.replace(copy)
+        copies.append(copy)
+    return copies
+
+
+@contextmanager
+def _own_ninja_first():
+    """PATH with this Python's own scripts folder first while torch builds, where ninja is installed there (a
+    dependency of ppdkit): every process of the venv then runs one ninja, activated or not."""
+    scripts = Path(sys.executable).parent
+    saved = os.environ.get("PATH", "")
+    if (scripts / "ninja").exists():
+        os.environ["PATH"] = f"{scripts}{os.pathsep}{saved}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = saved
 
 
 BF16_KERNELS = ("auto", "amx", "avx512")
