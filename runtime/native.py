@@ -123,14 +123,16 @@ def _copied_sources(files: list[Path], folder: Path) -> list[Path]:
 def _own_ninja_first():
     """PATH with this Python's own scripts folder first while torch builds, where ninja is installed there (a
     dependency of ppdkit): every process of the venv then runs one ninja, activated or not."""
-    scripts = Path(sys.executable).parent
-    saved = os.environ.get("PATH", "")
+    scripts, saved = Path(sys.executable).parent, os.environ.get("PATH")
     if (scripts / "ninja").exists():
-        os.environ["PATH"] = f"{scripts}{os.pathsep}{saved}"
+        os.environ["PATH"] = os.pathsep.join([str(scripts), *([saved] if saved else [])])
     try:
         yield
     finally:
-        os.environ["PATH"] = saved
+        if saved is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = saved
 
 
 BF16_KERNELS = ("auto", "amx", "avx512")
