@@ -61,6 +61,11 @@ def native_kernels() -> ModuleType | None:
     return build_kernels()
 
 
+def _kernel_files() -> list[Path]:
+    """runtime/kernels/'s sources and headers: what names a build and what it compiles."""
+    return sorted(KERNELS.glob("*.[ch]*"))
+
+
 def _flags(extra_cflags: tuple[str, ...]) -> list[str]:
     return ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", *extra_cflags]
 
@@ -70,7 +75,7 @@ def kernels_build_dir(extra_cflags: tuple[str, ...] = ()) -> Path:
     install (another venv's headers and libraries are another build)."""
     from torch.utils.cpp_extension import get_default_build_root
 
-    code = b"".join(path.read_bytes() for path in sorted(KERNELS.glob("*.[ch]*")))
+    code = b"".join(path.read_bytes() for path in _kernel_files())
     stamp = (code + torch.__version__.encode() + torch.__file__.encode() + _cpu_flags().encode()
              + " ".join(_flags(extra_cflags)).encode())
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
@@ -88,7 +93,7 @@ def build_kernels(extra_cflags: tuple[str, ...] = ()) -> ModuleType | None:
         build.mkdir(parents=True, exist_ok=True)
         if not any(build.glob("*.so")):
             log.info("building the runtime's native kernels for this CPU in %s (once, about a minute)", build)
-        sources = _copied_sources(sorted(KERNELS.glob("*.[ch]*")), build / "src")
+        sources = _copied_sources(_kernel_files(), build / "src")
         with _own_ninja_first():
             module = load(name=build.name, sources=[str(path) for path in sources if path.suffix == ".cpp"],
                           build_directory=str(build), extra_include_paths=[str(build / "src")],
