@@ -12,7 +12,10 @@ class DataConfig(Section):
 
     source: str = Field("sharegpt", min_length=1,
                         description="sharegpt | mt-bench | humaneval | chitchat | magpie (prompts the base model "
-                                    "writes itself, teacher.regenerate answers them) | path to .json/.jsonl(.gz)")
+                                    "writes itself, teacher.regenerate answers them) | magpie-KIND (the same, steered "
+                                    "to one kind: writing, roleplay, reasoning, math, coding, extraction, stem, "
+                                    "humanities) | a corpus folder (corpus.json: ppdkit corpus grow) | path to "
+                                    ".json/.jsonl(.gz)")
     limit: int | None = Field(512, ge=1, description="usable conversations to read (null: all; magpie: how many "
                                                      "the model writes)")
     max_length: int = Field(512, ge=8, description="tokens kept per conversation; at most the base model's context")
@@ -23,8 +26,10 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _endless_source_has_a_limit(self) -> "DataConfig":
-        if self.source == "magpie" and self.limit is None:
-            raise ValueError("data.source magpie has no end (the base model writes its prompts): set data.limit to "
+        from .readers import ENDLESS_SOURCES  # here: readers' import chain is not needed to read a config
+
+        if self.source in ENDLESS_SOURCES and self.limit is None:
+            raise ValueError(f"data.source {self.source} has no end (the base model writes its prompts): set data.limit to "
                              "the number of conversations to write")
         return self
 

@@ -4,7 +4,9 @@ Accepted row forms (JSON objects):
 - ShareGPT: {"id"?, "conversations": [{"from": "human"|"gpt"|"system"|..., "value": str}, ...]}
 - messages: {"id"?, "messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]}; a user turn
             {"role": "user", "write": true} (no content) is written by the base model itself when the teacher
-            regenerates (data_pipeline/regenerate.py; data.source magpie is made of them)
+            regenerates (data_pipeline/regenerate.py; data.source magpie is made of them); a system turn
+            {"role": "system", "content": ..., "steer": true} is read only while the model writes a user turn
+            (data_pipeline/prompt_kinds.py) and left out of the conversation it answers
 - MT-Bench: {"question_id"?, "turns": [str, ...]}   (the first turn: later ones answer a reply we lack)
 - prompt:   {"task_id"?|"id"?, "prompt": str}      (one user turn, e.g. HumanEval)
 """
@@ -43,6 +45,11 @@ class Conversation:
 def to_write(message: dict) -> bool:
     """Whether a message is a turn left for the model to write (_turn_to_write's mark)."""
     return bool(message.get("write"))
+
+
+def steers(message: dict) -> bool:
+    """Whether a message is a steering system prompt: read while the model writes a user turn, never answered to."""
+    return bool(message.get("steer"))
 
 
 @dataclass
@@ -102,7 +109,13 @@ def _turns(items: Any, role_key: str, text_key: str, roles: dict[str, str], form
         role = roles.get(str(turn[role_key]).lower())
         if role is None:
             raise MalformedRow(f"unknown role {turn[role_key]!r}")
-        messages.append({"role": role, "content": _text(turn[text_key], f"a '{form}' {text_key}")})
+        message = {"role": role, "content": _text(turn[text_key], f"a '{form}' {text_key}")}
+        if form == "messages" and turn.get("steer") is True:
+            if role != "system":
+                raise MalformedRow("only a system turn can be marked steer (it steers the user turns the model "
+                                   "writes)")
+            message["steer"] = True
+        messages.append(message)
     return messages
 
 

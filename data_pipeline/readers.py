@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .conversations import Conversation, MalformedRow, ReadReport, to_conversation
+from .prompt_kinds import KINDS, magpie_kind_rows
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,10 @@ SOURCES: dict[str, Callable[[], Iterator[Row]]] = {
     "humaneval": _humaneval,
     "chitchat": _chitchat,
     "magpie": _magpie,  # prompts the base model writes itself (data_pipeline/regenerate.py)
+    # the same, steered to one kind of request by a system prompt (data_pipeline/prompt_kinds.py)
+    **{f"magpie-{kind}": (lambda kind=kind: magpie_kind_rows(kind)) for kind in KINDS},
 }
+ENDLESS_SOURCES = frozenset(name for name in SOURCES if name.startswith("magpie"))
 
 
 def iter_rows(source: str) -> Iterator[Row]:

@@ -36,7 +36,7 @@ from ppdkit.runtime.batch import Request, decode_many
 from ppdkit.runtime.llama import LeanLlama, end_tokens
 
 from .config import PROMPT_TEMPERATURE
-from .conversations import Conversation, to_write
+from .conversations import Conversation, steers, to_write
 from .templating import user_turn_prefix
 
 
@@ -69,11 +69,17 @@ def _advance(state: _Progress, tokenizer, max_length: int) -> list[int] | None:
     state.writing_prompt = to_write(msgs[state.next_index])
     ids = (tokenizer(user_turn_prefix(tokenizer, state.messages), add_special_tokens=False)["input_ids"]
            if state.writing_prompt else
-           tokenizer.apply_chat_template(state.messages, tokenize=True, add_generation_prompt=True, return_dict=False))
+           tokenizer.apply_chat_template(_answered_to(state.messages), tokenize=True, add_generation_prompt=True,
+                                         return_dict=False))
     if len(ids) >= max_length:  # later turns would be cut by max_length anyway
         state.done = True
         return None
     return ids
+
+
+def _answered_to(messages: list[dict]) -> list[dict]:
+    """What an answer is written to, and what the conversation keeps: the turns without steering prompts."""
+    return [m for m in messages if not steers(m)]
 
 
 def _answered(state: _Progress, text: str) -> None:
@@ -118,7 +124,8 @@ def regenerate_conversations(model, tokenizer, conversations: list[Conversation]
             for batch in (kind[i:i + batch_size] for kind in kinds for i in range(0, len(kind), batch_size)):
                 heat = prompt_temperature if batch[0].writing_prompt else temperature
                 prompts = [user_turn_prefix(tokenizer, s.messages) if s.writing_prompt else
-                           tokenizer.apply_chat_template(s.messages, tokenize=False, add_generation_prompt=True)
+                           tokenizer.apply_chat_template(_answered_to(s.messages), tokenize=False,
+                                                         add_generation_prompt=True)
                            for s in batch]
                 enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
                 torch.manual_seed(generator_seed)
@@ -134,7 +141,7 @@ def regenerate_conversations(model, tokenizer, conversations: list[Conversation]
                     on_tokens(int((new_tokens != tokenizer.pad_token_id).sum()))
     finally:
         tokenizer.padding_side = pad_side
-    return [Conversation(s.conv.id, tuple(s.messages)) for s in states]
+    return [Conversation(s.conv.id, tuple(_answered_to(s.messages))) for s in states]
 
 
 def turn_seed(seed: int, conversation: str, turn: int, role: str = "assistant") -> int:
@@ -166,4 +173,4 @@ def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conve
             _answered(state, tokenizer.decode(tokens, skip_special_tokens=True))
             if (ids := _advance(state, tokenizer, max_length)) is not None:  # first in line: while the segment
                 waiting.appendleft((request.key, ids))  # of its previous turn is free, it reads only the new turn
-    return [Conversation(s.conv.id, tuple(s.messages)) for s in states]
+    return [Conversation(s.conv.id, tuple(_answered_to(s.messages))) for s in states]

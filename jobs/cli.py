@@ -1,5 +1,5 @@
 """The `ppdkit` command: its parser and `main` (logging, quiet libraries, one-line errors). The commands live by
-what they do: cli_pipeline.py (run, demo, bench-insertion, bench-features), cli_decoding.py (decode, serve, profile, bench) and
+what they do: cli_pipeline.py (run, demo, bench-insertion, bench-features), cli_corpus.py (corpus grow, show), cli_decoding.py (decode, serve, profile, bench) and
 cli_services.py (promote, submit, jobs, ui); cli_errors.py finds a refused write in any error."""
 
 import argparse
@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 
+from .cli_corpus import add_corpus_commands
 from .cli_decoding import add_decoding_commands
 from .cli_errors import write_problem, write_problem_message
 from .cli_pipeline import add_pipeline_commands
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_pipeline_commands(sub)  # in the order `ppdkit --help` lists them
+    add_corpus_commands(sub)
     add_decoding_commands(sub)
     add_service_commands(sub)
     return parser

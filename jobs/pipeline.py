@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from ppdkit.data_pipeline.corpus import corpus_digest
 from ppdkit.models.paths import write_json_atomic
 from ppdkit.registry.tracking import DatasetRecord, Tracker, numeric_leaves
 
@@ -301,8 +302,11 @@ def stage_inputs(spec: JobSpec, stage: Stage) -> dict[str, Any]:
     """What a stage's output is made from: its sections and those of every stage before it."""
     upto = STAGE_ORDER[: STAGE_ORDER.index(stage.name) + 1]
     sections = sorted({s for name in upto if name in STAGES for s in STAGES[name].sections})
-    return {name: (section := getattr(spec, name)).model_dump(mode="json", exclude=set(section.execution_only))
-            for name in sections}
+    inputs = {name: (section := getattr(spec, name)).model_dump(mode="json", exclude=set(section.execution_only))
+              for name in sections}
+    if "data" in inputs and (digest := corpus_digest(spec.data.source, spec.base_model.name)):
+        inputs["data"]["corpus_digest"] = digest  # a corpus that has grown since is another input
+    return inputs
 
 
 def _digest(inputs: dict[str, Any]) -> str:

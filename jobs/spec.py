@@ -11,6 +11,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
+from ppdkit.data_pipeline.corpus import corpus_source
+from ppdkit.data_pipeline.readers import ENDLESS_SOURCES
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.registry.config import TrackingConfig
 from ppdkit.runtime.dtypes import DTYPES
@@ -122,9 +124,12 @@ class JobSpec(Section):
 
     @model_validator(mode="after")
     def _written_prompts_are_answered(self) -> "JobSpec":
-        if self.data.source == "magpie" and not self.teacher.regenerate:
-            raise ValueError("data.source magpie holds only prompts for the base model to write, and the teacher's "
-                             "regeneration writes them and their answers: set teacher.regenerate true")
+        if self.data.source in ENDLESS_SOURCES and not self.teacher.regenerate:
+            raise ValueError(f"data.source {self.data.source} holds only prompts for the base model to write, and the "
+                             "teacher's regeneration writes them and their answers: set teacher.regenerate true")
+        if corpus_source(self.data.source, self.base_model.name) is not None and self.teacher.regenerate:
+            raise ValueError("data.source is a corpus: its answers are the base model's own already (ppdkit corpus "
+                             "grow wrote them) and its rows keep no text to rewrite: set teacher.regenerate false")
         return self
 
     @model_validator(mode="after")

@@ -46,12 +46,14 @@ def client(address: str):
         os.environ.update(hidden)
 
 
-def _stage_package(into: Path) -> Path:
-    """A `ppdkit` folder with the six packages, whatever the install layout (editable or wheel)."""
+def _stage_package(into: Path, with_corpora: bool = False) -> Path:
+    """A `ppdkit` folder with the six packages, whatever the install layout (editable or wheel); the committed
+    corpora (tens of MB) only for a job that reads one."""
     pkg = into / "ppdkit"
+    skipped = ("__pycache__", "*.pyc", ".grow.lock", *(() if with_corpora else ("corpora",)))
     for folder in PACKAGE_FOLDERS:
         src = Path(importlib.import_module(f"ppdkit.{folder}").__file__).parent
-        shutil.copytree(src, pkg / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(src, pkg / folder, ignore=shutil.ignore_patterns(*skipped))
     return pkg
 
 
@@ -64,7 +66,7 @@ def submit(spec: JobSpec, address: str, output: str | None, python: str | None, 
     jobs = client(address)
     staging = Path(tempfile.mkdtemp(prefix="ppdkit-submit-"))
     try:
-        package = _stage_package(staging / "package")
+        package = _stage_package(staging / "package", with_corpora=spec.data.source == "corpus")
         workdir = staging / "work"
         workdir.mkdir()
         (workdir / "job.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))

@@ -217,3 +217,25 @@ def test_user_turns_marked_write_are_the_models_own_samples_then_answered():
             if turn + 1 < len(conv.messages):
                 answer = decoder.generate(_history(tok, conv, turn + 1), max_new_tokens=10, method="ar")
                 assert conv.messages[turn + 1]["content"] == answer.text
+
+
+def test_a_steering_system_prompt_shapes_the_written_prompt_but_not_its_answer():
+    """Magpie by kind: a system turn marked steer is read while the model writes the user turn (`ar` sampled from the
+    user header after it) and left out of what the answer is written to and of the conversation kept, so the answer
+    is greedy `ar` of the written prompt alone, as the decoder would be asked it."""
+    decoder = _decoder("float32")
+    tok = decoder.tokenizer
+    steer = {"role": "system", "content": "Users ask you to write Python code.", "steer": True}
+    convs = [Conversation(f"k{i}", (steer, {"role": "user", "content": "", "write": True},
+                                    {"role": "assistant", "content": ""})) for i in range(3)]
+    new = regenerate_conversations(None, tok, convs, batch_size=2, runtime=decoder.model, seed=3, max_new_tokens=10,
+                                   max_length=SEGMENT, temperature=0.0, prompt_temperature=0.9)
+    for conv in new:
+        assert [m["role"] for m in conv.messages] == ["user", "assistant"]
+        assert not any(m.get("steer") for m in conv.messages)
+        header = tok(user_turn_prefix(tok, [steer]), add_special_tokens=False)["input_ids"]
+        written = decoder.generate(header, max_new_tokens=10, method="ar", temperature=0.9,
+                                   seed=turn_seed(3, conv.id, 0, "user"))
+        assert conv.messages[0]["content"] == written.text.strip()
+        answer = decoder.generate(_history(tok, conv, 1), max_new_tokens=10, method="ar")
+        assert conv.messages[1]["content"] == answer.text
