@@ -88,7 +88,10 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
     # the workers read local directories, whatever their working directory
     cfg = ctx.spec.train.model_copy(update={key: str(local_component(key, ctx.spec.train, ctx.tracker))
                                             for key in components_named(ctx.spec.train)})
-    result = run_training(ctx.spec.base_model, cfg, ctx.output / "teacher", ctx.stage_dir, ctx.tracker.ref())
+    online = ({"data_dir": str(ctx.output / "data"), "compute_dtype": ctx.spec.teacher.compute_dtype,
+               "top_k": ctx.spec.teacher.top_k} if cfg.online else None)
+    result = run_training(ctx.spec.base_model, cfg, ctx.output / "teacher", ctx.stage_dir, ctx.tracker.ref(),
+                          online=online)
     for folder in ("component", "plots"):
         ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
     figures = {"steps": result["steps"], "first_loss": result["first_loss"], "final_loss": result["final_loss"],
@@ -295,6 +298,8 @@ def _unneeded_stages(spec: JobSpec) -> dict[str, str]:
     from ppdkit.trainer.methods import TRAINING_METHODS
 
     method = TRAINING_METHODS[spec.train.method]
+    if spec.train.online:
+        return {"teacher": "train.online: the base computes the targets in the training step"}
     return {} if method.needs_teacher else {"teacher": f"train.method {method.name} reads no teacher cache"}
 
 

@@ -123,6 +123,16 @@ class JobSpec(Section):
         return self
 
     @model_validator(mode="after")
+    def _online_teacher_is_a_float_model(self) -> "JobSpec":
+        from ppdkit.runtime.dtypes import BLOCK_FORMATS
+
+        if self.train.online and self.teacher.compute_dtype in BLOCK_FORMATS:
+            raise ValueError(f"train.online computes the targets with the base model the trainer holds, in a float "
+                             f"dtype, not on {self.teacher.compute_dtype} blocks: set teacher.compute_dtype auto, "
+                             "bfloat16 or float32")
+        return self
+
+    @model_validator(mode="after")
     def _written_prompts_are_answered(self) -> "JobSpec":
         if self.data.source in ENDLESS_SOURCES and not self.teacher.regenerate:
             raise ValueError(f"data.source {self.data.source} holds only prompts for the base model to write, and the "

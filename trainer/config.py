@@ -47,6 +47,10 @@ class TrainConfig(Section):
                                    "SmolLM2's EAGLE-3, about 17 GB for the large set). Computing them is about half "
                                    "of an EAGLE-3 step on 2 CPU cores, and an EAGLE-3 worker keeps only 2 GB of "
                                    "them in memory")
+    online: bool = Field(False, description="eagle3: no teacher cache: the frozen base computes each sequence's "
+                         "targets (its own LM head's top teacher.top_k on its final state, in teacher.compute_dtype) "
+                         "and the hidden states the draft reads in the training step, one forward a sequence, kept "
+                         "in memory up to 2 GB a worker (SpecForge's online mode); the teacher stage is skipped")
     feature_weight: float = Field(1.0, ge=0.0, description="feature-head: weight of the feature regression loss")
     early_layer: int = Field(4, ge=1, description="early-head: the decoder layers before the head (ProPD's n)")
     # the skip-map search (method layer-skip, papers/002 3.3)
@@ -122,6 +126,10 @@ class TrainConfig(Section):
             set_here = [k for k in keys if getattr(self, k) != defaults[k].default]
             if set_here and not applies:
                 raise ValueError(f"{', '.join(set_here)} only apply to {owners}, not {self.method}")
+        if self.online and (method.head_kind != "eagle3" or self.features_on_disk):
+            raise ValueError("train.online trains eagle3 without a teacher cache (the feature head and Medusa calibrate "
+                             "their trees on it), and keeps no features on disk: use it with train.method eagle3 and "
+                             "train.features_on_disk false")
         if self.init_from is not None and method.searches:
             raise ValueError(f"train.init_from: {self.method} trains no weights to start from; it searches (drop "
                              "train.init_from)")

@@ -75,7 +75,8 @@ class FeatureCache:
 
     def __call__(self, seq: ShardSequence, split: str) -> torch.Tensor:
         """[T, H] float32 ([T, n H] for n layers)."""
-        if seq.features is not None and self.layer is None:  # the teacher cache kept them (teacher.features)
+        # the teacher cache kept them (teacher.features: final states), or train.online computed this layer's
+        if seq.features is not None and getattr(seq, "features_layer", None) == self.layer:
             return seq.features.float()
         key = (split, seq.row)
         found = self._known.get(key)

@@ -54,9 +54,14 @@ class TrainingMethod:
     def start(self, cfg, base, train_sequences, init=None, teacher=None):
         """The method's run: module, param_groups, loss, evaluate, export_tensors, hyperparameters; its weights
         (and draft vocabulary) those of `init`, a trained component of this method (trainer/warm_start.py), if given.
-        `teacher`: the TeacherCache it trains on, whose engine computes the features it reads (trainer/features.py)."""
+        `teacher`: the TeacherCache it trains on, whose engine computes the features it reads (trainer/features.py), or
+        train.online's OnlineTeacher, which computes them with the targets."""
         run = importlib.import_module(f"ppdkit.trainer.{self.run}").Run(self, cfg, base, train_sequences, init)
-        if teacher is not None and self.reads_features:
+        from .online_teacher import OnlineTeacher
+
+        if isinstance(teacher, OnlineTeacher):  # train.online: the features come with the targets, one forward
+            teacher.serve_features(run.features.layer if self.reads_features else None)
+        elif teacher is not None and self.reads_features:
             from .features import feature_store, teacher_runtime
 
             runtime = teacher_runtime(base.model, teacher)

@@ -113,24 +113,28 @@ def train_loop_per_worker(config: dict) -> None:
     # best effort: a tracking server that stops answering costs the metrics from then on, not the training
     tracker = config["tracker"].open(best_effort=True) if rank == 0 else None
 
-    cache = TeacherCache(Path(config["teacher_dir"]))
     method = TRAINING_METHODS[cfg.method]
-    # heads over the frozen base's features train on the teacher's own forward: features computed here (a cache
-    # without teacher.features) come from the base in the dtype the teacher computed in, as kept ones did
-    dtype = cache.float_dtype if method.reads_features else base_cfg.dtype
-    base = load_base_model(base_cfg.name, base_cfg.quantization, dtype, for_training=True)
-    cache.check_base(base.fingerprint)
-    # kept features (teacher.features) are memory-mapped, read only by the methods that train on them
-    train_seqs = [s for s in cache.sequences("train", cache.has_features) if len(s.positions) > 1]
-    holdout = [s for s in cache.sequences("holdout", cache.has_features) if len(s.positions) > 1][: cfg.eval_sequences]
+    if config.get("online"):  # train.online: the base computes targets and features in the training step
+        base, teacher, train_seqs, holdout = _online_sequences(config["online"], base_cfg, cfg)
+    else:
+        teacher = TeacherCache(Path(config["teacher_dir"]))
+        # heads over the frozen base's features train on the teacher's own forward: features computed here (a cache
+        # without teacher.features) come from the base in the dtype the teacher computed in, as kept ones did
+        dtype = teacher.float_dtype if method.reads_features else base_cfg.dtype
+        base = load_base_model(base_cfg.name, base_cfg.quantization, dtype, for_training=True)
+        teacher.check_base(base.fingerprint)
+        # kept features (teacher.features) are memory-mapped, read only by the methods that train on them
+        train_seqs = [s for s in teacher.sequences("train", teacher.has_features) if len(s.positions) > 1]
+        holdout = [s for s in teacher.sequences("holdout", teacher.has_features)
+                   if len(s.positions) > 1][: cfg.eval_sequences]
     if not train_seqs:
-        raise ValueError(f"the teacher cache {cache.dir} has no training sequence with targets")
+        raise ValueError(f"{getattr(teacher, 'dir', 'the data stage')} has no training sequence with targets")
     if cfg.train_positions is not None:
         train_seqs = subset_of_positions(train_seqs, cfg.train_positions, cfg.seed)
         log.info("training on %d sequences, %d supervised positions (train.train_positions=%d)", len(train_seqs),
                  sum(len(s.positions) for s in train_seqs), cfg.train_positions)
     init = starting_component(cfg, base.fingerprint)  # train.init_from's component, or None: a fresh draw
-    run = method.start(cfg, base, train_seqs, init, teacher=cache)  # trainer/prompt_run.py, head_run.py, ...
+    run = method.start(cfg, base, train_seqs, init, teacher=teacher)  # trainer/prompt_run.py, head_run.py, ...
     steps_per_epoch = max(1, len(train_seqs) // (cfg.micro_batch * cfg.grad_accum * world))
     total_steps = min(cfg.max_steps or 10**12, steps_per_epoch * cfg.epochs)
     groups, lr_factors = run.param_groups(total_steps)  # cosine, no warm-up (6.1.2)
@@ -222,6 +226,28 @@ def train_loop_per_worker(config: dict) -> None:
         export_component(out, base, cfg, run, config, history, evals, best, started_from,
                          extra={"peak_worker_rss_mb": peak, "trained_positions": trained})
     barrier()
+
+
+def _online_sequences(online: dict, base_cfg, cfg):
+    """(base, OnlineTeacher, training sequences, held-out sequences) of the data stage's rows: targets and features
+    computed by the base, in the dtype the teacher stage would have used, when a batch first reads them."""
+    from datasets import load_from_disk
+
+    from ppdkit.models.loading import load_base_model
+    from ppdkit.runtime.precision import resolve_dtype
+
+    from .online_teacher import ONLINE_KEEP_BYTES, OnlineTeacher
+
+    dtype = resolve_dtype(online["compute_dtype"])  # on the worker: its own CPU decides what auto means
+    base = load_base_model(base_cfg.name, base_cfg.quantization, dtype, for_training=True)
+    teacher = OnlineTeacher(base.model, online["top_k"], ONLINE_KEEP_BYTES)
+    data = Path(online["data_dir"])
+    train = [s for s in teacher.sequences(load_from_disk(str(data / "train")), "train") if len(s.positions) > 1]
+    holdout = ([s for s in teacher.sequences(load_from_disk(str(data / "holdout")), "holdout") if len(s.positions) > 1]
+               if (data / "holdout").exists() else [])[: cfg.eval_sequences]
+    log.info("train.online: targets (top-%d) and features from %s (%s, on %s) in the training step", online["top_k"],
+             base_cfg.name, dtype, teacher.engine)
+    return base, teacher, train, holdout
 
 
 def _peak_rss_mb(world: int) -> float:

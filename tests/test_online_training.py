@@ -1,0 +1,70 @@
+"""train.online (trainer/online_teacher.py): the frozen base computes the targets and features in the training step,
+exactly the teacher stage's, and EAGLE-3 trains on them on two Ray workers without a teacher cache."""
+
+import math
+
+import pytest
+import torch
+from datasets import load_from_disk
+from test_eagle3 import EAGLE3_TRAIN
+from test_training import BASE, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
+
+from ppdkit.data_pipeline.teacher_cache import TeacherCache
+from ppdkit.jobs.spec import SpecError, spec_from_dict
+from ppdkit.models.eagle3 import aux_layers
+from ppdkit.models.loading import load_base_model
+from ppdkit.registry.tracking import TrackerRef
+from ppdkit.runtime.decoder import Decoder
+from ppdkit.trainer.config import TrainConfig
+from ppdkit.trainer.features import FeatureCache, teacher_runtime
+from ppdkit.trainer.launch import run_training
+from ppdkit.trainer.online_teacher import OnlineTeacher
+
+
+def test_online_targets_and_features_are_the_teacher_stages(teacher_dir):  # noqa: F811
+    """The same top-k ids and log-probabilities as the teacher cache (same dtype, same engine), and the same EAGLE-3
+    states as the trainer computes for a cache, from one forward per sequence, computed once while they fit."""
+    cache = TeacherCache(teacher_dir)
+    base = load_base_model("tiny-llama", "none", cache.float_dtype)
+    teacher = OnlineTeacher(base.model, cache.manifest["top_k"], keep_bytes=1e9)
+    layers = aux_layers(base.model.config.num_hidden_layers)
+    teacher.serve_features(layers)
+    online = teacher.sequences(load_from_disk(str(teacher_dir.parent / "data" / "train")), "train")
+    features = FeatureCache(base.model, layers)
+    features.compute_on(teacher_runtime(base.model, cache))
+    assert teacher.engine == ("runtime" if features.runtime is not None else "transformers")
+    cached = list(cache.sequences("train"))
+    assert cached
+    for seq in cached:
+        mine = online[seq.row]
+        assert torch.equal(mine.input_ids, seq.input_ids) and torch.equal(mine.positions, seq.positions)
+        assert torch.equal(mine.topk_ids.long(), seq.topk_ids.long())
+        assert torch.equal(mine.topk_logprobs.to(seq.topk_logprobs.dtype), seq.topk_logprobs)
+        assert torch.equal(features(mine, "train"), features._compute(seq.input_ids).float())
+    assert teacher.forwards == len(cached)  # every read after the first is the kept result
+    mine.topk_ids, mine.features  # noqa: B018  (read again)
+    assert teacher.forwards == len(cached)
+
+
+def test_eagle3_trains_online_on_two_ray_workers_and_decodes_losslessly(teacher_dir, tmp_path):  # noqa: F811
+    """No teacher cache: the workers read the data stage's rows (teacher_dir names nothing that exists)."""
+    online = {"data_dir": str(teacher_dir.parent / "data"), "compute_dtype": "float32", "top_k": 16}
+    result = run_training(BASE, EAGLE3_TRAIN.model_copy(update={"online": True}), tmp_path / "no-teacher",
+                          tmp_path / "train", TrackerRef(), online=online)
+    losses = [loss for _, loss in result["history"]]
+    assert len(losses) == 2 and all(math.isfinite(x) and x > 0 for x in losses)
+    assert set(result["best"]) >= {"acc_top1_d1", "acc_top1_d3"}
+    decoder = Decoder.from_pretrained(tmp_path / "train" / "component", dtype="float32", tree_size=None)
+    ids = [5, 17, 99, 5, 17, 99, 5, 17]
+    assert decoder.generate(ids, 16, "eagle3-anpd").tokens == decoder.generate(ids, 16, "ar").tokens
+
+
+def test_online_is_eagle3s_and_computes_in_a_float_dtype():
+    with pytest.raises(ValueError, match="train.online trains eagle3"):
+        TrainConfig(method="feature-head", online=True)
+    with pytest.raises(ValueError, match="train.online trains eagle3"):
+        TrainConfig(method="eagle3", online=True, features_on_disk=True)
+    with pytest.raises(SpecError, match="set teacher.compute_dtype auto"):
+        spec_from_dict({"name": "x", "base_model": {"quantization": "none"}, "train": {"method": "eagle3",
+                        "online": True}, "teacher": {"compute_dtype": "q4"},
+                        "evaluate": {"methods": ["ar", "eagle3"]}})

@@ -1,0 +1,139 @@
+"""Online training: the frozen base computes a draft's targets and features in the training step.
+
+SpecForge's online mode. No teacher cache is written: each sequence of the data stage is read by the frozen base
+once, when a batch first needs it, and that one forward gives both
+- the target: the base's own LM head on its final state at every supervised position, kept as its top-k
+  log-probabilities and the mass outside them (exactly what the teacher stage would have stored), and
+- the features the method reads: the final states (feature head, Medusa) or the residual stream after EAGLE-3's
+  low, middle and high layers.
+Results are kept in memory up to a budget, so later epochs skip the forward while they fit; past it they are
+computed again at every visit. The cost is one base forward per sequence visit beyond the budget, against a
+teacher stage that must finish (and be stored: ~17 GB of features for 4.8M positions) before training starts.
+
+The forward runs on the decoder's runtime where its native kernels run (so targets and features are bit for bit
+those of the model `ppdkit decode` verifies with), else through transformers.
+"""
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ppdkit.data_pipeline.teacher_cache import compress_head, compress_logits
+from ppdkit.data_pipeline.teacher_stage import supervised_positions
+from ppdkit.runtime.eagle3 import states_after
+from ppdkit.runtime.llama import LeanLlama
+
+log = logging.getLogger(__name__)
+ONLINE_KEEP_BYTES = 2e9  # a worker's kept targets and features: past it they are computed at every visit
+
+
+@dataclass
+class _Computed:
+    topk_ids: torch.Tensor  # [P, k] int32
+    topk_logprobs: torch.Tensor  # [P, k] float16
+    rest_mass: torch.Tensor  # [P] float32
+    features: torch.Tensor | None  # [T, H] float16 or [T, n H] bfloat16, of the layer the method reads
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (self.topk_ids, self.topk_logprobs, self.rest_mass, self.features)
+                   if t is not None)
+
+
+class OnlineSequence:
+    """A training sequence whose targets and features the frozen base computes when first read: it reads as the
+    teacher cache's ShardSequence does (row, input_ids, positions, topk_ids, topk_logprobs, rest_mass, features)."""
+
+    def __init__(self, teacher: "OnlineTeacher", split: str, row: int, input_ids: list[int], loss_mask: list[int]):
+        self.teacher, self.split, self.row = teacher, split, row
+        self.input_ids = torch.tensor(input_ids, dtype=torch.long)  # [T]
+        self.positions = torch.tensor(supervised_positions(loss_mask), dtype=torch.long)  # [P]
+
+    @property
+    def features_layer(self):
+        return self.teacher.layer
+
+    def _computed(self) -> _Computed:
+        return self.teacher.computed(self)
+
+    @property
+    def topk_ids(self) -> torch.Tensor:
+        return self._computed().topk_ids
+
+    @property
+    def topk_logprobs(self) -> torch.Tensor:
+        return self._computed().topk_logprobs
+
+    @property
+    def rest_mass(self) -> torch.Tensor:
+        return self._computed().rest_mass
+
+    @property
+    def features(self) -> torch.Tensor | None:
+        return self._computed().features
+
+
+class OnlineTeacher:
+    def __init__(self, base_model, top_k: int, keep_bytes: float):
+        self.model, self.top_k, self.keep_bytes = base_model, top_k, keep_bytes
+        runtime = LeanLlama(base_model) if next(base_model.parameters()).device.type == "cpu" else None
+        self.runtime = runtime if runtime is not None and runtime.native is not None else None
+        self.layer: int | tuple[int, ...] | None = None  # the features the method reads (FeatureCache's layer)
+        self._known: dict[tuple[str, int], _Computed] = {}
+        self.kept_bytes = 0
+        self.forwards = 0  # base forwards run: what the positions/s figures pay for
+
+    @property
+    def engine(self) -> str:
+        return "runtime" if self.runtime is not None else "transformers"
+
+    def serve_features(self, layer: int | tuple[int, ...] | None) -> None:
+        """The method's features (its FeatureCache's layer): computed in the same forward as the targets."""
+        self.layer = layer
+
+    def sequences(self, rows, split: str) -> list[OnlineSequence]:
+        """The data stage's rows (input_ids, loss_mask) as sequences, numbered in order like a cache's."""
+        return [OnlineSequence(self, split, i, r["input_ids"], r["loss_mask"]) for i, r in enumerate(rows)]
+
+    def computed(self, seq: OnlineSequence) -> _Computed:
+        key = (seq.split, seq.row)
+        found = self._known.get(key)
+        if found is None:
+            found = self._forward(seq)
+            self.forwards += 1
+            if self.kept_bytes + found.nbytes <= self.keep_bytes:
+                self._known[key] = found
+                self.kept_bytes += found.nbytes
+        return found
+
+    def _forward(self, seq: OnlineSequence) -> _Computed:
+        with torch.no_grad():
+            final, features = (self._on_runtime(seq.input_ids) if self.runtime is not None
+                               else self._on_transformers(seq.input_ids))
+            head = self.runtime.logits if self.runtime is not None else self.model.get_output_embeddings()
+            ids, logprobs, rest = (compress_head(head, final[seq.positions], self.top_k) if self.runtime is not None
+                                   else compress_logits(head(final[seq.positions]), self.top_k))
+        return _Computed(ids.to(torch.int32), logprobs.to(torch.float16), rest, features)
+
+    def _on_runtime(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(final states [T, H], the method's features): one pass through every layer, as `ar` reads a prompt."""
+        rt = self.runtime
+        layers = () if self.layer is None else (self.layer,) if isinstance(self.layer, int) else self.layer
+        x, states = states_after(rt, rt.embed_ids(ids), torch.arange(len(ids)), rt.new_cache(len(ids)), None,
+                                 (*layers, len(rt.layers)))
+        final = rt.final_norm(x)
+        if self.layer is None:
+            return final, final.to(torch.float16)
+        width = states.shape[-1] // (len(layers) + 1)
+        kept = states[:, :width * len(layers)]  # [T, n H]: the last block is the top layer's, asked for the head
+        return final, kept.to(torch.float16 if isinstance(self.layer, int) else torch.bfloat16)
+
+    def _on_transformers(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = self.model.get_decoder()(input_ids=ids[None], output_hidden_states=self.layer is not None)
+        final = out.last_hidden_state[0]
+        if self.layer is None:
+            return final, final.to(torch.float16)
+        if isinstance(self.layer, int):
+            return final, out.hidden_states[self.layer][0].to(torch.float16)
+        return final, torch.cat([out.hidden_states[n] for n in self.layer], dim=-1)[0].to(torch.bfloat16)
