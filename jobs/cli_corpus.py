@@ -1,5 +1,6 @@
-"""`ppdkit corpus grow` (the base model writes more of its own conversations into a corpus) and `ppdkit corpus show`
-(what a corpus holds, its shards checked against their sha256)."""
+"""`ppdkit corpus grow` (the base model writes more of its own conversations into a corpus), `ppdkit corpus show`
+(what a corpus holds, its shards checked against their sha256) and `ppdkit adopt` (continual training's gate: a
+draft trained on the grown corpus replaces the committed one only when it does better)."""
 
 import argparse
 import json
@@ -72,3 +73,30 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--corpus", help="corpus folder (default: the committed SmolLM2 corpus)")
     show.add_argument("--json", action="store_true", help="the figures as JSON")
     show.set_defaults(func=cmd_corpus_show)
+    add_adopt_command(sub)
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from ppdkit.data_pipeline.corpus import committed_corpus, is_corpus, open_corpus
+
+    from .adopt import MEASURE, adopt
+
+    corpus = Path(args.corpus) if args.corpus else committed_corpus("smollm2-135m")
+    tokens = open_corpus(corpus).figures()["tokens"] if is_corpus(corpus) else None
+    row = adopt(Path(args.candidate), Path(args.component), Path(args.run) if args.run else None, tokens,
+                args.limit or MEASURE["limit"], dry_run=args.dry_run)
+    print(json.dumps(row, indent=2))
+    return 0
+
+
+def add_adopt_command(sub: argparse._SubParsersAction) -> None:
+    adopt = sub.add_parser("adopt", help="continual training's gate: replace a committed draft by a new one only if "
+                                         "it keeps more tokens per step on MT-Bench (history in its folder)")
+    adopt.add_argument("candidate", help="the newly trained component (a run's train/component)")
+    adopt.add_argument("--component", required=True, help="the committed component it would replace")
+    adopt.add_argument("--run", help="the candidate's run directory (its train/result.json: held-out top-1, "
+                                     "positions trained)")
+    adopt.add_argument("--corpus", help="the corpus it trained on, for the history (default: the committed one)")
+    adopt.add_argument("--limit", type=int, help="first N MT-Bench turns only (a quick look: the measure is all 80)")
+    adopt.add_argument("--dry-run", action="store_true", help="measure and record, never replace")
+    adopt.set_defaults(func=cmd_adopt)

@@ -1,0 +1,47 @@
+"""`ppdkit adopt`, continual training's gate: the candidate replaces the committed draft only when it keeps more
+tokens per step on the fixed measure, the two give the same tokens, and every candidate is in the history table."""
+
+import json
+
+import torch
+from test_eagle3 import _draft_tensors
+
+from ppdkit.jobs.adopt import BEGIN, adopt, history_table, write_history_table
+from ppdkit.models.artifact import read_component, write_component
+from ppdkit.models.loading import load_base_model
+
+HYPER = {"head_kind": "eagle3", "aux_layers": [1, 1, 1], "head_depth": 3, "draft_vocab": 128, "loss": "kd",
+         "alpha": 0.8, "lr": 0.001, "epochs": 1, "seed": 0, "precision": "fp32"}
+
+
+def _component(path, base, scale: float):
+    vocab = torch.arange(128)
+    tensors = {**_draft_tensors(base.model, vocab, seed=1, scale=scale), "draft_vocab": vocab}
+    write_component(path, "eagle3", HYPER, "tiny-llama", base.fingerprint, {"step": 0}, tensors)
+    (path / "README.md").write_text(f"# {path.name}\n\nA tiny draft.\n")
+    return path
+
+
+def test_a_better_draft_replaces_the_committed_one_and_both_are_recorded(tmp_path):
+    base = load_base_model("tiny-llama")
+    committed = _component(tmp_path / "committed", base, scale=3.0)  # a draft that guesses badly
+    good = _component(tmp_path / "good", base, scale=0.0)
+    (tmp_path / "run" / "train").mkdir(parents=True)
+    (tmp_path / "run" / "train" / "result.json").write_text(json.dumps(
+        {"evals": [{"step": 0, "acc_top1_d1": 0.2, "acc_top1_d2": 0.1}, {"step": 5, "acc_top1_d1": 0.4,
+                                                                          "acc_top1_d2": 0.3}],
+         "best_step": 5, "trained_positions": 12345}))
+    worse = adopt(committed, good, limit=2)  # the bad draft as candidate: kept out
+    assert not worse["adopted"] and worse["candidate_tokens_per_step"] <= worse["committed_tokens_per_step"]
+    assert read_component(good).tensors["fc.weight"].dtype == torch.float32  # untouched
+    row = adopt(good, committed, tmp_path / "run", corpus_tokens=2_000_000, limit=2)
+    assert row["candidate_tokens_per_step"] > row["committed_tokens_per_step"] and row["adopted"]
+    assert row["heldout_top1_start"] == [0.2, 0.1] and row["heldout_top1"] == [0.4, 0.3]
+    replaced = read_component(committed)  # sha256 of every listed file checked
+    assert replaced.tensors["fc.weight"].dtype == torch.float16
+    torch.testing.assert_close(replaced.tensors["fc.weight"].float(), read_component(good).tensors["fc.weight"],
+                               rtol=1e-3, atol=1e-3)
+    readme = (committed / "README.md").read_text()
+    assert readme.startswith("# committed") and BEGIN in readme and "| **yes** |" in readme and "2.00M" in readme
+    assert not write_history_table(committed)  # current: nothing to rewrite
+    assert history_table([]).count("\n") == 2
