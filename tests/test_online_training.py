@@ -68,3 +68,32 @@ def test_online_is_eagle3s_and_computes_in_a_float_dtype():
         spec_from_dict({"name": "x", "base_model": {"quantization": "none"}, "train": {"method": "eagle3",
                         "online": True}, "teacher": {"compute_dtype": "q4"},
                         "evaluate": {"methods": ["ar", "eagle3"]}})
+
+
+@pytest.mark.slow
+def test_a_job_trains_online_on_a_corpus_and_a_grown_corpus_is_a_new_input(ray_local, tracking_uri, tmp_path, capsys):
+    """data.source a corpus folder, train.online: the teacher stage is skipped and the component is written; after
+    the corpus grows, the data stage made from it is out of date (a rerun without --force is refused)."""
+    import yaml
+    from test_corpus import TINY
+
+    from ppdkit.data_pipeline.corpus_grow import CorpusConfig, grow_corpus
+    from ppdkit.jobs.cli import main
+
+    corpus = tmp_path / "corpus"
+    grow_corpus(corpus, CorpusConfig(**TINY), max_shards=2)
+    spec = {"name": "online", "base_model": {"name": "tiny-llama", "quantization": "none"},
+            "data": {"source": str(corpus), "limit": None, "max_length": 320, "holdout": 0.25, "shards": 1,
+                     "check_sequences": 0},
+            "teacher": {"compute_dtype": "float32", "top_k": 16},
+            "train": {"method": "eagle3", "online": True, "head_depth": 2, "draft_vocab": 128, "num_workers": 1,
+                      "micro_batch": 1, "max_steps": 2, "eval_every": 1, "checkpoint_every": 1, "eval_sequences": 2},
+            "evaluate": {"methods": ["ar", "eagle3"]}}
+    path, out = tmp_path / "job.yaml", tmp_path / "out"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["run", str(path), "--stages", "data,train", "--output", str(out)]) == 0
+    assert (out / "train" / "component" / "component.json").is_file() and not (out / "teacher").exists()
+    grow_corpus(corpus, CorpusConfig(**TINY), max_shards=1)
+    capsys.readouterr()
+    assert main(["run", str(path), "--stages", "data", "--output", str(out)]) == 2
+    assert "corpus_digest" in capsys.readouterr().err
