@@ -66,11 +66,12 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# The generated docs: the pipeline picture, the job-spec reference, the results page and its plots.
+# The generated docs: the pipeline picture, the job-spec reference, the results page and its plots, the corpus page.
 docs: setup
 	$(BIN)/python docs/tools/pipeline_picture.py
 	$(BIN)/python docs/tools/spec_reference.py
 	$(BIN)/python docs/tools/results_page.py
+	$(BIN)/python docs/tools/corpus_page.py
 
 clean-venv:
 	rm -rf $(VENV)

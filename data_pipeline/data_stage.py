@@ -140,8 +140,9 @@ def _tokenized_splits(base: BaseModelConfig, cfg: DataConfig, tokenizer):
     if (root := corpus_source(cfg.source, base.name)) is not None:
         rows, read_report = read_corpus_rows(root, base, tokenizer, cfg)
         train, holdout = split_holdout(rows, cfg.holdout, cfg.seed)
-        kept = ReadReport(source="templating (a corpus is stored tokenized)")
-        return train, holdout, [], [], read_report, (kept, kept)
+        stored = tuple(ReadReport(source=f"templating ({what}): none, a corpus is stored tokenized", rows=len(split),
+                                  kept=len(split)) for what, split in (("train", train), ("holdout", holdout)))
+        return train, holdout, [], [], read_report, stored
     # raises, naming the source and the form expected, when not one row is usable
     conversations, read_report = read_conversations(cfg.source, cfg.limit, require_assistant=True)
     # Conversation ids must be unique to re-order shard results; number duplicates instead of dropping them.

@@ -1,6 +1,7 @@
 """The `ppdkit` command: its parser and `main` (logging, quiet libraries, one-line errors). The commands live by
-what they do: cli_pipeline.py (run, demo, bench-insertion, bench-features), cli_corpus.py (corpus grow, show), cli_decoding.py (decode, serve, profile, bench) and
-cli_services.py (promote, submit, jobs, ui); cli_errors.py finds a refused write in any error."""
+what they do: cli_pipeline.py (run, demo, bench-insertion, bench-features, bench-online), cli_corpus.py (corpus grow,
+show, adopt), cli_decoding.py (decode, serve, profile, bench) and cli_services.py (promote, submit, jobs, ui);
+cli_errors.py finds a refused write in any error."""
 
 import argparse
 import logging

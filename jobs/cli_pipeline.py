@@ -71,18 +71,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return cmd_run(args)
 
 
-def _training_benchmark(args: argparse.Namespace, benchmark, what: str) -> dict:
-    """Run a training-throughput benchmark on the job's teacher cache; print its table and write its report."""
+def _training_benchmark(args: argparse.Namespace, benchmark, what: str, stage: str = "teacher") -> dict:
+    """Run a training-throughput benchmark on the job's teacher cache (or data stage); print its table and write its
+    report. `benchmark(spec, stage directory, batches=, threads=)`."""
     import json
 
     from .spec import load_spec
 
     spec = load_spec(args.spec, args.overrides)
     output = Path(args.output) if args.output else _default_output(spec.name)
-    if not (output / "teacher" / "manifest.json").is_file():
-        raise FileNotFoundError(f"{output}/teacher has no teacher cache: first run "
-                                f"`ppdkit run {args.spec} --stages data,teacher --output {output}`")
-    report = benchmark(spec.base_model, spec.train, output / "teacher", batches=args.batches, threads=args.threads)
+    if not (output / stage / ("manifest.json" if stage == "teacher" else "train")).exists():
+        raise FileNotFoundError(f"{output}/{stage} is not there: first run "
+                                f"`ppdkit run {args.spec} --stages {'data,teacher' if stage == 'teacher' else 'data'} "
+                                f"--output {output}`")
+    report = benchmark(spec, output / stage, batches=args.batches, threads=args.threads)
     print(f"\n{'mode':<32} {'positions':>10} {'seconds':>9} {'positions/s':>12}")
     for row in report["results"]:
         print(f"{row['mode']:<32} {row['positions']:>10} {row['seconds']:>9.2f} {row['positions_per_second']:>12.1f}")
@@ -95,21 +97,31 @@ def _training_benchmark(args: argparse.Namespace, benchmark, what: str) -> dict:
 def cmd_bench_insertion(args: argparse.Namespace) -> int:
     from ppdkit.trainer.bench import insertion_benchmark
 
-    _training_benchmark(args, insertion_benchmark, "multi-insertion speedup")
+    _training_benchmark(args, lambda spec, cache, **kw: insertion_benchmark(spec.base_model, spec.train, cache, **kw),
+                        "multi-insertion speedup")
     return 0
 
 
 def cmd_bench_features(args: argparse.Namespace) -> int:
     from ppdkit.trainer.bench_features import features_benchmark
 
-    report = _training_benchmark(args, features_benchmark, "kept features speedup")
+    report = _training_benchmark(args, lambda spec, cache, **kw: features_benchmark(spec.base_model, spec.train, cache,
+                                                                                 **kw), "kept features speedup")
     print(f"feature cache: {report['feature_bytes'] / 1e9:.2f} GB, {report['feature_bytes_per_position']:.0f} bytes "
           f"per position ({report['compute_dtype']} teacher, float16 on disk)")
     return 0
 
 
+def cmd_bench_online(args: argparse.Namespace) -> int:
+    from ppdkit.trainer.bench_online import online_benchmark
+
+    _training_benchmark(args, lambda spec, data, **kw: online_benchmark(spec.base_model, spec.train, spec.teacher, data,
+                                                                        **kw), "precomputed against online", "data")
+    return 0
+
+
 def add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
-    """run, demo, bench-insertion and bench-features."""
+    """run, demo, bench-insertion, bench-features and bench-online."""
 
     def add_run_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("overrides", nargs="*", metavar="key=value", help="spec overrides, e.g. data.limit=64")
@@ -132,12 +144,14 @@ def add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     for name, func, what in (
             ("bench-insertion", cmd_bench_insertion, "training throughput: multi-insertion vs one insertion per sequence"),
             ("bench-features", cmd_bench_features, "head-training throughput: features kept in the teacher cache vs "
-                                                   "computed by the base model")):
+                                                   "computed by the base model"),
+            ("bench-online", cmd_bench_online, "EAGLE-3 training throughput: targets and states precomputed (a "
+                                               "teacher cache) vs computed by the base in the step (train.online)")):
         bench = sub.add_parser(name, help=what)
         bench.add_argument("spec", help="job spec YAML (its base_model and train sections are used)")
         bench.add_argument("overrides", nargs="*", metavar="key=value")
-        bench.add_argument("--output", help="the job's output directory, holding teacher/ (default: the cache's "
-                                            "runs/<name>)")
+        bench.add_argument("--output", help="the job's output directory, holding teacher/ (bench-online: data/; "
+                                            "default: the cache's runs/<name>)")
         bench.add_argument("--batches", type=int, default=4)
         bench.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
         bench.add_argument("--out", help="write the report as JSON here")

@@ -97,3 +97,19 @@ def test_a_job_trains_online_on_a_corpus_and_a_grown_corpus_is_a_new_input(ray_l
     capsys.readouterr()
     assert main(["run", str(path), "--stages", "data", "--output", str(out)]) == 2
     assert "corpus_digest" in capsys.readouterr().err
+
+
+def test_the_online_benchmark_times_both_modes_on_the_same_batches(teacher_dir):  # noqa: F811
+    from ppdkit.data_pipeline.config import TeacherConfig
+    from ppdkit.trainer.bench_online import MODES, online_benchmark
+
+    report = online_benchmark(BASE, EAGLE3_TRAIN, TeacherConfig(compute_dtype="float32", top_k=16),
+                              teacher_dir.parent / "data", batches=2, threads=1)
+    assert [r["mode"] for r in report["results"]] == list(MODES)
+    first, second = report["results"]
+    assert first["positions"] == second["positions"] > 0 and first["tokens"] == second["tokens"]
+    assert report["speedup"] > 0 and report["threads"] == 1
+    # the warm-up batch, then each timed sequence off the clock and on it
+    assert report["base_forwards"] == EAGLE3_TRAIN.micro_batch * (1 + 2 * 2)
+    with pytest.raises(ValueError, match="train.online trains eagle3"):
+        online_benchmark(BASE, TrainConfig(method="feature-head"), TeacherConfig(), teacher_dir.parent / "data")

@@ -15,6 +15,7 @@ those of the model `ppdkit decode` verifies with), else through transformers.
 """
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ from ppdkit.runtime.llama import LeanLlama
 
 log = logging.getLogger(__name__)
 ONLINE_KEEP_BYTES = 2e9  # a worker's kept targets and features: past it they are computed at every visit
+RECENT = 64  # sequences kept past the budget, the latest read: more than a micro-batch holds
 
 
 @dataclass
@@ -81,6 +83,7 @@ class OnlineTeacher:
         self.runtime = runtime if runtime is not None and runtime.native is not None else None
         self.layer: int | tuple[int, ...] | None = None  # the features the method reads (FeatureCache's layer)
         self._known: dict[tuple[str, int], _Computed] = {}
+        self._recent: OrderedDict[tuple[str, int], _Computed] = OrderedDict()
         self.kept_bytes = 0
         self.forwards = 0  # base forwards run: what the positions/s figures pay for
 
@@ -98,14 +101,24 @@ class OnlineTeacher:
 
     def computed(self, seq: OnlineSequence) -> _Computed:
         key = (seq.split, seq.row)
-        found = self._known.get(key)
+        found = self._known.get(key) or self._recent.get(key)
         if found is None:
             found = self._forward(seq)
             self.forwards += 1
             if self.kept_bytes + found.nbytes <= self.keep_bytes:
                 self._known[key] = found
                 self.kept_bytes += found.nbytes
+            else:  # past the budget: kept for the rest of its batch only (a step reads a sequence's fields apart)
+                self._recent[key] = found
+                while len(self._recent) > RECENT:
+                    self._recent.popitem(last=False)
         return found
+
+    def forget(self) -> None:
+        """Drop every kept result (a benchmark's next mode computes them again)."""
+        self._known.clear()
+        self._recent.clear()
+        self.kept_bytes = 0
 
     def _forward(self, seq: OnlineSequence) -> _Computed:
         with torch.no_grad():

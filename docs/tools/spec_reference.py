@@ -149,8 +149,8 @@ def _intro() -> list[str]:
         f"Field(description=...) and run `{COMMAND}`, do not edit this page. -->",
         "",
         "A job spec is a YAML file of sections, read by `ppdkit run`, `ppdkit demo`, `ppdkit submit`, "
-        "`ppdkit bench-insertion` and `bench-features`. `key=value` overrides after the spec's path set one key each, "
-        "in order (the last wins); the value is read as YAML (`64`, `0.5`, `true`, `null`, `[8, 16]`):",
+        "`ppdkit bench-insertion`, `bench-features` and `bench-online`. `key=value` overrides after the spec's path set "
+        "one key each, in order (the last wins); the value is read as YAML (`64`, `0.5`, `true`, `null`, `[8, 16]`):",
         "",
         "```",
         "ppdkit run jobs/configs/demo.yaml data.limit=64 base_model.quantization=none",
