@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.models.loading import load_base_model
+from ppdkit.runtime.linear import SKINNY_MAX_ROWS
 from ppdkit.runtime.native import cpu_info
 from ppdkit.runtime.precision import resolve_dtype
 
@@ -35,8 +36,7 @@ from .conversations import Conversation, MalformedRow, ReadReport, to_conversati
 from .corpus import Corpus, CorpusError, CorpusRow, answer_spans, append_shard, create_corpus, drop_unlisted
 from .prompt_kinds import KINDS
 from .readers import SOURCES, iter_rows
-from .regenerate import regenerate_conversations
-from .teacher_stage import regeneration_runtime
+from .regenerate import regenerate_conversations, regeneration_runtime
 from .templating import encode_conversation
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ class CorpusConfig(Section):
     temperature: float = Field(0.0, ge=0.0, description="of the answers: 0 is greedy, what the draft is measured on")
     prompt_temperature: float = Field(PROMPT_TEMPERATURE, gt=0.0, description="of the user turns the model writes")
     seed: int = Field(0, description="each turn draws with regenerate.turn_seed(seed, conversation, turn)")
-    generate_batch: int = Field(64, ge=1, le=96, description="conversations decoded together (continuous batching)")
+    generate_batch: int = Field(64, ge=1, le=4096, description="conversations decoded together: the runtime's slots "
+                                "(continuous batching, at most 96 rows), or transformers' batch on a GPU")
     rows_per_shard: int = Field(128, ge=1, description="source rows a shard takes (the unit of resume)")
     mix: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_MIX),
                                   description="source -> share of the corpus's tokens")
@@ -123,8 +124,10 @@ def next_source(corpus: Corpus, mix: dict[str, float], ended: set[str]) -> str |
     return min(open_sources, key=lambda s: tokens[s] / mix[s]) if open_sources else None
 
 
-def next_row(corpus: Corpus, source: str) -> int:
-    return max((s["first"] + s["count"] for s in corpus.shards if s["source"] == source), default=0)
+def next_row(corpus: Corpus, source: str, seed: int) -> int:
+    """The first row of `source` no shard of this seed has taken (another seed writes other prompts and answers)."""
+    return max((s["first"] + s["count"] for s in corpus.shards
+                if s["source"] == source and s["settings"]["seed"] == seed), default=0)
 
 
 def shard_name(source: str, seed: int, first: int) -> str:
@@ -151,9 +154,10 @@ def _conversations(taken: list, report: ReadReport, index: BenchmarkIndex) -> li
 def write_conversations(loaded, runtime, convs: list[Conversation], cfg: CorpusConfig, source: str,
                         index: BenchmarkIndex, report: ReadReport, on_tokens) -> list[CorpusRow]:
     """The model's own versions of `convs` as corpus rows; what cannot be kept is counted in `report`."""
+    slots = cfg.generate_batch if runtime is None else min(cfg.generate_batch, SKINNY_MAX_ROWS)
     new = regenerate_conversations(loaded.model, loaded.tokenizer, convs, max_new_tokens=cfg.max_new_tokens,
                                    max_length=cfg.max_length, temperature=cfg.temperature, seed=cfg.seed,
-                                   batch_size=cfg.generate_batch, runtime=runtime,
+                                   batch_size=slots, runtime=runtime,
                                    prompt_temperature=cfg.prompt_temperature, on_tokens=on_tokens)
     rows = []
     for old, conv in zip(convs, new):
@@ -175,22 +179,25 @@ def write_conversations(loaded, runtime, convs: list[Conversation], cfg: CorpusC
     return rows
 
 
-def _writer() -> dict:
-    """Who writes: the dtype and the CPU (greedy answers are the model's in that dtype, on those kernels)."""
+def _writer(device: str) -> dict:
+    """Who writes: the dtype and the CPU or GPU (greedy answers are the model's in that dtype, on those kernels)."""
     info = cpu_info()
     flags = set(info.get("flags", "").split())
     units = [f for f in ("amx_bf16", "avx512_bf16", "avx512_vnni", "avx512f", "avx2") if f in flags]
-    return {"cpu": info.get("model name") or platform.processor(), "cpu_units": units}
+    gpu = {"gpu": torch.cuda.get_device_name(device)} if torch.device(device).type == "cuda" else {}
+    return {"cpu": info.get("model name") or platform.processor(), "cpu_units": units, **gpu}
 
 
 def grow_corpus(root: Path, cfg: CorpusConfig, max_shards: int | None = None, hours: float | None = None,
-                threads: int | None = None) -> GrowReport:
-    """Append shards to the corpus at `root` (made if absent) until `max_shards`, `hours` or the sources end."""
+                threads: int | None = None, device: str = "cpu") -> GrowReport:
+    """Append shards to the corpus at `root` (made if absent) until `max_shards`, `hours` or the sources end. On a GPU
+    (`device` cuda) the model writes through transformers' generate in batches of generate_batch."""
     if threads:
         torch.set_num_threads(threads)
     started = time.time()
-    dtype = resolve_dtype(cfg.compute_dtype)
+    dtype = resolve_dtype(cfg.compute_dtype, device)
     loaded = load_base_model(cfg.base_model, "none", dtype)
+    loaded.model.to(device)
     runtime = regeneration_runtime(loaded, BaseModelConfig(name=cfg.base_model, quantization="none"), dtype,
                                    cfg.max_length)
     corpus = create_corpus(root, cfg.base_model, loaded.fingerprint, loaded.tokenizer, cfg.max_length)
@@ -199,7 +206,7 @@ def grow_corpus(root: Path, cfg: CorpusConfig, max_shards: int | None = None, ho
         log.info("corpus: dropped %d files no manifest entry lists (a stopped writer's): %s", len(dropped),
                  ", ".join(dropped))
     index = benchmark_index()
-    writer = {**_writer(), "compute_dtype": dtype, "engine": "runtime" if runtime is not None else "transformers"}
+    writer = {**_writer(device), "compute_dtype": dtype, "engine": "runtime" if runtime is not None else "transformers"}
     streams = {source: _Stream(source) for source in cfg.mix}
     ended: set[str] = set()
     report = GrowReport()
@@ -214,7 +221,7 @@ def grow_corpus(root: Path, cfg: CorpusConfig, max_shards: int | None = None, ho
             if source is None:
                 log.info("corpus: every source in the mix has ended")
                 break
-            first = next_row(corpus, source)
+            first = next_row(corpus, source, cfg.seed)
             taken = streams[source].take(first, cfg.rows_per_shard)
             if not taken:
                 ended.add(source)

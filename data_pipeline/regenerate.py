@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ppdkit.models.config import BaseModelConfig
+from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.batch import Request, decode_many
 from ppdkit.runtime.llama import LeanLlama, end_tokens
 
@@ -127,7 +129,7 @@ def regenerate_conversations(model, tokenizer, conversations: list[Conversation]
                            tokenizer.apply_chat_template(_answered_to(s.messages), tokenize=False,
                                                          add_generation_prompt=True)
                            for s in batch]
-                enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+                enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
                 torch.manual_seed(generator_seed)
                 generator_seed += 1
                 with torch.inference_mode():
@@ -174,3 +176,15 @@ def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conve
             if (ids := _advance(state, tokenizer, max_length)) is not None:  # first in line: while the segment
                 waiting.appendleft((request.key, ids))  # of its previous turn is free, it reads only the new turn
     return [Conversation(s.conv.id, tuple(_answered_to(s.messages))) for s in states]
+
+
+def regeneration_runtime(loaded, base: BaseModelConfig, dtype: str, max_length: int) -> LeanLlama | None:
+    """The model greedy regeneration decodes on, and an unquantized teacher's pass reads with: the decoder's own
+    (runtime/llama.py on the unquantized base in `dtype`, what `ppdkit decode` verifies with), so the regenerated
+    text is what the decoder would write. A 4-bit teacher loads that model beside it. None where the native
+    kernels cannot run it (transformers' generate and forward then)."""
+    model = loaded.model if base.quantization == "none" else load_base_model(base.name, "none", dtype).model
+    if next(model.parameters()).device.type != "cpu":
+        return None
+    runtime = LeanLlama(model, max_length + 1)
+    return runtime if runtime.native is not None else None

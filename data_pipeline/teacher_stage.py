@@ -39,10 +39,10 @@ from ppdkit.runtime.precision import resolve_dtype
 
 from .config import DataConfig, TeacherConfig
 from .conversations import Conversation, MalformedRow, ReadReport, to_write
-from .regenerate import regenerate_conversations
+from .regenerate import regenerate_conversations, regeneration_runtime
 from .teacher_cache import (FORMAT, ShardSequence, compress_head, compress_logits, mass_figures, read_rest_mass,
                             write_shard)
-from .templating import encode_conversation
+from .templating import encode_conversation, supervised_positions
 from .throughput import Throughput
 from .worker_log import log_to_file
 from .worker_memory import bound_kernel_caches, release_freed_memory
@@ -50,11 +50,6 @@ from .worker_memory import bound_kernel_caches, release_freed_memory
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "holdout")
-
-
-def supervised_positions(loss_mask: list[int]) -> list[int]:
-    """Positions t whose next token t+1 is an assistant token: where the teacher's distribution is a target."""
-    return [t for t in range(len(loss_mask) - 1) if loss_mask[t + 1]]
 
 
 def _has_turns_to_write(row: dict) -> bool:
@@ -219,18 +214,6 @@ class TeacherWorker:
             out.append({**r, "input_ids": enc.input_ids, "loss_mask": enc.loss_mask,
                         "messages": json.dumps(list(conv.messages))})
         return out
-
-
-def regeneration_runtime(loaded, base: BaseModelConfig, dtype: str, max_length: int) -> LeanLlama | None:
-    """The model greedy regeneration decodes on, and an unquantized teacher's pass reads with: the decoder's own
-    (runtime/llama.py on the unquantized base in `dtype`, what `ppdkit decode` verifies with), so the regenerated
-    text is what the decoder would write. A 4-bit teacher loads that model beside it. None where the native
-    kernels cannot run it (transformers' generate and forward then)."""
-    model = loaded.model if base.quantization == "none" else load_base_model(base.name, "none", dtype).model
-    if next(model.parameters()).device.type != "cpu":
-        return None
-    runtime = LeanLlama(model, max_length + 1)
-    return runtime if runtime.native is not None else None
 
 
 def regeneration_engine(runtime: LeanLlama | None) -> str:

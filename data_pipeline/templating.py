@@ -100,3 +100,8 @@ def encode_conversation(
         raise MalformedRow("no assistant tokens" if not conv.has_assistant_turn()
                            else f"no assistant tokens within max_length={max_length}")
     return TokenizedConversation(id=conv.id, input_ids=list(ids), loss_mask=mask)
+
+
+def supervised_positions(loss_mask: list[int]) -> list[int]:
+    """Positions t whose next token t+1 is an assistant token: where the teacher's distribution is a target."""
+    return [t for t in range(len(loss_mask) - 1) if loss_mask[t + 1]]

@@ -75,7 +75,8 @@ class Run:
         self.embed = base.model.get_input_embeddings().weight.detach().float()  # [V, H], frozen
         vocab_size = self.embed.shape[0]
         vocab = draft_vocabulary(cfg, train_sequences, vocab_size, init)  # [V']
-        self.vocab_index = inverse_index(vocab, vocab_size)
+        self.device = self.embed.device  # the base's: a GPU trains there (the module follows: .to(run.device))
+        self.vocab_index = inverse_index(vocab, vocab_size).to(self.device)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.eps, self.layers = config.rms_norm_eps, aux_layers(config.num_hidden_layers)
         shapes = expected_shapes(config, len(vocab))
@@ -84,8 +85,8 @@ class Run:
         self.module.register_buffer("draft_vocab", vocab)  # saved with every checkpoint and exported
         self.features = FeatureCache(base.model, self.layers, KEEP_FEATURE_BYTES)
         self.autocast = use_autocast(cfg.precision, self.embed.device)  # train.precision, auto resolved here
-        positions = torch.arange(config.max_position_embeddings)[None]
-        cos, sin = base.model.model.rotary_emb(torch.zeros(1), positions)  # the base's own rope: [1, P, D]
+        positions = torch.arange(config.max_position_embeddings, device=self.device)[None]
+        cos, sin = base.model.model.rotary_emb(torch.zeros(1, device=self.device), positions)  # base's rope [1, P, D]
         self.cos, self.sin = cos[0].float(), sin[0].float()
 
     def batch(self, sequences: list[ShardSequence], split: str) -> SequenceBatch:
@@ -94,7 +95,7 @@ class Run:
         ids = torch.zeros(b, longest + depth, dtype=torch.long)
         entry = torch.full((b, longest + depth), -1, dtype=torch.long)
         real = torch.zeros(b, longest, dtype=torch.bool)
-        fused = torch.zeros(b, longest, 3 * self.embed.shape[1])
+        fused = torch.zeros(b, longest, 3 * self.embed.shape[1], device=self.device)
         first = 0
         for row, seq in enumerate(sequences):
             n = len(seq.input_ids)
@@ -102,8 +103,10 @@ class Run:
             fused[row, :n] = self.features(seq, split)
             entry[row, seq.positions] = torch.arange(first, first + len(seq.positions))
             first += len(seq.positions)
-        return SequenceBatch(ids, real, fused, entry, torch.cat([s.topk_ids for s in sequences]),
-                             torch.cat([s.topk_logprobs for s in sequences]))
+        on = self.device
+        return SequenceBatch(ids.to(on), real.to(on), fused, entry.to(on),
+                             torch.cat([s.topk_ids.to(on) for s in sequences]),
+                             torch.cat([s.topk_logprobs.to(on) for s in sequences]))
 
     def unroll(self, w: dict[str, torch.Tensor], batch: SequenceBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The training-time test: per step k, (log-probabilities [N_k, V'] at the positions whose target has a

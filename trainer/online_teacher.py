@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ppdkit.data_pipeline.teacher_cache import compress_head, compress_logits
-from ppdkit.data_pipeline.teacher_stage import supervised_positions
+from ppdkit.data_pipeline.templating import supervised_positions
 from ppdkit.runtime.eagle3 import states_after
 from ppdkit.runtime.llama import LeanLlama
 
@@ -125,8 +125,9 @@ class OnlineTeacher:
             final, features = (self._on_runtime(seq.input_ids) if self.runtime is not None
                                else self._on_transformers(seq.input_ids))
             head = self.runtime.logits if self.runtime is not None else self.model.get_output_embeddings()
-            ids, logprobs, rest = (compress_head(head, final[seq.positions], self.top_k) if self.runtime is not None
-                                   else compress_logits(head(final[seq.positions]), self.top_k))
+            at = seq.positions.to(final.device)
+            ids, logprobs, rest = (compress_head(head, final[at], self.top_k) if self.runtime is not None
+                                   else compress_logits(head(final[at]), self.top_k))
         return _Computed(ids.to(torch.int32), logprobs.to(torch.float16), rest, features)
 
     def _on_runtime(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -143,7 +144,8 @@ class OnlineTeacher:
         return final, kept.to(torch.float16 if isinstance(self.layer, int) else torch.bfloat16)
 
     def _on_transformers(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = self.model.get_decoder()(input_ids=ids[None], output_hidden_states=self.layer is not None)
+        out = self.model.get_decoder()(input_ids=ids[None].to(self.model.device),
+                                       output_hidden_states=self.layer is not None)
         final = out.last_hidden_state[0]
         if self.layer is None:
             return final, final.to(torch.float16)
