@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -220,6 +221,31 @@ def append_shard(corpus: Corpus, name: str, rows: list[CorpusRow], record: dict)
     corpus.shards.append(entry)
     write_json_atomic(corpus.root / MANIFEST, corpus.manifest)
     return entry
+
+
+def merge_corpus(into: Corpus, other: Corpus) -> list[dict]:
+    """Copy `other`'s shards that `into` lacks (by file name) into it, each checked against its sha256 and both
+    corpora against one base model; returns the entries added. A GPU lane's corpus comes home this way."""
+    other.verify()
+    into.check_base_model(other.manifest["fingerprint"], other.manifest["tokenizer"])
+    if other.manifest["id_type"] != into.manifest["id_type"]:
+        raise CorpusError(f"corpus {other.root} stores ids as {other.manifest['id_type']}, {into.root} as "
+                          f"{into.manifest['id_type']}")
+    have = {Path(s["file"]).name for s in into.shards}
+    added = []
+    (into.root / SHARDS).mkdir(exist_ok=True)
+    for shard in other.shards:
+        name = Path(shard["file"]).name
+        if name in have:
+            continue
+        tmp = into.root / SHARDS / f".{name}.tmp"
+        shutil.copyfile(other.root / shard["file"], tmp)
+        os.replace(tmp, into.root / SHARDS / name)
+        entry = {**shard, "file": f"{SHARDS}/{name}"}
+        into.shards.append(entry)
+        write_json_atomic(into.root / MANIFEST, into.manifest)
+        added.append(entry)
+    return added
 
 
 def read_rows(corpus: Corpus, sources: Iterable[str] | None = None) -> list[CorpusRow]:

@@ -16,6 +16,7 @@ import fcntl
 import logging
 import platform
 import time
+from contextlib import contextmanager
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,21 +202,32 @@ def grow_corpus(root: Path, cfg: CorpusConfig, max_shards: int | None = None, ho
     runtime = regeneration_runtime(loaded, BaseModelConfig(name=cfg.base_model, quantization="none"), dtype,
                                    cfg.max_length)
     corpus = create_corpus(root, cfg.base_model, loaded.fingerprint, loaded.tokenizer, cfg.max_length)
-    lock = _only_writer(root)  # held until this process ends
-    if dropped := drop_unlisted(corpus):
-        log.info("corpus: dropped %d files no manifest entry lists (a stopped writer's): %s", len(dropped),
-                 ", ".join(dropped))
+    with only_writer(root):
+        if dropped := drop_unlisted(corpus):
+            log.info("corpus: dropped %d files no manifest entry lists (a stopped writer's): %s", len(dropped),
+                     ", ".join(dropped))
+        writer = {**_writer(device), "compute_dtype": dtype,
+                  "engine": "runtime" if runtime is not None else "transformers"}
+        log.info("corpus %s: %d shards, %d tokens; growing with %s on %s (%s)", root, len(corpus.shards),
+                 sum(s["tokens"] for s in corpus.shards), cfg.base_model, writer.get("gpu", writer["cpu"]), dtype)
+        report = GrowReport()
+        try:
+            _grow(corpus, cfg, loaded, runtime, writer, report, max_shards,
+                  None if hours is None else started + hours * 3600)
+        finally:
+            report.seconds = time.time() - started
+    return report
+
+
+def _grow(corpus: Corpus, cfg: CorpusConfig, loaded, runtime, writer: dict, report: GrowReport,
+          max_shards: int | None, deadline: float | None) -> None:
+    """Shard after shard into `report`, until `max_shards`, the deadline or the end of every source."""
     index = benchmark_index()
-    writer = {**_writer(device), "compute_dtype": dtype, "engine": "runtime" if runtime is not None else "transformers"}
     streams = {source: _Stream(source) for source in cfg.mix}
     ended: set[str] = set()
-    report = GrowReport()
-    log.info("corpus %s: %d shards, %d tokens; growing with %s on %s (%s)", root, len(corpus.shards),
-             sum(s["tokens"] for s in corpus.shards), cfg.base_model, writer["cpu"], dtype)
-    bar = tqdm(total=max_shards, desc="corpus shards", unit="shard")
-    try:
+    with tqdm(total=max_shards, desc="corpus shards", unit="shard") as bar:
         while max_shards is None or len(report.shards) < max_shards:
-            if hours is not None and time.time() - started > hours * 3600:
+            if deadline is not None and time.time() > deadline:
                 break
             source = next_source(corpus, cfg.mix, ended)
             if source is None:
@@ -248,21 +260,17 @@ def grow_corpus(root: Path, cfg: CorpusConfig, max_shards: int | None = None, ho
                 log.warning("corpus: %d rows of %s gave no conversation (%s); left out of this run",
                             len(taken), source, shard_report.describe())
                 ended.add(source)
-    finally:
-        bar.close()
-        lock.close()
-        report.seconds = time.time() - started
-    return report
 
 
-def _only_writer(root: Path):
-    """An exclusive lock on the corpus: two writers would each record shards the other's manifest lacks."""
-    lock = open(root / ".grow.lock", "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        raise CorpusError(f"corpus {root} is being grown by another process (it holds {root / '.grow.lock'}): "
-                          "wait for it, or stop it (its finished shards are kept)") from None
-    return lock
+@contextmanager
+def only_writer(root: Path):
+    """An exclusive lock on the corpus while it is written: two writers would each record shards the other's
+    manifest lacks."""
+    with open(root / ".grow.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CorpusError(f"corpus {root} is being written by another process (it holds {root / '.grow.lock'}):"
+                              " wait for it, or stop it (its finished shards are kept)") from None
+        yield
 

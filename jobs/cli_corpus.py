@@ -58,6 +58,17 @@ def cmd_corpus_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_corpus_merge(args: argparse.Namespace) -> int:
+    from ppdkit.data_pipeline.corpus import merge_corpus, open_corpus
+    from ppdkit.data_pipeline.corpus_grow import only_writer
+
+    into = open_corpus(_root(args, "smollm2-135m"))
+    with only_writer(into.root):
+        added = merge_corpus(into, open_corpus(Path(args.other).expanduser()))
+    print(f"merged {len(added)} shards ({sum(s['tokens'] for s in added)} tokens) into {into.root}")
+    return 0
+
+
 def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
     corpus = sub.add_parser("corpus", help="the self-distilled corpus: grow it, show it")
     actions = corpus.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -73,6 +84,11 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--corpus", help="corpus folder (default: the committed SmolLM2 corpus)")
     show.add_argument("--json", action="store_true", help="the figures as JSON")
     show.set_defaults(func=cmd_corpus_show)
+    merge = actions.add_parser("merge", help="copy another corpus's shards of the same base model into this one (a "
+                                            "GPU lane's, brought back through $OUT)")
+    merge.add_argument("other", help="the corpus folder whose shards come in")
+    merge.add_argument("--corpus", help="the corpus they go into (default: the committed SmolLM2 corpus)")
+    merge.set_defaults(func=cmd_corpus_merge)
     add_adopt_command(sub)
 
 
