@@ -148,6 +148,8 @@ def _conversations(taken: list, report: ReadReport, index: BenchmarkIndex) -> li
         if (item := index.match(prompt_text(conv.messages))) is not None:
             report.skip(f"row {where}", f"copies benchmark prompt {item.split(':')[0]}")
             continue
+        if conv.messages[-1]["role"] == "user":  # a last question left unanswered (chitchat's one-liners): answered
+            conv = Conversation(conv.id, (*conv.messages, {"role": "assistant", "content": ""}))
         convs.append(conv)
     return convs
 
