@@ -35,6 +35,15 @@ def feature_bytes(cache: TeacherCache) -> dict:
     return {"feature_bytes": size, "positions": positions, "feature_bytes_per_position": size / max(positions, 1)}
 
 
+def train_step(run, optimizer, chunk: list, seed: int) -> int:
+    """One optimizer step of `run` on `chunk` outside DeepSpeed (a benchmark's); returns its supervised positions."""
+    loss, positions = run.loss(run.module, chunk, random.Random(seed), 0)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return positions
+
+
 def features_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, batches: int = 4,
                        threads: int | None = None) -> dict:
     """Both modes on `batches` micro-batches (after one of warm-up), on `threads` CPU threads (None: as they are)
@@ -68,11 +77,7 @@ def _features_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir
     chunks = [seqs[i:i + cfg.micro_batch] for i in range(0, len(seqs), cfg.micro_batch)]
 
     def step(chunk, seed: int) -> int:
-        loss, positions = run.loss(run.module, chunk, random.Random(seed), 0)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return positions
+        return train_step(run, optimizer, chunk, seed)
 
     step(chunks[0], 0)  # warm-up
     totals = {name: {"seconds": 0.0, "positions": 0} for name in MODES}

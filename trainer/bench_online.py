@@ -7,7 +7,6 @@ corpus larger than a worker's memory does. The precomputed mode's targets and st
 before the clock starts: it leaves out the teacher stage that made them and the reading of them from disk.
 """
 
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.devices import torch_threads
 from ppdkit.runtime.precision import resolve_dtype
 
+from .bench_features import train_step
 from .methods import TRAINING_METHODS
 from .online_teacher import OnlineTeacher
 
@@ -55,11 +55,7 @@ def _online_benchmark(base_cfg, cfg, teacher_cfg, data_dir: Path, batches: int) 
     optimizer = torch.optim.AdamW(run.module.parameters(), lr=cfg.lr)
 
     def step(chunk, seed: int) -> int:
-        loss, positions = run.loss(run.module, chunk, random.Random(seed), 0)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return positions
+        return train_step(run, optimizer, chunk, seed)
 
     def precomputed(seq) -> _Precomputed:
         return _Precomputed(seq.row, seq.input_ids, seq.positions, seq.topk_ids, seq.topk_logprobs, seq.rest_mass,

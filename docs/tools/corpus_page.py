@@ -17,6 +17,9 @@ from pathlib import Path
 from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus
 from ppdkit.jobs.adopt import MEASURE, history_table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py, beside this script
+from page_check import write_or_check  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "corpus.md"
 COMMAND = "python docs/tools/corpus_page.py"
@@ -111,16 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when the committed page is out of date")
     args = parser.parse_args(argv)
-    page = render()
-    shown = OUT.relative_to(ROOT) if OUT.is_relative_to(ROOT) else OUT
-    if args.check:
-        if not OUT.is_file() or OUT.read_text() != page:
-            print(f"{shown} is out of date: run {COMMAND}", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(page)
-    print(f"wrote {shown}")
-    return 0
+    return write_or_check(OUT, render(), COMMAND, ROOT, args.check)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,19 @@
+"""What the generated pages' tools share: write the page, or with --check say that the committed one is out of date."""
+
+import sys
+from pathlib import Path
+
+
+def write_or_check(out: Path, page: str, command: str, root: Path, check: bool) -> int:
+    """Write `page` to `out` (0), or with `check` compare: 0 when the committed page is `page`, else 1 with the
+    command that makes it."""
+    shown = out.relative_to(root) if out.is_relative_to(root) else out
+    if check:
+        if not out.is_file() or out.read_text() != page:
+            print(f"{shown} is out of date: run {command}", file=sys.stderr)
+            return 1
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page)
+    print(f"wrote {shown}")
+    return 0
