@@ -29,8 +29,8 @@ class DataConfig(Section):
         from .readers import ENDLESS_SOURCES  # here: readers' import chain is not needed to read a config
 
         if self.source in ENDLESS_SOURCES and self.limit is None:
-            raise ValueError(f"data.source {self.source} has no end (the base model writes its prompts): set data.limit to "
-                             "the number of conversations to write")
+            raise ValueError(f"data.source {self.source} has no end (the base model writes its prompts): set "
+                             "data.limit to the number of conversations to write")
         return self
 
     def check_context(self, max_positions: int) -> None:

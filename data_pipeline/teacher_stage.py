@@ -248,7 +248,8 @@ def _header(base: BaseModelConfig, cfg: TeacherConfig, data: DataConfig, worker_
             "generation": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": cfg.seed,
                            "engine": worker_info["regeneration_engine"],
                            # only where every prompt is written (caches of other sources keep their headers)
-                           **({"prompt_temperature": cfg.prompt_temperature} if data.source.startswith("magpie") else {}),
+                           **({"prompt_temperature": cfg.prompt_temperature}
+                              if data.source.startswith("magpie") else {}),
                            # fixed batches of transformers' generate may change a row with its neighbours
                            **({"batch": cfg.generate_batch} if worker_info["regeneration_engine"] != "runtime" else {})}
             if cfg.regenerate else None, "max_length": data.max_length}
