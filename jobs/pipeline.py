@@ -88,10 +88,8 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
     # the workers read local directories, whatever their working directory
     cfg = ctx.spec.train.model_copy(update={key: str(local_component(key, ctx.spec.train, ctx.tracker))
                                             for key in components_named(ctx.spec.train)})
-    online = ({"data_dir": str(ctx.output / "data"), "compute_dtype": ctx.spec.teacher.compute_dtype,
-               "top_k": ctx.spec.teacher.top_k} if cfg.online else None)
     result = run_training(ctx.spec.base_model, cfg, ctx.output / "teacher", ctx.stage_dir, ctx.tracker.ref(),
-                          online=online)
+                          online=_online(ctx) if cfg.online else None)
     for folder in ("component", "plots"):
         ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
     figures = {"steps": result["steps"], "first_loss": result["first_loss"], "final_loss": result["final_loss"],
@@ -131,6 +129,12 @@ def local_component(key: str, cfg, tracker: Tracker) -> Path:
     return directory
 
 
+def _online(ctx: StageContext) -> dict[str, Any]:
+    """What train.online's base reads in place of a teacher cache: the data stage's rows, the teacher's settings."""
+    return {"data_dir": str(ctx.output / "data"), "compute_dtype": ctx.spec.teacher.compute_dtype,
+            "top_k": ctx.spec.teacher.top_k}
+
+
 def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     from ppdkit.models.artifact import add_files
     from ppdkit.trainer.calibrate import calibrate
@@ -144,7 +148,8 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
         return {"component": str(component), "calibrated": 0}
     cfg = ctx.spec.calibrate
     result = calibrate(ctx.spec.base_model.name, ctx.output / "train" / "component", ctx.output / "teacher", cfg.sizes,
-                       cfg.max_rank, cfg.sequences, cfg.groups_per_sequence, cfg.micro_batch)
+                       cfg.max_rank, cfg.sequences, cfg.groups_per_sequence, cfg.micro_batch,
+                       online=_online(ctx) if ctx.spec.train.online else None)
     add_files(component, json_files={"trees": result})
     ngram_figures = _write_ngram_table(ctx, component) if cfg.ngram_branches and result["kind"] == "ppd" else {}
     # the whole directory again: component.json now lists (and checksums) the trees and the n-gram table

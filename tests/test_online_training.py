@@ -59,10 +59,34 @@ def test_eagle3_trains_online_on_two_ray_workers_and_decodes_losslessly(teacher_
     assert decoder.generate(ids, 16, "eagle3-anpd").tokens == decoder.generate(ids, 16, "ar").tokens
 
 
-def test_online_is_eagle3s_and_computes_in_a_float_dtype():
-    with pytest.raises(ValueError, match="train.online trains eagle3"):
-        TrainConfig(method="feature-head", online=True)
-    with pytest.raises(ValueError, match="train.online trains eagle3"):
+def test_a_feature_head_trains_online_and_calibrates_on_the_data_stages_held_out_rows(teacher_dir, tmp_path):  # noqa: F811
+    """The feature head, online: trained on two Ray workers, then its trees calibrated on the held-out rows of the
+    data stage (no teacher cache anywhere), loadable and lossless."""
+    from test_training import TRAIN
+
+    from ppdkit.models.artifact import add_files
+    from ppdkit.trainer.calibrate import calibrate
+
+    online = {"data_dir": str(teacher_dir.parent / "data"), "compute_dtype": "float32", "top_k": 16}
+    cfg = TRAIN.model_copy(update={"method": "feature-head", "head_depth": 3, "draft_vocab": 128, "lr": 0.001,
+                                   "online": True})
+    result = run_training(BASE, cfg, tmp_path / "no-teacher", tmp_path / "train", TrackerRef(), online=online)
+    assert all(math.isfinite(loss) for _, loss in result["history"]) and "acc_top1_d1" in result["best"]
+    component = tmp_path / "train" / "component"
+    trees = calibrate("tiny-llama", component, tmp_path / "no-teacher", [4, 8], 10, 4, 4, 2, online=online)
+    assert trees["kind"] == "heads" and trees["split"] == "holdout" and trees["sequences"] > 0
+    assert set(trees["trees"]) == {"4", "8"} and trees["dtype"] == "float32"
+    add_files(component, json_files={"trees": trees})
+    decoder = Decoder.from_pretrained(component, dtype="float32", tree_size=8)
+    ids = [5, 17, 99, 5, 17, 99, 5, 17]
+    assert decoder.generate(ids, 16, "feature-head").tokens == decoder.generate(ids, 16, "ar").tokens
+
+
+def test_online_trains_the_heads_over_the_bases_states_and_computes_in_a_float_dtype():
+    assert TrainConfig(method="medusa", online=True).online
+    with pytest.raises(ValueError, match="train.online trains the drafts over the base's hidden states"):
+        TrainConfig(method="ept", online=True)
+    with pytest.raises(ValueError, match="keeps none on disk"):
         TrainConfig(method="eagle3", online=True, features_on_disk=True)
     with pytest.raises(SpecError, match="set teacher.compute_dtype auto"):
         spec_from_dict({"name": "x", "base_model": {"quantization": "none"}, "train": {"method": "eagle3",
@@ -111,5 +135,5 @@ def test_the_online_benchmark_times_both_modes_on_the_same_batches(teacher_dir):
     assert report["speedup"] > 0 and report["threads"] == 1
     # the warm-up batch, then each timed sequence off the clock and on it
     assert report["base_forwards"] == EAGLE3_TRAIN.micro_batch * (1 + 2 * 2)
-    with pytest.raises(ValueError, match="train.online trains eagle3"):
+    with pytest.raises(ValueError, match="bench-online measures eagle3, not feature-head"):
         online_benchmark(BASE, TrainConfig(method="feature-head"), TeacherConfig(), teacher_dir.parent / "data")

@@ -41,7 +41,7 @@ def online_benchmark(base_cfg, cfg, teacher_cfg, data_dir: Path, batches: int = 
 
 def _online_benchmark(base_cfg, cfg, teacher_cfg, data_dir: Path, batches: int) -> dict:
     if cfg.method != "eagle3":
-        raise ValueError(f"train.online trains eagle3, not {cfg.method}: benchmark it with train.method=eagle3")
+        raise ValueError(f"ppdkit bench-online measures eagle3, not {cfg.method}: set train.method=eagle3")
     dtype = resolve_dtype(teacher_cfg.compute_dtype)
     base = load_base_model(base_cfg.name, base_cfg.quantization, dtype, for_training=True)
     teacher = OnlineTeacher(base.model, teacher_cfg.top_k, keep_bytes=0)  # nothing kept past a batch: every visit

@@ -115,21 +115,46 @@ def acceptance_table(ranks: torch.Tensor, max_rank: int) -> list[list[float]]:
     return table
 
 
+def _online_held_out(base_name: str, online: dict, dtype: str | None, max_sequences: int):
+    """(base, held-out sequences, split, the engine) of train.online: the data stage's rows, the base on the runtime
+    where its native kernels run, as the online teacher trained on it."""
+    from datasets import load_from_disk
+
+    from ppdkit.runtime.precision import resolve_dtype
+
+    from .online_teacher import OnlineTeacher
+
+    base = load_base_model(base_name, quantization="none", dtype=dtype or resolve_dtype(online["compute_dtype"]))
+    teacher = OnlineTeacher(base.model, online["top_k"], keep_bytes=0)
+    data = Path(online["data_dir"])
+    split = "holdout" if (data / "holdout").exists() and len(load_from_disk(str(data / "holdout"))) else "train"
+    sequences = [s for s in teacher.sequences(load_from_disk(str(data / split)), split) if len(s.positions) > 1]
+    return base, sequences[:max_sequences], split, teacher.runtime
+
+
 def calibrate(base_name: str, component_dir: Path, teacher_dir: Path, sizes: list[int], max_rank: int,
-              max_sequences: int, groups: int, micro_batch: int, dtype: str | None = None) -> dict:
+              max_sequences: int, groups: int, micro_batch: int, dtype: str | None = None,
+              online: dict | None = None) -> dict:
     """`dtype` None: the one the teacher computed in, the model the decoder verifies with (the targets are its
-    greedy tokens)."""
-    cache = TeacherCache(teacher_dir)
-    dtype = dtype or cache.float_dtype
-    base = load_base_model(base_name, quantization="none", dtype=dtype)
+    greedy tokens). `online` (train.online: the data stage's directory, the teacher's compute_dtype and top_k): the
+    held-out sequences of the data stage, in place of the teacher cache in `teacher_dir`."""
+    runtime = None
+    if online is not None:
+        base, sequences, split, runtime = _online_held_out(base_name, online, dtype, max_sequences)
+        dtype = dtype or str(next(base.model.parameters()).dtype).removeprefix("torch.")
+    else:
+        cache = TeacherCache(teacher_dir)
+        dtype = dtype or cache.float_dtype
+        base = load_base_model(base_name, quantization="none", dtype=dtype)
+        split = "holdout" if cache.shards("holdout") else "train"
+        sequences = [s for s in cache.sequences(split) if len(s.positions) > 1][:max_sequences]
+        if dtype == cache.float_dtype:
+            runtime = teacher_runtime(base.model, cache)  # the teacher's engine
     component = read_component(component_dir, expect_fingerprint=base.fingerprint)
-    split = "holdout" if cache.shards("holdout") else "train"
-    sequences = [s for s in cache.sequences(split) if len(s.positions) > 1][:max_sequences]
     if "early_weight" in component.tensors:
         raise ValueError(f"{component_dir} is an early-head component: it prunes the trees of another component and "
                          "has none of its own to calibrate; run its job with --stages data,teacher,train")
     if "draft_vocab" in component.tensors:  # draft heads over the features (feature-head, medusa)
-        runtime = teacher_runtime(base.model, cache) if dtype == cache.float_dtype else None  # the teacher's engine
         ranks = head_guess_ranks(base.model, component, sequences, groups, runtime=runtime)
         table = acceptance_table(ranks, max_rank)
         kind, trees = "heads", head_trees(table, sizes)

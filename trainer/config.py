@@ -12,6 +12,9 @@ from .methods import TRAINING_METHODS
 MAX_TREE_SIZE = 1024
 
 
+ONLINE_HEADS = ("eagle3", "feature", "medusa")  # head kinds train.online trains: the base's states and targets only
+
+
 class TrainConfig(Section):
     execution_only = frozenset({"num_workers", "cpus_per_worker", "log_every"})
 
@@ -47,7 +50,7 @@ class TrainConfig(Section):
                                    "SmolLM2's EAGLE-3, about 17 GB for the large set). Computing them is about half "
                                    "of an EAGLE-3 step on 2 CPU cores, and an EAGLE-3 worker keeps only 2 GB of "
                                    "them in memory")
-    online: bool = Field(False, description="eagle3: no teacher cache: the frozen base computes each sequence's "
+    online: bool = Field(False, description="eagle3, feature-head, medusa: no teacher cache: the frozen base computes each sequence's "
                          "targets (its own LM head's top teacher.top_k on its final state, in teacher.compute_dtype) "
                          "and the hidden states the draft reads in the training step, one forward a sequence, kept "
                          "in memory up to 2 GB a worker (SpecForge's online mode); the teacher stage is skipped")
@@ -126,9 +129,9 @@ class TrainConfig(Section):
             set_here = [k for k in keys if getattr(self, k) != defaults[k].default]
             if set_here and not applies:
                 raise ValueError(f"{', '.join(set_here)} only apply to {owners}, not {self.method}")
-        if self.online and (method.head_kind != "eagle3" or self.features_on_disk):
-            raise ValueError("train.online trains eagle3 without a teacher cache (the feature head and Medusa calibrate "
-                             "their trees on it), and keeps no features on disk: use it with train.method eagle3 and "
+        if self.online and (method.head_kind not in ONLINE_HEADS or self.features_on_disk):
+            raise ValueError("train.online trains the drafts over the base's hidden states (eagle3, feature-head, "
+                             "medusa) and keeps none on disk: use it with one of those methods and "
                              "train.features_on_disk false")
         if self.init_from is not None and method.searches:
             raise ValueError(f"train.init_from: {self.method} trains no weights to start from; it searches (drop "
