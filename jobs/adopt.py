@@ -73,7 +73,11 @@ def adopt(candidate: Path, committed: Path, run_dir: Path | None = None, corpus_
     after, after_tokens = tokens_per_step(candidate, prompts)
     if before_tokens != after_tokens:  # both are greedy decoding of the same model: a difference is a bug
         raise RuntimeError("the two drafts gave different tokens for the same prompts: decoding is not lossless")
-    row = {"date": datetime.date.today().isoformat(), "candidate": str(candidate), "prompts": len(prompts),
+    # the candidate by its run (no machine path: the history is committed) and its draft vocabulary
+    row = {"date": datetime.date.today().isoformat(), "candidate": {"run": run_dir.name if run_dir else None,
+                                                                     **mine.run},
+           "draft_vocab": len(mine.tensors["draft_vocab"]) if "draft_vocab" in mine.tensors else None,
+           "prompts": len(prompts),
            "measure": {k: v for k, v in MEASURE.items() if k != "limit"}, "committed_tokens_per_step": round(before, 4),
            "candidate_tokens_per_step": round(after, 4), "corpus_tokens": corpus_tokens, **run_figures(run_dir),
            "adopted": after > before and not dry_run}
@@ -105,8 +109,8 @@ def _history(committed: Path) -> list[dict]:
 
 
 def history_table(rows: list[dict]) -> str:
-    head = ("| date | corpus tokens | positions trained | held-out top-1 d1-4 (start -> kept) | MT-Bench tokens per step "
-            "(committed -> candidate) | adopted |\n|---|---|---|---|---|---|\n")
+    head = ("| date | corpus tokens | positions trained | draft vocabulary | held-out top-1 d1-4 (start -> kept) | "
+            "MT-Bench tokens per step (committed -> candidate) | adopted |\n|---|---|---|---|---|---|---|\n")
 
     def top1(values) -> str:
         return "/".join(f"{v:.3f}".lstrip("0") for v in values) if values else "-"
@@ -116,6 +120,7 @@ def history_table(rows: list[dict]) -> str:
 
     return head + "".join(
         f"| {r['date']} | {count(r.get('corpus_tokens'))} | {count(r.get('trained_positions'))} | "
+        f"{r.get('draft_vocab') or '-'} | "
         f"{top1(r.get('heldout_top1_start'))} -> {top1(r.get('heldout_top1'))} | "
         f"{r['committed_tokens_per_step']:.3f} -> {r['candidate_tokens_per_step']:.3f} | "
         f"{'**yes**' if r['adopted'] else 'no'} |\n" for r in rows)
