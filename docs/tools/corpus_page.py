@@ -9,7 +9,6 @@ committed. The page reads:
     .venv/bin/python docs/tools/corpus_page.py --check   # exit 1 when the committed page is out of date
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus
 from ppdkit.jobs.adopt import MEASURE, history_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py, beside this script
-from page_check import write_or_check  # noqa: E402
+from page_check import page_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "corpus.md"
@@ -111,10 +110,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when the committed page is out of date")
-    args = parser.parse_args(argv)
-    return write_or_check(OUT, render(), COMMAND, ROOT, args.check)
+    return page_main(argv, __doc__, OUT, render, COMMAND, ROOT)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """What the generated pages' tools share: write the page, or with --check say that the committed one is out of date."""
 
+import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -17,3 +19,10 @@ def write_or_check(out: Path, page: str, command: str, root: Path, check: bool) 
     out.write_text(page)
     print(f"wrote {shown}")
     return 0
+
+
+def page_main(argv: list[str] | None, doc: str, out: Path, render: Callable[[], str], command: str, root: Path) -> int:
+    """A page tool's command line: write the page, or --check it."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when the committed page is out of date")
+    return write_or_check(out, render(), command, root, parser.parse_args(argv).check)

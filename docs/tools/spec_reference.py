@@ -8,7 +8,6 @@ annotations, `field.metadata`, `Field(description=...)`), so nothing here is wri
 changed bound reaches the page by rerunning this, and tests/test_docs_spec.py fails until someone does.
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from ppdkit.jobs.pipeline import STAGE_ORDER, STAGES
 from ppdkit.jobs.spec import JobSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py, beside this script
-from page_check import write_or_check  # noqa: E402
+from page_check import page_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "job-spec.md"
@@ -186,10 +185,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when the committed page is out of date")
-    args = parser.parse_args(argv)
-    return write_or_check(OUT, render(), COMMAND, ROOT, args.check)
+    return page_main(argv, __doc__, OUT, render, COMMAND, ROOT)
 
 
 if __name__ == "__main__":
