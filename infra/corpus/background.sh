@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The corpus job of every working session: `ppdkit corpus grow` on the committed corpus, in the background.
+#   bash infra/corpus/background.sh start    start it (its pid in $PIDFILE, its log in $LOG)
+#   bash infra/corpus/background.sh pause    SIGSTOP, while something is being timed
+#   bash infra/corpus/background.sh resume   SIGCONT
+#   bash infra/corpus/background.sh stage    pause, make docs/corpus.md again, `git add` corpus.json and exactly the
+#                                            shards it lists, resume: then commit
+#   bash infra/corpus/background.sh stop     SIGTERM (the shard being written is lost; the rest stay)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CACHE=${PPDKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ppdkit}
+PIDFILE=${PIDFILE:-$CACHE/corpus-grow.pid}
+LOG=${LOG:-$CACHE/corpus-grow.log}
+CORPUS=data_pipeline/corpora/smollm2-135m
+running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+signal() { if running; then kill "-$1" "$(cat "$PIDFILE")"; fi; }
+case "${1:-}" in
+start)
+    if running; then echo "already running: pid $(cat "$PIDFILE")"; exit 0; fi
+    mkdir -p "$CACHE"
+    setsid nohup .venv/bin/ppdkit corpus grow rows_per_shard=256 "${@:2}" >"$LOG" 2>&1 &
+    echo $! >"$PIDFILE"
+    echo "corpus job: pid $(cat "$PIDFILE"), log $LOG" ;;
+pause) signal STOP ;;
+resume) signal CONT ;;
+stop) signal TERM ;;
+stage)
+    signal STOP
+    trap 'signal CONT' EXIT
+    .venv/bin/python docs/tools/corpus_page.py
+    mapfile -t listed < <(.venv/bin/python -c "import json, sys; m = json.load(open(sys.argv[1]))
+print('\n'.join(sys.argv[2] + '/' + s['file'] for s in m['shards']))" "$CORPUS/corpus.json" "$CORPUS")
+    git add "$CORPUS/corpus.json" docs/corpus.md "${listed[@]}"
+    echo "staged corpus.json, docs/corpus.md and ${#listed[@]} shards: commit them" ;;
+*)
+    echo "usage: background.sh start [key=value ...] | pause | resume | stage | stop" >&2
+    exit 2 ;;
+esac
