@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -248,14 +247,11 @@ def merge_corpus(into: Corpus, other: Corpus) -> list[dict]:
     return added
 
 
-def read_rows(corpus: Corpus, sources: Iterable[str] | None = None) -> list[CorpusRow]:
-    """Every row of the (verified) corpus, in manifest order; only `sources`' shards when given."""
+def read_rows(corpus: Corpus) -> list[CorpusRow]:
+    """Every row of the (verified) corpus, in manifest order."""
     corpus.verify()
-    wanted = set(sources) if sources is not None else None
     rows = []
     for shard in corpus.shards:
-        if wanted is not None and shard["source"] not in wanted:
-            continue
         for r in pq.read_table(corpus.root / shard["file"]).to_pylist():
             rows.append(CorpusRow(id=r["id"], source=r["source"], input_ids=r["input_ids"],
                                   answer_spans=list(zip(r["answer_starts"], r["answer_ends"])), seed=r["seed"],

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -50,8 +51,8 @@ class CorpusConfig(Section):
     """How a corpus is grown; recorded with every shard it writes."""
 
     base_model: str = Field("smollm2-135m", min_length=1, description="the model that writes (catalog name or HF dir)")
-    compute_dtype: str = Field("auto", description="auto | float32 | bfloat16: the runtime's dtype (auto: bfloat16 "
-                                                   "on CPUs with AVX512-BF16), recorded per shard")
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="the runtime's dtype (auto: bfloat16 on CPUs with AVX512-BF16), recorded per shard")
     max_length: int = Field(512, ge=8, description="tokens a conversation may reach (later turns are not written)")
     max_new_tokens: int = Field(256, ge=1, description="tokens per written turn at most")
     temperature: float = Field(0.0, ge=0.0, description="of the answers: 0 is greedy, what the draft is measured on")
@@ -70,8 +71,6 @@ class CorpusConfig(Section):
             raise ValueError(f"corpus mix: unknown sources {unknown}; use packaged ones: {', '.join(SOURCES)}")
         if not any(w > 0 for w in self.mix.values()):
             raise ValueError("corpus mix: give at least one source a share above 0")
-        if self.compute_dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"compute_dtype {self.compute_dtype!r}: use auto, float32 or bfloat16")
         return self
 
 
@@ -84,7 +83,8 @@ class _Stream:
     rows: Iterator | None = None
     ended: bool = False
 
-    def take(self, first: int, count: int) -> list[tuple[int, object]]:
+    def take(self, first: int, count: int) -> list[tuple[str, object]]:
+        """Rows first .. first + count - 1, as the reader gives them: (where, row or MalformedRow)."""
         if self.rows is None or self.position != first:
             self.rows, self.position = iter_rows(self.source), 0
             for _ in range(first):
@@ -97,7 +97,7 @@ class _Stream:
             if item is None:
                 self.ended = True
                 break
-            taken.append((self.position, item))
+            taken.append(item)
             self.position += 1
         return taken
 
@@ -139,14 +139,14 @@ def _conversations(taken: list, report: ReadReport, index: BenchmarkIndex) -> li
     convs = []
     for where, row in taken:
         try:
-            if isinstance(row[1], MalformedRow):
-                raise row[1]
-            conv = to_conversation(row[1], fallback_id=str(row[0]))
+            if isinstance(row, MalformedRow):
+                raise row
+            conv = to_conversation(row, fallback_id=where)
         except MalformedRow as e:
-            report.skip(f"row {where}", str(e))
+            report.skip(where, str(e))
             continue
         if (item := index.match(prompt_text(conv.messages))) is not None:
-            report.skip(f"row {where}", f"copies benchmark prompt {item.split(':')[0]}")
+            report.skip(where, f"copies benchmark prompt {item.split(':')[0]}")
             continue
         if conv.messages[-1]["role"] == "user":  # a last question left unanswered (chitchat's one-liners): answered
             conv = Conversation(conv.id, (*conv.messages, {"role": "assistant", "content": ""}))

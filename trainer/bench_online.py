@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from datasets import load_from_disk
 from tqdm import tqdm
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
@@ -47,8 +46,7 @@ def _online_benchmark(base_cfg, cfg, teacher_cfg, data_dir: Path, batches: int) 
     teacher = OnlineTeacher(base.model, teacher_cfg.top_k, keep_bytes=0)  # nothing kept past a batch: every visit
     # computes, as on a corpus larger than a worker's memory
     wanted = (batches + 1) * cfg.micro_batch
-    seqs = [s for s in teacher.sequences(load_from_disk(str(data_dir / "train")), "train")
-            if len(s.positions) > 1][:wanted]
+    seqs = teacher.split(data_dir, "train")[:wanted]
     if len(seqs) < wanted:
         raise ValueError(f"{data_dir} has {len(seqs)} training sequences: the benchmark needs {wanted}")
     run = TRAINING_METHODS[cfg.method].start(cfg, base, seqs, teacher=teacher)

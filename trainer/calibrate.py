@@ -116,20 +116,21 @@ def acceptance_table(ranks: torch.Tensor, max_rank: int) -> list[list[float]]:
 
 
 def _online_held_out(base_name: str, online: dict, dtype: str | None, max_sequences: int):
-    """(base, held-out sequences, split, the engine) of train.online: the data stage's rows, the base on the runtime
-    where its native kernels run, as the online teacher trained on it."""
-    from datasets import load_from_disk
-
+    """(base, its dtype, held-out sequences, split, the engine) of train.online: the data stage's rows, the base on
+    the runtime where its native kernels run, as the online teacher trained on it."""
     from ppdkit.runtime.precision import resolve_dtype
 
     from .online_teacher import OnlineTeacher
 
-    base = load_base_model(base_name, quantization="none", dtype=dtype or resolve_dtype(online["compute_dtype"]))
+    dtype = dtype or resolve_dtype(online["compute_dtype"])
+    base = load_base_model(base_name, quantization="none", dtype=dtype)
     teacher = OnlineTeacher(base.model, online["top_k"], keep_bytes=0)
-    data = Path(online["data_dir"])
-    split = "holdout" if (data / "holdout").exists() and len(load_from_disk(str(data / "holdout"))) else "train"
-    sequences = [s for s in teacher.sequences(load_from_disk(str(data / split)), split) if len(s.positions) > 1]
-    return base, sequences[:max_sequences], split, teacher.runtime
+    split = "holdout"
+    sequences = teacher.split(online["data_dir"], split)
+    if not sequences:
+        split = "train"
+        sequences = teacher.split(online["data_dir"], split)
+    return base, dtype, sequences[:max_sequences], split, teacher.runtime
 
 
 def calibrate(base_name: str, component_dir: Path, teacher_dir: Path, sizes: list[int], max_rank: int,
@@ -140,8 +141,7 @@ def calibrate(base_name: str, component_dir: Path, teacher_dir: Path, sizes: lis
     held-out sequences of the data stage, in place of the teacher cache in `teacher_dir`."""
     runtime = None
     if online is not None:
-        base, sequences, split, runtime = _online_held_out(base_name, online, dtype, max_sequences)
-        dtype = dtype or str(next(base.model.parameters()).dtype).removeprefix("torch.")
+        base, dtype, sequences, split, runtime = _online_held_out(base_name, online, dtype, max_sequences)
     else:
         cache = TeacherCache(teacher_dir)
         dtype = dtype or cache.float_dtype

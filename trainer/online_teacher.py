@@ -17,6 +17,7 @@ those of the model `ppdkit decode` verifies with), else through transformers.
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -99,6 +100,16 @@ class OnlineTeacher:
         """The data stage's rows (input_ids, loss_mask) as sequences, numbered in order like a cache's."""
         return [OnlineSequence(self, split, i, r["input_ids"], r["loss_mask"]) for i, r in enumerate(rows)]
 
+    def split(self, data_dir: Path, split: str) -> list[OnlineSequence]:
+        """The sequences of a data stage's split (none where it has no such split) with targets at two positions at
+        least, as a teacher cache's readers keep them."""
+        if not (Path(data_dir) / split).exists():
+            return []
+        from datasets import load_from_disk
+
+        rows = load_from_disk(str(Path(data_dir) / split))
+        return [s for s in self.sequences(rows, split) if len(s.positions) > 1]
+
     def computed(self, seq: OnlineSequence) -> _Computed:
         key = (seq.split, seq.row)
         found = self._known.get(key) or self._recent.get(key)
@@ -122,12 +133,13 @@ class OnlineTeacher:
 
     def _forward(self, seq: OnlineSequence) -> _Computed:
         with torch.no_grad():
-            final, features = (self._on_runtime(seq.input_ids) if self.runtime is not None
-                               else self._on_transformers(seq.input_ids))
-            head = self.runtime.logits if self.runtime is not None else self.model.get_output_embeddings()
-            at = seq.positions.to(final.device)
-            ids, logprobs, rest = (compress_head(head, final[at], self.top_k) if self.runtime is not None
-                                   else compress_logits(head(final[at]), self.top_k))
+            if self.runtime is not None:  # the LM head a block of rows at a time, as the teacher stage on it
+                final, features = self._on_runtime(seq.input_ids)
+                ids, logprobs, rest = compress_head(self.runtime.logits, final[seq.positions], self.top_k)
+            else:
+                final, features = self._on_transformers(seq.input_ids)
+                head = self.model.get_output_embeddings()
+                ids, logprobs, rest = compress_logits(head(final[seq.positions.to(final.device)]), self.top_k)
         return _Computed(ids.to(torch.int32), logprobs.to(torch.float16), rest, features)
 
     def _on_runtime(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -231,8 +231,6 @@ def train_loop_per_worker(config: dict) -> None:
 def _online_sequences(online: dict, base_cfg, cfg):
     """(base, OnlineTeacher, training sequences, held-out sequences) of the data stage's rows: targets and features
     computed by the base, in the dtype the teacher stage would have used, when a batch first reads them."""
-    from datasets import load_from_disk
-
     from ppdkit.models.loading import load_base_model
     from ppdkit.runtime.precision import resolve_dtype
 
@@ -241,10 +239,8 @@ def _online_sequences(online: dict, base_cfg, cfg):
     dtype = resolve_dtype(online["compute_dtype"])  # on the worker: its own CPU decides what auto means
     base = load_base_model(base_cfg.name, base_cfg.quantization, dtype, for_training=True)
     teacher = OnlineTeacher(base.model, online["top_k"], ONLINE_KEEP_BYTES)
-    data = Path(online["data_dir"])
-    train = [s for s in teacher.sequences(load_from_disk(str(data / "train")), "train") if len(s.positions) > 1]
-    holdout = ([s for s in teacher.sequences(load_from_disk(str(data / "holdout")), "holdout") if len(s.positions) > 1]
-               if (data / "holdout").exists() else [])[: cfg.eval_sequences]
+    train = teacher.split(online["data_dir"], "train")
+    holdout = teacher.split(online["data_dir"], "holdout")[: cfg.eval_sequences]
     log.info("train.online: targets (top-%d) and features from %s (%s, on %s) in the training step", online["top_k"],
              base_cfg.name, dtype, teacher.engine)
     return base, teacher, train, holdout
