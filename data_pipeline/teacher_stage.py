@@ -31,7 +31,7 @@ from tqdm import tqdm
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.paths import write_json_atomic
-from ppdkit.runtime.ar import read_prompt
+from ppdkit.runtime.drafter import read_prompt
 from ppdkit.runtime.decoder_loading import base_weights
 from ppdkit.runtime.dtypes import BLOCK_FORMATS
 from ppdkit.runtime.llama import LeanLlama

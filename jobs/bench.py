@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from ppdkit.data_pipeline.readers import read_conversations
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.methods import HEAD_TREE, METHODS, TREES, get_method
+from ppdkit.runtime.methods import METHODS, get_method
 from ppdkit.runtime.native import cpu_info
 from ppdkit.runtime.dtypes import DTYPES
 
@@ -71,7 +71,7 @@ def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: in
         return tokens, len(tokens), [], 0.0, []
     decoder.dynamic_size = method.endswith(DYNAMIC)
     result = decoder.generate(ids, max_new_tokens, method.removesuffix(DYNAMIC))
-    tree_method = {TREES, HEAD_TREE} & set(get_method(method.removesuffix(DYNAMIC)).needs)
+    tree_method = get_method(method.removesuffix(DYNAMIC)).sized
     fixed = [decoder.size] * (result.steps - 1) if tree_method else []  # a tree method, one size
     return result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows), result.rows_per_step
 

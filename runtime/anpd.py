@@ -9,14 +9,11 @@ acceptance keeps its longest verified prefix (runtime/acceptance.py), so the out
 Defaults N = 5, K = 7: the paper's choice (section 4.4), where longer contexts and chains stopped paying.
 """
 
-from collections.abc import Callable
-
 import torch
 
-from .acceptance import Sampling, pick
+from .drafter import Drafter, Proposal, Verified
 from .kv_cache import KVCache
 from .tree_layout import TreeLayout, shape_layout
-from .verify import verify_tree
 
 MAX_N, DRAFT_LENGTH = 5, 7
 
@@ -71,21 +68,20 @@ def chain_layout(length: int) -> TreeLayout:
     return shape_layout(tuple(range(-1, length)), (-1,) + (0,) * length)
 
 
-def decode_anpd(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-                generator: torch.Generator | None, sizer=None, max_n: int = MAX_N,
-                draft_length: int = DRAFT_LENGTH) -> None:
-    """Read the prompt ids [P], then draft-and-verify steps until `emit` says stop (one chain: `sizer` is None)."""
-    model = decoder.model
-    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
-    cache.commit(None, len(ids))
-    root = pick(model.logits(hidden[-1]), sampling, generator)
-    ngrams = AdaptiveNgram(ids.tolist(), max_n)
-    done = emit([root])
-    while not done:
-        ngrams.extend([root])
-        tokens = torch.tensor([root] + ngrams.draft(draft_length))  # [L + 1]
-        _, next_token, path = verify_tree(model, cache, chain_layout(len(tokens) - 1), tokens, sampling, generator)
-        accepted = tokens[path[1:]].tolist()
-        ngrams.extend(accepted)
-        root = next_token
-        done = emit(accepted + [next_token], rows=len(tokens))
+class AnpdDrafter(Drafter):
+    """A chain of up to `draft_length` guesses from the live text's n-grams of up to `max_n` tokens."""
+
+    def __init__(self, decoder, cache: KVCache, max_n: int = MAX_N, draft_length: int = DRAFT_LENGTH):
+        super().__init__(decoder, cache)
+        self.max_n, self.draft_length, self.ngrams = max_n, draft_length, None
+
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.ngrams = AdaptiveNgram(ids.tolist(), self.max_n)
+
+    def propose(self, root: int) -> Proposal:
+        self.ngrams.extend([root])
+        chain = self.ngrams.draft(self.draft_length)
+        return Proposal(torch.tensor([root] + chain), chain_layout(len(chain)))  # [L + 1]
+
+    def accept(self, proposal: Proposal, verified: Verified) -> None:
+        self.ngrams.extend(verified.accepted)

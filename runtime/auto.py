@@ -83,10 +83,3 @@ def fastest_method(decoder, refresh: bool = False) -> str:
     path.write_text(json.dumps({"machine": machine_key(), "methods": methods, "tokens_per_s": speeds,
                                 "chosen": chosen}, indent=2))
     return chosen
-
-
-def decode_auto(decoder, ids, cache, emit, sampling, generator, sizer=None) -> None:
-    """The chosen method's decode loop (Decoder.generate resolves auto before it sizes the cache)."""
-    from .methods import get_method
-
-    get_method(decoder.fastest_method()).decode(decoder, ids, cache, emit, sampling, generator, sizer=sizer)

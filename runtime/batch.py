@@ -8,7 +8,7 @@ step, so the weights are read once for all of them. A finished sequence's slot t
 256), and fixed batches would keep stepping for their longest member while the others wait finished.
 
 The cache is one preallocated KVCache cut into `slots` segments of `segment` positions. A request is prefilled
-alone, exactly as `ar` prefills (runtime/ar.py read_prompt), and its keys/values are copied into its segment. A segment keeps
+alone, exactly as `ar` prefills (runtime/drafter.py read_prompt), and its keys/values are copied into its segment. A segment keeps
 what it holds after its answer ends: a request that begins with those tokens (a conversation's next turn, its prompt
 the previous one's plus the answer) takes that segment and reads only the rest of its prompt. Its keys/values are
 the ones a prefill of the whole prompt writes, bit for bit: ar's prefill and a batched step both give every position
@@ -148,7 +148,7 @@ def _prefill(model: LeanLlama, cache: KVCache, scratch: KVCache, request: Reques
     scratch.k[..., :reuse] = cache.k[..., start:start + reuse]
     scratch.v[:, :, :reuse] = cache.v[:, :, start:start + reuse]
     scratch.rollback(reuse)
-    rest = torch.tensor(request.ids[reuse:])  # all of them where nothing is reused: ar's read_prompt, as it is
+    rest = torch.tensor(request.ids[reuse:])  # all of them where nothing is reused: read_prompt, as `ar` reads it
     hidden = model.forward(model.embed_ids(rest), torch.arange(reuse, n), scratch, None)  # [P - reuse, H]
     cache.k[..., start + reuse:start + n] = scratch.k[..., reuse:n]
     cache.v[:, :, start + reuse:start + n] = scratch.v[:, :, reuse:n]

@@ -26,9 +26,9 @@ from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight
 from .llama import LeanLlama, end_tokens
 from .lookup import root_only, with_lookup_chains
+from .loop import decode
 from .layer_skip import SkipDraft
-from .methods import (EAGLE3_DRAFT, EARLY_HEAD, FEATURE_HEAD, HEAD, HEAD_TREE, MEDUSA_HEADS, METHODS, PROMPT_TOKENS,
-                      SKIP_DRAFT, SKIP_MAP, TREES, get_method, lookup_rows)
+from .methods import METHODS, Need, get_method, lookup_rows
 from .pruning import EarlyHead
 from .ppd import PromptTokenSet
 from .tree import DynamicTree
@@ -229,7 +229,7 @@ class Decoder:
         sampling = Sampling(temperature, acceptance, epsilon, delta)
         method = self.fastest_method() if method == AUTO else method
         carried = self.carries()
-        missing = [need for need in get_method(method).needs if need not in carried]
+        missing = [need.value for need in get_method(method).needs if need not in carried]
         if missing:
             raise ValueError(f"method {method} needs {' and '.join(missing)}, which this decoder's component does "
                              f"not carry; its methods: {', '.join(self.methods())}")
@@ -292,9 +292,9 @@ class Decoder:
                 stream(tokens)
             return should_stop is not None and should_stop()
 
-        sizer = self.new_sizer() if {TREES, HEAD_TREE} & set(get_method(method).needs) else None
+        sizer = self.new_sizer() if get_method(method).sized else None
         self.pruned_rows = []
-        get_method(method).decode(self, ids, cache, emit, sampling, generator, sizer=sizer)
+        decode(get_method(method).build(self, cache, sizer), ids, emit, sampling, generator)
         out = out[:max_new_tokens]
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
                               self._tree_size(method), time.perf_counter() - started,
@@ -308,28 +308,9 @@ class Decoder:
         return {"drafter": "heads",
                 "draft_seconds": lambda size: draft_seconds(self.model, self.heads, self.head_trees[size])}
 
-    def carries(self) -> set[str]:
+    def carries(self) -> set[Need]:
         """What the loaded component provides, in the terms of runtime/methods.py's `needs`."""
-        found = set()
-        if self.prompts is not None:
-            found.add(PROMPT_TOKENS)
-            if self.prompts.head is not None:
-                found.add(HEAD)
-        if self.layouts:
-            found.add(TREES)
-        if self.heads is not None:
-            found.add(FEATURE_HEAD if self.heads.kind == "feature" else MEDUSA_HEADS)
-        if self.head_tree is not None:
-            found.add(HEAD_TREE)
-        if self.eagle3 is not None:
-            found.add(EAGLE3_DRAFT)
-        if self.early_head is not None:
-            found.add(EARLY_HEAD)
-        if self.skip_map is not None:
-            found.add(SKIP_MAP)
-        if self.skip_draft is not None:
-            found.add(SKIP_DRAFT)
-        return found
+        return {need for need, has in CARRIED.items() if has(self)}
 
     def methods(self) -> list[str]:
         """The decoding methods this decoder can run."""
@@ -337,14 +318,29 @@ class Decoder:
 
     def _tree_size(self, method: str) -> int:
         """The most rows one step of `method` feeds the model (lookup nodes carry no prompt tokens)."""
-        if HEAD_TREE in get_method(method).needs and self.head_tree is not None:
+        if Need.HEAD_TREE in get_method(method).needs and self.head_tree is not None:
             return max([self.head_tree.layout.size, *(t.layout.size for t in self.head_trees.values())])
         if get_method(method).grown and self.grown_nodes is not None:
             return self.grown_nodes
-        if TREES not in get_method(method).needs or not self.layouts:
+        if Need.TREES not in get_method(method).needs or not self.layouts:
             return get_method(method).chain_rows
         largest = max(layout.size for layouts in (self.layouts, *self.size_layouts.values()) for layout in layouts.values())
         return largest + (lookup_rows(self.lookup_chains) if get_method(method).lookup else 0)
 
     def _eos_ids(self) -> set[int]:
         return end_tokens(self.model, self.tokenizer)
+
+
+# how a decoder shows that it carries each need
+CARRIED: dict[Need, Callable[[Decoder], bool]] = {
+    Need.PROMPT_TOKENS: lambda d: d.prompts is not None,
+    Need.HEAD: lambda d: d.prompts is not None and d.prompts.head is not None,
+    Need.TREES: lambda d: bool(d.layouts),
+    Need.FEATURE_HEAD: lambda d: d.heads is not None and d.heads.kind == "feature",
+    Need.MEDUSA_HEADS: lambda d: d.heads is not None and d.heads.kind != "feature",
+    Need.HEAD_TREE: lambda d: d.head_tree is not None,
+    Need.EAGLE3_DRAFT: lambda d: d.eagle3 is not None,
+    Need.EARLY_HEAD: lambda d: d.early_head is not None,
+    Need.SKIP_MAP: lambda d: d.skip_map is not None,
+    Need.SKIP_DRAFT: lambda d: d.skip_draft is not None,
+}

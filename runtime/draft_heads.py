@@ -10,21 +10,18 @@ whatever they hold (greedy: identical to `ar`; sampled: its distribution).
 """
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ppdkit.models.draft_heads import draft_logits, feature_step, medusa_states
 
-from .acceptance import Sampling, choose, pick
+from .drafter import Drafter, Proposal, Verified
 from .kv_cache import KVCache
 from .linear import draft_blocks, draft_layers
-from .pruning import kept_path, pruned_forward
 from .tree import TreeState
 from .tree_layout import TreeLayout, layout_tree
 from .tree_sizer import TreeSizer
-from .verify import verify_tree
 
 
 @dataclass
@@ -116,42 +113,25 @@ def draft_seconds(model, heads: DraftHeadSet, tree: HeadTree, repeats: int = 7) 
     return times[len(times) // 2]
 
 
-def _pruned_step(decoder, cache: KVCache, layout: TreeLayout, tokens: torch.Tensor, sampling: Sampling,
-                 generator: torch.Generator | None):
-    """A verification with ProPD's early pruning (runtime/pruning.py): (the kept node's hidden state, the next
-    token, the kept path)."""
-    model = decoder.model
-    hidden, keep, alive = pruned_forward(model, cache, model.embed_ids(tokens), cache.length + layout.offsets,
-                                         layout.mask_after(cache.length), layout, tokens,
-                                         decoder.early_head)  # [N, H], [S], [N]
-    logits = torch.zeros(layout.nodes, model.vocab_size, dtype=hidden.dtype)
-    logits[keep] = model.logits(hidden[keep])  # the LM head on the survivors only
-    final, next_token = choose(tokens, logits, layout.links, sampling, generator, alive)
-    path = layout.paths[final]
-    cache.commit(kept_path(path, keep, layout.size), len(keep))
-    decoder.pruned_rows.append(layout.size - len(keep))
-    return hidden[final], next_token, path
+class HeadsDrafter(Drafter):
+    """The heads' calibrated tree (the decoder's one size, or `sizer`'s choice each step) drafted from the final
+    hidden state of the token verified last; `prune` drops nodes after the early head's layer (runtime/pruning.py)."""
 
+    def __init__(self, decoder, cache: KVCache, sizer: TreeSizer | None = None, prune: bool = False):
+        super().__init__(decoder, cache)
+        self.sizer, self.early, self.feature = sizer, decoder.early_head if prune else None, None
 
-def decode_heads(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-                 generator: torch.Generator | None, sizer: TreeSizer | None = None, prune: bool = False) -> None:
-    """Read the prompt ids [P], then draft-and-verify steps until `emit` says stop; `sizer` picks each step's
-    tree size (runtime/tree_sizer.py), otherwise the decoder's one tree; `prune` drops nodes after the early
-    head's layer (runtime/pruning.py)."""
-    model, heads = decoder.model, decoder.heads
-    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
-    cache.commit(None, len(ids))
-    feature, root = hidden[-1], pick(model.logits(hidden[-1]), sampling, generator)
-    done = emit([root])
-    while not done:
-        tree = decoder.head_tree if sizer is None else decoder.head_trees[sizer.size]
-        layout, started = tree.layout, time.perf_counter()
-        tokens = draft(model, heads, tree, feature, root)  # [N]
-        if prune:
-            feature, next_token, path = _pruned_step(decoder, cache, layout, tokens, sampling, generator)
-        else:
-            feature, next_token, path = verify_tree(model, cache, layout, tokens, sampling, generator)
-        root = next_token
-        if sizer is not None:  # the draft's time counts: it is part of what a larger tree costs
-            sizer.observe(layout.size, time.perf_counter() - started, len(path))
-        done = emit(tokens[path[1:]].tolist() + [next_token], rows=layout.size)
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.feature = hidden[-1]
+
+    def propose(self, root: int) -> Proposal:
+        decoder = self.decoder
+        tree = decoder.head_tree if self.sizer is None else decoder.head_trees[self.sizer.size]
+        return Proposal(draft(self.model, decoder.heads, tree, self.feature, root), tree.layout)  # [N]
+
+    def accept(self, proposal: Proposal, verified: Verified) -> None:
+        self.feature = verified.hidden[verified.final]
+        if self.early is not None:
+            self.decoder.pruned_rows.append(verified.pruned)
+        if self.sizer is not None:  # the draft's time counts: it is part of what a larger tree costs
+            self.sizer.observe(proposal.layout.size, sum(verified.seconds.values()), len(verified.path))

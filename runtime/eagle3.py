@@ -13,15 +13,14 @@ come from the verification forward itself, run in segments that stop at the draf
 """
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from ppdkit.models.eagle3 import layer_input, layer_output, readout
 
-from .acceptance import Sampling, choose
-from .grown_tree import BEAM, DEPTH, Frontier, Proposals, StepCost, grow_and_verify, grow_level, level_logp, tree_nodes
+from .drafter import Proposal, Verified
+from .grown_tree import Frontier, GrownDrafter, Proposals, StepCost, grow_level, level_logp
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
 from .llama import LeanLlama, attention_bias, rotate
@@ -96,39 +95,36 @@ def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch
     return layer_output(attended, hidden, w, draft.eps)
 
 
-class Eagle3Drafter:
-    """EAGLE-3's side of a grown tree (runtime/grown_tree.py grow_and_verify): its draft cache, and the verified
-    positions waiting to be read into it (their fused states and tokens) until the next root is known."""
+class Eagle3Drafter(GrownDrafter):
+    """EAGLE-3's grown tree: its draft cache, and the verified positions waiting to be read into it (their fused
+    states and tokens) until the next root is known. The verification captures the base's states at its layers."""
 
-    def __init__(self, decoder, capacity: int, beam: int, depth: int):
-        self.model, self.draft = decoder.model, decoder.eagle3
+    def __init__(self, decoder, cache: KVCache, **grown):
+        super().__init__(decoder, cache, **grown)
+        self.draft = decoder.eagle3
+        self.capture = self.draft.layers
         # the committed rows, plus one per expanded node while a tree grows
-        self.cache = self.draft.new_cache(capacity + beam * depth + 1, self.model.dtype, self.model.device)
+        self.draft_cache = self.draft.new_cache(cache.capacity + self.beam * self.depth + 1, self.model.dtype,
+                                                self.model.device)
         self.pending_states = self.pending_tokens = None  # [R, 3H], [R]: verified, not yet in the draft cache
 
-    def prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         model = self.model
-        hidden, states = forward_with_states(model, model.embed_ids(ids), torch.arange(len(ids)), cache, None,
-                                             self.draft.layers)
-        cache.commit(None, len(ids))
+        hidden, states = forward_with_states(model, model.embed_ids(ids), torch.arange(len(ids)), self.cache, None,
+                                             self.capture)
+        self.cache.commit(None, len(ids))
         self.pending_states, self.pending_tokens = states, ids
+        self.prompt_read(ids, hidden)
         return model.logits(hidden[-1])
 
-    def verify(self, cache: KVCache, layout, tokens: torch.Tensor, sampling: Sampling,
-               generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
-        model, start = self.model, cache.length
-        hidden, states = forward_with_states(model, model.embed_ids(tokens), start + layout.offsets, cache,
-                                             layout.mask_after(start), self.draft.layers)  # [N, H], [N, 3H]
-        final, next_token = choose(tokens, model.logits(hidden), layout.links, sampling, generator)
-        path = layout.paths[final]
-        cache.commit(path, layout.size)
-        self.pending_states, self.pending_tokens = states[path], tokens[path]
-        return next_token, path
+    def accept(self, proposal: Proposal, verified: Verified) -> None:
+        super().accept(proposal, verified)
+        self.pending_states, self.pending_tokens = verified.states[verified.path], proposal.tokens[verified.path]
 
     def _read_verified(self, root: int) -> torch.Tensor:
         """Commit the pending positions' rows (each with the token after it; the last with `root`) -> the last
         row's h [H], whose guesses are the root's children."""
-        states, cache = self.pending_states, self.cache
+        states, cache = self.pending_states, self.draft_cache
         r, start = len(states), cache.length
         following = torch.cat([self.pending_tokens[1:], torch.tensor([root], device=states.device)])
         visible = torch.ones(r, start + r, dtype=torch.bool).tril(diagonal=start)  # causal over the cache
@@ -137,9 +133,9 @@ class Eagle3Drafter:
         cache.commit(None, r)
         return h[-1]
 
-    def propose(self, root: int, wanted: int, beam: int, depth: int, cost: StepCost | None = None) -> Proposals:
+    def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
         """The draft's proposals under `root`, grown as runtime/grown_tree.py's expand grows the feature head's."""
-        cache, draft = self.cache, self.draft
+        cache, draft, beam, depth = self.draft_cache, self.draft, self.beam, self.depth
         state = self._read_verified(root)[None]  # [m, H] the expanded nodes' h (the root alone first)
         committed = cache.length  # the verified rows, all kept: the tree's rows go after them
         rows = [[]]  # each expanded node's draft rows along its path (indices after the committed rows)
@@ -163,13 +159,3 @@ class Eagle3Drafter:
             cache.commit(None, len(rows))
         cache.rollback(committed)  # the tree's rows are dropped: only verified positions stay
         return found
-
-
-def decode_eagle3(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-                  generator: torch.Generator | None, sizer=None, *, nodes: int, ngrams: bool = False,
-                  beam: int = BEAM, depth: int = DEPTH, rate: float = 0.1) -> None:
-    """decode_grown with EAGLE-3's draft (`sizer` unused: the size is chosen per step, unless the decoder fixes it:
-    Decoder.grown_nodes, from tree_size)."""
-    nodes, beam = tree_nodes(decoder, nodes, beam)
-    grow_and_verify(decoder, Eagle3Drafter(decoder, cache.capacity, beam, depth), ids, cache, emit, sampling,
-                    generator, nodes=nodes, ngrams=ngrams, beam=beam, depth=depth, rate=rate)

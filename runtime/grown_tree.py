@@ -21,20 +21,18 @@ proposal could be among those n, whatever else is proposed (StepCost.floor), so 
 """
 
 import math
-import time
-from collections.abc import Callable
+from abc import abstractmethod
 from dataclasses import dataclass, field
 
 import torch
 
 from ppdkit.models.draft_heads import draft_logits, feature_step
 
-from .acceptance import Sampling, pick
 from .anpd import AdaptiveNgram
+from .drafter import Drafter, Proposal, Verified
 from .kv_cache import KVCache
 from .tree_layout import shape_layout
 from .tree_sizer import LatencyModel
-from .verify import verify_tree
 
 BEAM, DEPTH = 2, 5  # beams 2-3 and depths 4-6 measured alike on SmolLM2 (MT-Bench, HumanEval, 10 prompts each)
 CHAIN_LENGTH = 7  # ANPD's K
@@ -229,39 +227,70 @@ def latency_model(profile: dict | None, rows: int) -> LatencyModel:
     return model
 
 
-class FeatureDrafter:
-    """The feature head's side of a grown tree: it drafts from the last verified token's final hidden state."""
+class GrownDrafter(Drafter):
+    """A tree grown each step from a draft's confidence (`grow`: the feature head's, EAGLE-3's), with ANPD's chain
+    merged in (`ngrams`), of at most `nodes` nodes, sized per step by what rows cost here (or fixed: tree_nodes);
+    `rate` weighs a step in the running figures (guesses kept, their estimate, drafting time)."""
 
-    def __init__(self, decoder):
-        self.model, self.heads, self.feature = decoder.model, decoder.heads, None
+    def __init__(self, decoder, cache: KVCache, *, nodes: int, ngrams: bool = False, beam: int = BEAM,
+                 depth: int = DEPTH, rate: float = 0.1):
+        super().__init__(decoder, cache)
+        self.nodes, self.beam = tree_nodes(decoder, nodes, beam)
+        self.depth, self.rate, self.ngrams, self.chains = depth, rate, ngrams, None
+        self.fixed = decoder.grown_nodes is not None  # every tree takes the nodes - 1 best, whatever they cost
+        self.latency = latency_model(decoder.profile, self.nodes)
+        self.kept, self.estimated, self.drafting = 1.0, 1.0, 0.0  # running: guesses kept, their estimate, seconds
+        self.step: tuple[Proposals, list[int], list[int]] | None = None  # this step's proposals, chosen, chain
 
-    def prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Read the prompt ids [P] into the cache -> the last position's logits [V]."""
-        model = self.model
-        hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
-        cache.commit(None, len(ids))
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.chains = ChainSource(ids.tolist()) if self.ngrams else None
+
+    @abstractmethod
+    def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
+        """The draft's proposals under `root`, at least `wanted` when the levels allow and (`cost`) their rows pay."""
+
+    def propose(self, root: int) -> Proposal:
+        b0, b1 = self.latency.coefficients()
+        cost = None if self.fixed else StepCost([b0 + b1 * rows for rows in range(self.nodes + 1)],
+                                                self.kept / max(self.estimated, 1e-9), self.drafting)
+        found = self.grow(root, self.nodes - 1, cost)
+        chain = self.chains.draft(root) if self.chains else []
+        add_chain(found, chain, self.chains.rate if self.chains else 0.0)
+        chosen = by_value(found, self.nodes - 1)
+        if cost is not None:
+            chosen = chosen[:cost.count([found.values[i] for i in chosen])]
+        self.step = found, chosen, chain
+        return Proposal(torch.tensor([root] + [found.tokens[i] for i in chosen]),  # [N]
+                        shape_layout(*tree_shape(chosen, found.parents)))
+
+    def accept(self, proposal: Proposal, verified: Verified) -> None:
+        found, chosen, chain = self.step
+        rate = self.rate
+        self.drafting = (1 - rate) * self.drafting + rate * verified.seconds["draft"]
+        self.latency.observe(proposal.layout.size, verified.seconds["verify"])
+        self.kept = (1 - rate) * self.kept + rate * len(verified.accepted)
+        self.estimated = (1 - rate) * self.estimated + rate * sum(math.exp(found.values[i]) for i in chosen)
+        if self.chains:
+            self.chains.update(chain, verified.accepted, verified.next_token)
+
+
+class FeatureDrafter(GrownDrafter):
+    """The feature head's grown tree: it drafts from the last verified token's final hidden state."""
+
+    def __init__(self, decoder, cache: KVCache, **grown):
+        super().__init__(decoder, cache, **grown)
+        self.heads, self.feature = decoder.heads, None
+
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        super().prompt_read(ids, hidden)
         self.feature = hidden[-1]
-        return model.logits(hidden[-1])
 
-    def propose(self, root: int, wanted: int, beam: int, depth: int, cost: StepCost | None = None) -> Proposals:
-        return expand(self.model, self.heads, self.feature, root, wanted, beam, depth, cost)
+    def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
+        return expand(self.model, self.heads, self.feature, root, wanted, self.beam, self.depth, cost)
 
-    def verify(self, cache: KVCache, layout, tokens: torch.Tensor, sampling: Sampling,
-               generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
-        """One forward over the tree -> (the next token, the kept path's nodes); the path's entries committed."""
-        self.feature, next_token, path = verify_tree(self.model, cache, layout, tokens, sampling, generator)
-        return next_token, path
-
-
-def decode_grown(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-                 generator: torch.Generator | None, sizer=None, *, nodes: int, ngrams: bool = False,
-                 beam: int = BEAM, depth: int = DEPTH, rate: float = 0.1) -> None:
-    """Read the prompt ids [P], then grow-and-verify steps of at most `nodes` nodes until `emit` says stop (the size
-    is chosen per step: `sizer` is None; or fixed, tree_nodes). `ngrams` merges ANPD's chain into every tree; `rate`
-    weighs a step in the running figures (guesses kept, their estimate, drafting time)."""
-    nodes, beam = tree_nodes(decoder, nodes, beam)
-    grow_and_verify(decoder, FeatureDrafter(decoder), ids, cache, emit, sampling, generator, nodes=nodes,
-                    ngrams=ngrams, beam=beam, depth=depth, rate=rate)
+    def accept(self, proposal: Proposal, verified: Verified) -> None:
+        super().accept(proposal, verified)
+        self.feature = verified.hidden[verified.final]
 
 
 def tree_nodes(decoder, nodes: int, beam: int) -> tuple[int, int]:
@@ -271,41 +300,3 @@ def tree_nodes(decoder, nodes: int, beam: int) -> tuple[int, int]:
     if decoder.grown_nodes is None:
         return nodes, beam
     return decoder.grown_nodes, max(beam, round(decoder.grown_nodes ** 0.5))
-
-
-def grow_and_verify(decoder, drafter, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool],
-                    sampling: Sampling, generator: torch.Generator | None, *, nodes: int, ngrams: bool, beam: int,
-                    depth: int, rate: float) -> None:
-    """decode_grown's loop for any drafter with prefill, propose and verify (FeatureDrafter's; runtime/eagle3.py's
-    Eagle3Drafter). Where the decoder fixes the size (Decoder.grown_nodes, tree_nodes), every tree takes the
-    `nodes` - 1 most valuable proposals, whatever they cost."""
-    fixed = decoder.grown_nodes is not None
-    latency = latency_model(decoder.profile, nodes)
-    root = pick(drafter.prefill(ids, cache), sampling, generator)
-    chains = ChainSource(ids.tolist()) if ngrams else None
-    kept, estimated, drafting = 1.0, 1.0, 0.0  # running: guesses kept, their estimate, seconds of drafting
-    done = emit([root])
-    while not done:
-        started = time.perf_counter()
-        b0, b1 = latency.coefficients()
-        cost = None if fixed else StepCost([b0 + b1 * rows for rows in range(nodes + 1)],
-                                           kept / max(estimated, 1e-9), drafting)
-        found = drafter.propose(root, nodes - 1, beam, depth, cost)
-        chain = chains.draft(root) if chains else []
-        add_chain(found, chain, chains.rate if chains else 0.0)
-        chosen = by_value(found, nodes - 1)
-        if cost is not None:
-            chosen = chosen[:cost.count([found.values[i] for i in chosen])]
-        layout = shape_layout(*tree_shape(chosen, found.parents))
-        tokens = torch.tensor([root] + [found.tokens[i] for i in chosen])  # [N]
-        verifying = time.perf_counter()
-        drafting = (1 - rate) * drafting + rate * (verifying - started)
-        next_token, path = drafter.verify(cache, layout, tokens, sampling, generator)
-        latency.observe(layout.size, time.perf_counter() - verifying)
-        accepted = tokens[path[1:]].tolist()
-        kept = (1 - rate) * kept + rate * len(accepted)
-        estimated = (1 - rate) * estimated + rate * sum(math.exp(found.values[i]) for i in chosen)
-        if chains:
-            chains.update(chain, accepted, next_token)
-        root = next_token
-        done = emit(accepted + [next_token], rows=layout.size)

@@ -19,17 +19,15 @@ defaults of table 6). Drafts are the draft's greedy tokens: greedy output is the
 sampled output keeps the base model's distribution (runtime/acceptance.py).
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .acceptance import Sampling, pick
 from .anpd import chain_layout
+from .drafter import Drafter, Proposal, Verified
 from .kv_cache import KVCache
 from .linear import Linear
 from .llama import SKIP_ATTENTION, SKIP_MLP, LeanLlama
-from .verify import verify_tree
 
 MAX_DRAFT = 12  # K, table 6
 
@@ -108,22 +106,18 @@ def draft_chain(draft: SkipDraft, cache: KVCache, root: int, gamma: float, limit
     return chain
 
 
-def decode_skip(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-                generator: torch.Generator | None, sizer=None, draft_length: int = MAX_DRAFT,
-                fine_tuned: bool = False) -> None:
-    """Read the prompt ids [P], then draft-and-verify stages until `emit` says stop (`sizer` unused: the
-    chain's length is the draft's own choice). `fine_tuned`: the component's fine-tuned draft drafts, not the
-    base model with the skip map."""
-    model, exiting = decoder.model, DraftExit()
-    draft = decoder.skip_draft if fine_tuned else SkipDraft.of_base(model, decoder.skip_map)
-    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
-    cache.commit(None, len(ids))
-    root = pick(model.logits(hidden[-1]), sampling, generator)
-    done = emit([root])
-    while not done:
-        chain = draft_chain(draft, cache, root, exiting.gamma, draft_length)
-        tokens = torch.tensor([root] + chain)  # [L + 1]
-        _, next_token, path = verify_tree(model, cache, chain_layout(len(chain)), tokens, sampling, generator)
-        exiting.update((len(path) - 1) / len(chain))
-        root = next_token
-        done = emit(tokens[path[1:]].tolist() + [next_token], rows=len(tokens))  # the drafts' one-row forwards aside
+class SkipDrafter(Drafter):
+    """A chain of 1 to `draft_length` tokens from the layer-skipping draft, ended by the adaptive threshold. `fine_tuned`:
+    the component's fine-tuned draft drafts, not the base model with the decoder's skip map."""
+
+    def __init__(self, decoder, cache: KVCache, draft_length: int = MAX_DRAFT, fine_tuned: bool = False):
+        super().__init__(decoder, cache)
+        self.draft = decoder.skip_draft if fine_tuned else SkipDraft.of_base(decoder.model, decoder.skip_map)
+        self.draft_length, self.exiting = draft_length, DraftExit()
+
+    def propose(self, root: int) -> Proposal:
+        chain = draft_chain(self.draft, self.cache, root, self.exiting.gamma, self.draft_length)
+        return Proposal(torch.tensor([root] + chain), chain_layout(len(chain)))  # [L + 1]
+
+    def accept(self, proposal: Proposal, verified: Verified) -> None:
+        self.exiting.update(len(verified.accepted) / (len(proposal.tokens) - 1))

@@ -11,8 +11,6 @@ With exact matching every emitted token is the base model's greedy token for exa
 prefix: lossless.
 """
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -20,12 +18,13 @@ import torch
 from ppdkit.models.heads import apply_residual_head
 from ppdkit.models.prompt_tokens import aggregate_epts, ept_mask
 
-from .acceptance import Sampling, choose, pick
+from .acceptance import Sampling, pick
+from .drafter import Drafter, Proposal, Verified, verify
 from .kv_cache import KVCache
 from .llama import LeanLlama
 from .lookup import ContextIndex, draft_chains
 from .methods import LOOKUP_LENGTHS
-from .pruning import EarlyHead, kept_path, logit_owners, pruned_forward
+from .pruning import EarlyHead, logit_owners
 from .tree_layout import TreeLayout
 from .tree_sizer import TreeSizer
 
@@ -52,9 +51,10 @@ def guesses_from(model: LeanLlama, hidden: torch.Tensor, prompts: PromptTokenSet
     return model.logits(prompts.draft_states(hidden, slice(0, count))).topk(ranks, dim=-1).indices
 
 
-def prefill(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: PromptTokenSet, ranks: int,
-            sampling: Sampling = Sampling(), generator: torch.Generator | None = None) -> tuple[int, torch.Tensor]:
-    """Read the prompt [P] with all k prompt tokens behind its last token: (first token, guesses [k, ranks])."""
+def read_with_prompt_tokens(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: PromptTokenSet,
+                            ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read the prompt [P] with all k prompt tokens behind its last token: (its last position's logits [V], the
+    prompt tokens' guesses [k, ranks]); the prompt's cache entries committed, the prompt tokens' dropped."""
     p, kn = len(ids), prompts.k * prompts.n
     mask = torch.zeros(p + kn, p + kn, dtype=torch.bool)
     mask[:p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
@@ -64,10 +64,17 @@ def prefill(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: Prompt
     positions = torch.cat([torch.arange(p), p - 1 + torch.arange(prompts.k).repeat_interleave(prompts.n) + 1])
     x = torch.cat([model.embed_ids(ids), prompts.embeddings.to(model.dtype)])
     hidden = model.forward(x, cache.length + positions, cache, mask)
-    first = pick(model.logits(hidden[p - 1]), sampling, generator)
+    logits = model.logits(hidden[p - 1])
     guesses = guesses_from(model, hidden[p:], prompts, prompts.k, ranks)
     cache.commit(torch.arange(p), p + kn)
-    return first, guesses
+    return logits, guesses
+
+
+def prefill(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: PromptTokenSet, ranks: int,
+            sampling: Sampling = Sampling(), generator: torch.Generator | None = None) -> tuple[int, torch.Tensor]:
+    """read_with_prompt_tokens, its first token picked: (first token, guesses [k, ranks])."""
+    logits, guesses = read_with_prompt_tokens(model, cache, ids, prompts, ranks)
+    return pick(logits, sampling, generator), guesses
 
 
 @dataclass
@@ -79,12 +86,11 @@ class StepResult:
     pruned: int = 0  # rows early pruning dropped
 
 
-def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: TreeLayout, root: int,
-             guesses: torch.Tensor, ranks: int, sampling: Sampling = Sampling(),
-             generator: torch.Generator | None = None, chain: list[int] = (),
-             early: EarlyHead | None = None) -> StepResult:
-    """One verify-and-guess forward; `chain` fills the tree's lookup nodes (tree.lookup of them, chain after chain);
-    `early` prunes the tree after its layer (runtime/pruning.py)."""
+def ppd_proposal(model: LeanLlama, prompts: PromptTokenSet, tree: TreeLayout, root: int, guesses: torch.Tensor,
+                 chain: list[int] = (), pruned: bool = False) -> Proposal:
+    """The tree of a state: its guess nodes filled from `guesses` [k, ranks], `chain` in its lookup nodes
+    (tree.lookup of them, chain after chain), and every node's prompt-token slots behind the nodes (`pruned`: with
+    the nodes they belong to, which early pruning needs)."""
     if len(chain) != tree.lookup:
         raise ValueError(f"the tree has {tree.lookup} lookup nodes, {len(chain)} tokens were given")
     guessed = tree.nodes - tree.lookup
@@ -93,66 +99,67 @@ def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: Tr
     node_tokens[1:guessed] = guesses[tree.depths[1:guessed] - 1, tree.ranks[1:guessed]]
     node_tokens[guessed:] = torch.tensor(list(chain), dtype=torch.long)
     x = torch.cat([model.embed_ids(node_tokens), prompts.embeddings.to(model.dtype)[tree.slot_embedding]])
-    mask = tree.mask_after(cache.length)
-    positions = cache.length + tree.offsets
-    if early is None:
-        hidden, keep, alive = model.forward(x, positions, cache, mask), None, None  # [T, H]
-    else:  # dropped rows' hidden states are zero: no kept node's guesses read them
-        hidden, keep, alive = pruned_forward(model, cache, x, positions, mask, tree, node_tokens, early)
-    # One LM-head call for the nodes and every node's prompt tokens (EPTs aggregated first): the head
-    # reads its 28M weights once however many rows it gets.
-    slots = prompts.draft_states(hidden[tree.nodes:], tree.slot_distances)  # [sum c, H]
-    rows = torch.cat([hidden[:tree.nodes], slots])  # [N + sum c, H]
-    if alive is None:
-        logits = model.logits(rows)  # [N + sum c, V]
-    else:  # the survivors' rows only: a pruned node is never kept, so its rows are never read
-        live = alive[logit_owners(tree)].nonzero()[:, 0]
-        logits = rows.new_zeros(len(rows), model.vocab_size)
-        logits[live] = model.logits(rows[live])
-    final, next_token = choose(node_tokens, logits[:tree.nodes], tree.links, sampling, generator, alive)
-    path = tree.paths[final]
-    new_guesses = logits[tree.guess_rows[final]].topk(ranks, dim=-1).indices  # [count, ranks]
-    if keep is None:
-        cache.commit(path, tree.size)
-    else:
-        cache.commit(kept_path(path, keep, tree.size), len(keep))
-    return StepResult(node_tokens[path[1:]].tolist(), next_token, new_guesses, tree.prompts[final],
-                      0 if keep is None else tree.size - len(keep))
+    # the slots' aggregated states ride in the nodes' LM-head call: it reads its 28M weights once for all rows
+    return Proposal(node_tokens, tree, x, extra_readout=lambda hidden: prompts.draft_states(
+        hidden[tree.nodes:], tree.slot_distances), extra_owners=logit_owners(tree)[tree.nodes:] if pruned else None)
 
 
-def decode_ppd(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool], sampling: Sampling,
-               generator: torch.Generator | None, lookup: bool = False, head: bool = False,
-               sizer: TreeSizer | None = None, prune: bool = False) -> None:
-    """Decode until `emit` says stop: a prefill, then one tree step after another (`decoder`'s prompt tokens,
-    trees by state, lookup layouts). `lookup` adds the context's (and table's) chains under each root;
-    `head` reads the guesses through the component's custom decoding head, otherwise the base LM head alone;
-    `sizer` picks each step's tree size (runtime/tree_sizer.py), otherwise the decoder's one tree; `prune` drops
-    nodes (and their prompt tokens) after the early head's layer (runtime/pruning.py)."""
-    prompts = decoder.prompts if head else replace(decoder.prompts, head=None)
-    root, guesses = prefill(decoder.model, cache, ids, prompts, decoder.ranks, sampling, generator)
-    state = prompts.k
-    done = emit([root])
-    context = ContextIndex(ids.tolist() + [root]) if lookup else None
-    level = 0  # index into LOOKUP_LENGTHS
-    while not done:
-        size = None if sizer is None else sizer.size
-        layout, chain = (decoder.layouts if size is None else decoder.size_layouts[size])[state], []
-        if context is not None:
-            length = LOOKUP_LENGTHS[level]
-            chains = draft_chains(context, decoder.ngrams, 1 if level else decoder.lookup_chains, length)
+def next_guesses(tree: TreeLayout, verified: Verified, ranks: int) -> tuple[torch.Tensor, int]:
+    """The kept node's prompt tokens' guesses [count, ranks] and their count (the next state)."""
+    return verified.logits[tree.guess_rows[verified.final]].topk(ranks, dim=-1).indices, tree.prompts[verified.final]
+
+
+def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: TreeLayout, root: int,
+             guesses: torch.Tensor, ranks: int, sampling: Sampling = Sampling(),
+             generator: torch.Generator | None = None, chain: list[int] = (),
+             early: EarlyHead | None = None) -> StepResult:
+    """One verify-and-guess forward (the step PpdDrafter's proposals take in the decode loop); `early` prunes the
+    tree after its layer (runtime/pruning.py)."""
+    verified = verify(model, cache, ppd_proposal(model, prompts, tree, root, guesses, chain, early is not None),
+                      sampling, generator, early=early)
+    new_guesses, state = next_guesses(tree, verified, ranks)
+    return StepResult(verified.accepted, verified.next_token, new_guesses, state, verified.pruned)
+
+
+class PpdDrafter(Drafter):
+    """The prompt tokens' trees by state (the decoder's one size, or `sizer`'s choice each step). `lookup` adds the
+    context's (and table's) chains under each root; `head` reads the guesses through the component's custom
+    decoding head, otherwise the base LM head alone; `prune` drops nodes (and their prompt tokens) after the early
+    head's layer (runtime/pruning.py)."""
+
+    def __init__(self, decoder, cache: KVCache, sizer: TreeSizer | None = None, lookup: bool = False,
+                 head: bool = False, prune: bool = False):
+        super().__init__(decoder, cache)
+        self.prompts = decoder.prompts if head else replace(decoder.prompts, head=None)
+        self.sizer, self.lookup, self.early = sizer, lookup, decoder.early_head if prune else None
+        self.guesses, self.state, self.context, self.level = None, self.prompts.k, None, 0  # level: LOOKUP_LENGTHS
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        logits, self.guesses = read_with_prompt_tokens(self.model, self.cache, ids, self.prompts, self.decoder.ranks)
+        if self.lookup:
+            self.context = ContextIndex(ids.tolist())
+        return logits
+
+    def propose(self, root: int) -> Proposal:
+        decoder, size = self.decoder, None if self.sizer is None else self.sizer.size
+        layout, chain = (decoder.layouts if size is None else decoder.size_layouts[size])[self.state], []
+        if self.context is not None:
+            self.context.extend([root])
+            length = LOOKUP_LENGTHS[self.level]
+            chains = draft_chains(self.context, decoder.ngrams, 1 if self.level else decoder.lookup_chains, length)
             if chains:
-                layout = decoder.lookup_layout(state, len(chains), length, size)
+                layout = decoder.lookup_layout(self.state, len(chains), length, size)
                 chain = [t for c in chains for t in c]
-        started = time.perf_counter()
-        step = ppd_step(decoder.model, cache, prompts, layout, root, guesses, decoder.ranks, sampling, generator,
-                        chain, decoder.early_head if prune else None)
-        if prune:
-            decoder.pruned_rows.append(step.pruned)
-        if sizer is not None:
-            sizer.observe(layout.size, time.perf_counter() - started, len(step.accepted) + 1)
-        whole_chain = bool(chain) and step.state == 0 and len(step.accepted) == length
-        level = min(level + 1, len(LOOKUP_LENGTHS) - 1) if whole_chain else 0
-        done = emit(step.accepted + [step.next_token], rows=layout.size)
-        if context is not None:
-            context.extend(step.accepted + [step.next_token])
-        root, guesses, state = step.next_token, step.guesses, step.state
+        return ppd_proposal(self.model, self.prompts, layout, root, self.guesses, chain, self.early is not None)
+
+    def accept(self, proposal: Proposal, verified: Verified) -> None:
+        layout = proposal.layout
+        if self.early is not None:
+            self.decoder.pruned_rows.append(verified.pruned)
+        if self.sizer is not None:
+            self.sizer.observe(layout.size, sum(verified.seconds.values()), len(verified.accepted) + 1)
+        self.guesses, self.state = next_guesses(layout, verified, self.decoder.ranks)
+        whole_chain = layout.lookup > 0 and self.state == 0 and len(verified.accepted) == LOOKUP_LENGTHS[self.level]
+        self.level = min(self.level + 1, len(LOOKUP_LENGTHS) - 1) if whole_chain else 0
+        if self.context is not None:
+            self.context.extend(verified.accepted)

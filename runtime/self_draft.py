@@ -25,12 +25,12 @@ costs ~3x a one-token step, so ppdkit's defaults are smaller (runtime/methods.py
 
 import random
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from .acceptance import Sampling, choose, greedy_tokens, pick
+from .acceptance import greedy_tokens
+from .drafter import Drafter, Proposal, Verified
 from .kv_cache import KVCache
 from .tree_layout import TreeLayout, shape_layout
 
@@ -126,37 +126,34 @@ def step_inputs(tokens: list[int], layout: TreeLayout, branches: list[list[int]]
     return torch.tensor(tokens + sum(branches, [])), offsets, mask
 
 
-def decode_self_draft(decoder, ids: torch.Tensor, cache: KVCache, emit: Callable[[list[int]], bool],
-                      sampling: Sampling, generator: torch.Generator | None, sizer=None, branches: int = 2,
-                      branch_length: int = 4, gram: int = 3, candidates: int = 4, nodes: int = 0) -> None:
-    """Read the prompt ids [P], then steps of verification and drafting until `emit` says stop (`sizer` unused;
-    `nodes`, the most rows of a step, sizes the cache)."""
-    model = decoder.model
-    hidden = model.forward(model.embed_ids(ids), torch.arange(len(ids)), cache, None)  # [P, H]
-    cache.commit(None, len(ids))
-    root = pick(model.logits(hidden[-1]), sampling, generator)
-    text = ids.tolist() + [root]
-    drafts = Drafts.start(ids.tolist(), branches, branch_length, gram)
-    drafts.read_text(text)
-    done = emit([root])
-    while not done:
-        tokens, parents = trie(root, drafts.candidates(root, text, decoder.ngrams, candidates))
+class SelfDrafter(Drafter):
+    """The root's candidates from the context cache (and the corpus table) as a trie, and the drafting branches as
+    extra rows of the same forward; `nodes`, the most rows of a step, sizes the cache (Decoder._tree_size)."""
+
+    def __init__(self, decoder, cache: KVCache, branches: int = 2, branch_length: int = 4, gram: int = 3,
+                 candidates: int = 4, nodes: int = 0):
+        super().__init__(decoder, cache)
+        self.shape, self.candidates = (branches, branch_length, gram), candidates
+        self.drafts, self.text = None, []
+
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        branches, length, gram = self.shape
+        self.drafts, self.text = Drafts.start(ids.tolist(), branches, length, gram), ids.tolist()
+
+    def propose(self, root: int) -> Proposal:
+        self.text.append(root)
+        self.drafts.read_text(self.text)
+        tokens, parents = trie(root, self.drafts.candidates(root, self.text, self.decoder.ngrams, self.candidates))
         layout = shape_layout(parents, (-1,) + (0,) * (len(parents) - 1))  # ranks: unused by acceptance here
-        inputs, offsets, mask = step_inputs(tokens, layout, drafts.branches)
-        hidden = model.forward(model.embed_ids(inputs), cache.length + offsets, cache,
-                               torch.cat([torch.ones(len(inputs), cache.length, dtype=torch.bool), mask], 1))  # [T, H]
-        logits = model.logits(hidden)  # [T, V]
-        n = len(tokens)
-        final, next_token = choose(inputs[:n], logits[:n], layout.links, sampling, generator)
-        cache.commit(layout.paths[final], len(inputs))
-        guesses = greedy_tokens(logits[n:]).tolist()  # [rows of the branches]
+        inputs, offsets, mask = step_inputs(tokens, layout, self.drafts.branches)
+        return Proposal(inputs[:len(tokens)], layout, self.model.embed_ids(inputs), offsets, mask,
+                        extra_readout=lambda hidden: hidden[len(tokens):])  # the branches' rows
+
+    def accept(self, proposal: Proposal, verified: Verified) -> None:
+        guesses = greedy_tokens(verified.logits[proposal.layout.nodes:]).tolist()  # [rows of the branches]
         split, start = [], 0
-        for branch in drafts.branches:
+        for branch in self.drafts.branches:
             split.append(guesses[start:start + len(branch)])
             start += len(branch)
-        drafts.update(split)
-        accepted = inputs[layout.paths[final][1:]].tolist() + [next_token]
-        text += accepted
-        drafts.read_text(text)
-        root = next_token
-        done = emit(accepted, rows=len(inputs))
+        self.drafts.update(split)
+        self.text += verified.accepted

@@ -102,7 +102,7 @@ def test_features_are_computed_on_the_engine_the_teacher_ran_on(engine, dtype, p
     through transformers; without the native kernels here, through transformers with a warning."""
     from types import SimpleNamespace
 
-    from ppdkit.runtime.ar import read_prompt
+    from ppdkit.runtime.drafter import read_prompt
     from ppdkit.runtime.eagle3 import forward_with_states
     from ppdkit.trainer.features import FeatureCache, teacher_runtime
 

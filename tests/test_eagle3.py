@@ -24,6 +24,7 @@ from ppdkit.runtime.linear import QUANTIZED
 from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.decoder_loading import draft_matrices
+from ppdkit.runtime.drafter import Proposal, verify
 from ppdkit.models.eagle3 import readout
 from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows, forward_with_states, states_after
 from ppdkit.runtime.grown_tree import StepCost, by_value, level_logp
@@ -97,10 +98,10 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
         unrolled = run.unroll(tensors, batch)  # step k: rows at positions t whose entry t + 1 + k exists
     decoder = _decoder(model, tok, tensors, run.module.draft_vocab)
     lean, t = decoder.model, 5
-    drafter = Eagle3Drafter(decoder, 64, beam=1, depth=1)
-    drafter.prefill(ids[:t + 1], lean.new_cache(64))  # verified: positions 0 .. t
+    drafter = Eagle3Drafter(decoder, lean.new_cache(64), nodes=2, beam=1, depth=1)
+    drafter.prefill(ids[:t + 1])  # verified: positions 0 .. t
     h = drafter._read_verified(int(ids[t + 1]))[None]  # the root is token t + 1
-    cache, committed = drafter.cache, drafter.cache.length
+    cache, committed = drafter.draft_cache, drafter.draft_cache.length
     for k in range(3):
         logp = level_logp(readout(h, decoder.eagle3.weights, decoder.eagle3.eps))
         assert torch.allclose(logp[0], unrolled[k][0][t].float(), atol=1e-6), k
@@ -156,19 +157,22 @@ def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f
     vocab = torch.arange(VOCAB)
     decoder = _decoder(model, tok, _draft_tensors(model, vocab, 1, 0.3), vocab, torch.float64)
     ids = torch.tensor([random.Random(2).randrange(VOCAB) for _ in range(9)])
-    drafter = Eagle3Drafter(decoder, 64, beam=2, depth=4)
     cache = decoder.model.new_cache(64)
-    drafter.prefill(ids[:4], cache)
-    drafter.propose(int(ids[4]), 7, 2, 4)
-    assert drafter.cache.length == 4  # positions 0 .. 3; the tree's rows rolled back
+    drafter = Eagle3Drafter(decoder, cache, nodes=8, beam=2, depth=4)
+    drafter.prefill(ids[:4])
+    drafter.propose(int(ids[4]))
+    assert drafter.draft_cache.length == 4  # positions 0 .. 3; the tree's rows rolled back
     for t in range(4, 8):  # verify a one-node path at a time: the root ids[t], then ids[t + 1] is next
-        next_token, path = drafter.verify(cache, shape_layout((-1,), (-1,)), ids[t:t + 1], Sampling(), None)
-        drafter.propose(int(ids[t + 1]), 7, 2, 4)
-        assert drafter.cache.length == t + 1 and cache.length == t + 1
-    whole = Eagle3Drafter(decoder, 64, beam=2, depth=4)
-    whole.prefill(ids[:8], decoder.model.new_cache(64))
+        root_alone = Proposal(ids[t:t + 1], shape_layout((-1,), (-1,)))
+        verified = verify(decoder.model, cache, root_alone, Sampling(), None, drafter.capture)
+        verified.seconds = {"draft": 0.0, "verify": 0.0}
+        drafter.accept(root_alone, verified)
+        drafter.propose(int(ids[t + 1]))
+        assert drafter.draft_cache.length == t + 1 and cache.length == t + 1
+    whole = Eagle3Drafter(decoder, decoder.model.new_cache(64), nodes=8, beam=2, depth=4)
+    whole.prefill(ids[:8])
     whole._read_verified(int(ids[8]))
-    assert torch.allclose(drafter.cache.k[..., :8], whole.cache.k[..., :8], atol=1e-10)
+    assert torch.allclose(drafter.draft_cache.k[..., :8], whole.draft_cache.k[..., :8], atol=1e-10)
 
 
 def test_growth_stops_where_no_deeper_guess_would_be_verified(tiny_f64):
@@ -187,9 +191,9 @@ def test_growth_stops_where_no_deeper_guess_would_be_verified(tiny_f64):
         cost = StepCost([0.01 + b1 * rows for rows in range(17)], rng.uniform(0.5, 1.0), 0.002)
         trees, depths = [], []
         for step_cost in (cost, None):
-            drafter = Eagle3Drafter(decoder, 64, beam=3, depth=5)
-            drafter.prefill(ids[:5], decoder.model.new_cache(64))
-            found = drafter.propose(int(ids[5]), 15, 3, 5, step_cost)
+            drafter = Eagle3Drafter(decoder, decoder.model.new_cache(64), nodes=16, beam=3, depth=5)
+            drafter.prefill(ids[:5])
+            found = drafter.grow(int(ids[5]), 15, step_cost)
             chosen = by_value(found, 15)
             chosen = chosen[:cost.count([found.values[i] for i in chosen])]
             trees.append([(found.tokens[i], found.parents[i], found.depths[i]) for i in chosen])

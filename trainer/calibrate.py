@@ -17,7 +17,7 @@ from ppdkit.models.artifact import read_component
 from ppdkit.models.draft_heads import TENSORS, draft_logits, inverse_index, path_states
 from ppdkit.models.heads import HEAD_TENSORS
 from ppdkit.models.loading import load_base_model
-from ppdkit.runtime.ar import read_prompt
+from ppdkit.runtime.drafter import read_prompt
 from ppdkit.runtime.llama import LeanLlama
 from ppdkit.runtime.tree import best_tree_for_size, candidate_tree
 
