@@ -3,11 +3,16 @@
 import torch
 
 from .drafter import Drafter, Proposal
+from .kv_cache import KVCache
 from .tree_layout import shape_layout
 
 
 class PlainDrafter(Drafter):
     """Proposes nothing: each step verifies the root alone, so one forward gives one token."""
 
+    def __init__(self, decoder, cache: KVCache):
+        super().__init__(decoder, cache)
+        self.root_alone = shape_layout((-1,), (-1,))
+
     def propose(self, root: int) -> Proposal:
-        return Proposal(torch.tensor([root]), shape_layout((-1,), (-1,)))
+        return Proposal(torch.tensor([root]), self.root_alone)

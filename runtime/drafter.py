@@ -100,7 +100,7 @@ def verify(model: LeanLlama, cache: KVCache, proposal: Proposal, sampling: Sampl
     are committed, every other row's discarded."""
     layout, tokens = proposal.layout, proposal.tokens
     if proposal.rows == 1:  # the root alone: `ar`'s step, token for token
-        return _one_token(model, cache, tokens, sampling, generator, capture)
+        return _one_token(model, cache, tokens, layout.paths[0], sampling, generator, capture)
     x = model.embed_ids(tokens) if proposal.inputs is None else proposal.inputs  # [T, H]
     offsets = layout.offsets if proposal.offsets is None else proposal.offsets
     tree_mask = layout.mask if proposal.mask is None else proposal.mask
@@ -136,9 +136,9 @@ def verify(model: LeanLlama, cache: KVCache, proposal: Proposal, sampling: Sampl
                     0 if keep is None else rows - len(keep))
 
 
-def _one_token(model: LeanLlama, cache: KVCache, tokens: torch.Tensor, sampling: Sampling,
+def _one_token(model: LeanLlama, cache: KVCache, tokens: torch.Tensor, path: torch.Tensor, sampling: Sampling,
                generator: torch.Generator | None, capture: tuple[int, ...]) -> Verified:
-    """A step of the root alone: causal over the cache, its token picked from its own logits."""
+    """A step of the root alone (path: [0]): causal over the cache, its token picked from its own logits."""
     x, positions = model.embed_ids(tokens), torch.tensor([cache.length])
     states = None
     if capture:
@@ -149,5 +149,4 @@ def _one_token(model: LeanLlama, cache: KVCache, tokens: torch.Tensor, sampling:
         hidden = model.forward(x, positions, cache, None)  # [1, H]
     cache.commit(None, 1)
     logits = model.logits(hidden[-1])  # [V]
-    return Verified(torch.zeros(1, dtype=torch.long), pick(logits, sampling, generator), [], hidden, logits[None],
-                    states)
+    return Verified(path, pick(logits, sampling, generator), [], hidden, logits[None], states)
