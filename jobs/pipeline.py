@@ -78,10 +78,7 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
 
     method = TRAINING_METHODS[ctx.spec.train.method]
     if method.searches:  # no weights to train: a search on Ray Tune exports the component
-        import importlib
-
-        search = importlib.import_module(f"ppdkit.trainer.{method.run}").run_search
-        result = search(ctx.spec.base_model, ctx.spec.train, ctx.output / "data", ctx.stage_dir, ctx.tracker.ref())
+        result = method.runner()(ctx.spec.base_model, ctx.spec.train, ctx.output / "data", ctx.stage_dir, ctx.tracker.ref())
         for folder in ("component", "plots"):
             ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
         return result

@@ -246,7 +246,7 @@ def create_app(decoder: Decoder, name: str, default_method: str = "auto", limits
         stats.waiting += 1
 
     def finish_reason(result: GenerateResult, max_tokens: int, pieces: TextPieces) -> str:
-        ended = pieces.stopped or result.tokens[-1] in decoder._eos_ids()
+        ended = pieces.stopped or result.tokens[-1] in decoder.eos_ids()
         return "length" if len(result.tokens) >= max_tokens and not ended else "stop"
 
     def extras(result: GenerateResult) -> dict:
@@ -256,7 +256,7 @@ def create_app(decoder: Decoder, name: str, default_method: str = "auto", limits
     async def respond(ids: list[int], request: _Request, chat: bool):
         max_tokens, method = _check_supported(request, decoder, limits, default_method)
         try:  # a prompt too long for the model gets its 400 before a stream starts
-            decoder._fit_prompt(ids, max_tokens, method, None)
+            decoder.fit_prompt(ids, max_tokens, method, None)
         except ValueError as e:
             raise RequestError(400, str(e), "messages" if chat else "prompt") from None
         admit()

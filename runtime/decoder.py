@@ -235,14 +235,14 @@ class Decoder:
                              f"not carry; its methods: {', '.join(self.methods())}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
-        ids = self._fit_prompt(self.encode_chat(prompt) if isinstance(prompt, str) else list(prompt),
+        ids = self.fit_prompt(self.encode_chat(prompt) if isinstance(prompt, str) else list(prompt),
                                max_new_tokens, method, truncate)
         with self._lock, torch.inference_mode(), on_device(self.device):
             return self._generate(torch.tensor(ids, dtype=torch.long), max_new_tokens, method, stream, sampling,
                                   torch.Generator(self.device).manual_seed(seed) if seed is not None else None,
                                   should_stop)
 
-    def _fit_prompt(self, ids: list[int], max_new_tokens: int, method: str, truncate: str | None) -> list[int]:
+    def fit_prompt(self, ids: list[int], max_new_tokens: int, method: str, truncate: str | None) -> list[int]:
         """The prompt's ids if they leave room for the answer within max_length, else its last ids that do
         (truncate="left"), else a clear error."""
         if truncate not in (None, "left"):
@@ -274,7 +274,7 @@ class Decoder:
         out: list[int] = []
         per_step: list[int] = []
         rows_fed: list[int] = []
-        eos = self._eos_ids()
+        eos = self.eos_ids()
 
         def emit(tokens: list[int], rows: int | None = None) -> bool:
             """Append one step's tokens (`rows`: the inputs the step fed the model; None for the prompt's step);
@@ -327,7 +327,8 @@ class Decoder:
         largest = max(layout.size for layouts in (self.layouts, *self.size_layouts.values()) for layout in layouts.values())
         return largest + (lookup_rows(self.lookup_chains) if get_method(method).lookup else 0)
 
-    def _eos_ids(self) -> set[int]:
+    def eos_ids(self) -> set[int]:
+        """The token ids that end an answer (the model config's and the tokenizer's)."""
         return end_tokens(self.model, self.tokenizer)
 
 

@@ -120,7 +120,7 @@ def assert_gives_hf_greedy(decoder, model, method: str, ids: list[int], budget: 
     truth = hf_greedy(model, ids, budget)
     out = decoder.generate(ids, budget, method).tokens
     assert out == truth[:len(out)], case
-    assert len(out) == budget or out[-1] in decoder._eos_ids(), case
+    assert len(out) == budget or out[-1] in decoder.eos_ids(), case
 
 
 def kernels_or_skip(variant: str):

@@ -41,7 +41,7 @@ def _requests(decoder: Decoder, n: int, seed: int = 0) -> list[Request]:
 
 def _run(decoder: Decoder, requests: list[Request], slots: int, temperature: float = 0.0) -> dict[int, list[int]]:
     queue = list(requests)
-    answers = decode_many(decoder.model, lambda: queue.pop(0) if queue else None, decoder._eos_ids(), slots, SEGMENT,
+    answers = decode_many(decoder.model, lambda: queue.pop(0) if queue else None, decoder.eos_ids(), slots, SEGMENT,
                           temperature=temperature)
     return {request.key: tokens for request, tokens in answers}
 
@@ -89,7 +89,7 @@ def test_a_request_that_continues_a_finished_one_reads_only_its_new_tokens(dtype
     rng = random.Random(1)
     queue = _requests(decoder, 12, seed=1)
     answered = []
-    for request, tokens in decode_many(decoder.model, lambda: queue.pop(0) if queue else None, decoder._eos_ids(),
+    for request, tokens in decode_many(decoder.model, lambda: queue.pop(0) if queue else None, decoder.eos_ids(),
                                        slots=3, segment=SEGMENT):
         answered.append((request, tokens))
         follow = request.ids + tokens + [rng.randrange(3, decoder.model.vocab_size) for _ in range(rng.choice([1, 6]))]

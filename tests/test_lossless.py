@@ -120,7 +120,7 @@ def test_random_drafts_never_change_greedy_output(tiny_f64):
                  else _random_table(rng))
         decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 3))
         decoder.early_head = _random_early_head(g, model, rng.choice([1, 8, 128, VOCAB]), torch.float64)
-        eos = decoder._eos_ids()
+        eos = decoder.eos_ids()
         for method in ("ar", "ppd", "ppd-lookup", "ppd-head", "ppd-prune"):
             out = decoder.generate(ids, budget, method)
             assert out.tokens == truth[:len(out.tokens)], (case, method)

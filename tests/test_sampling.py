@@ -143,7 +143,7 @@ def first_two_tokens_follow_the_model(decoder, ids: list[int], method: str, draw
         every_x1 = torch.cat([torch.tensor(ids).expand(len(p1), -1), torch.arange(len(p1))[:, None]], 1)
         p2_given_x1 = torch.softmax(model(every_x1).logits[:, -1] / 0.7, -1)  # [V, V]
     p1_going_on = p1.clone()
-    p1_going_on[list(decoder._eos_ids())] = 0  # an end-of-sequence first token has no second token
+    p1_going_on[list(decoder.eos_ids())] = 0  # an end-of-sequence first token has no second token
     p2 = p1_going_on @ p2_given_x1  # the second token's marginal, through the step's own choice
     first, second = torch.zeros(len(p1)), torch.zeros(len(p1))
     for seed in range(draws):

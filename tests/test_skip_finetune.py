@@ -17,7 +17,7 @@ from ppdkit.runtime.layer_skip import DraftExit, SkipDraft
 from ppdkit.runtime.llama import LeanLlama
 from ppdkit.trainer.config import TrainConfig
 from ppdkit.trainer.skip_draft import DraftNorms, draft_states
-from ppdkit.trainer.skip_finetune_run import Run, aggressive_skip_map
+from ppdkit.trainer.skip_finetune_run import SkipFinetuneRun, aggressive_skip_map
 
 RANKING = ["mlp_1", "attention_0", "attention_1", "mlp_0"]
 
@@ -85,7 +85,7 @@ def test_a_training_step_changes_only_the_drafts_norms(tiny_dir, monkeypatch):
     base = load_base_model(str(tiny_dir), for_training=True)
     monkeypatch.setattr(run_module, "searched_ranking", lambda *a: (RANKING, {}))
     cfg = TrainConfig(method="skip-finetune", skip_from="unused", skip_ratio=0.25, draft_vocab=64, lr=0.05)
-    run = Run(SimpleNamespace(name="skip-finetune"), cfg, base, _sequences(6))
+    run = SkipFinetuneRun(SimpleNamespace(name="skip-finetune"), cfg, base, _sequences(6))
     assert run.skip == (0, 2) and len(run.module.draft_vocab) == 64
     frozen = {k: v.clone() for k, v in base.model.state_dict().items()}
     before = {k: v.detach().clone() for k, v in run.module.named_parameters()}

@@ -12,7 +12,6 @@ The base's hidden states come from trainer/features.py, computed in the teacher'
 
 import math
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,8 +26,8 @@ from .autocast_probe import use_autocast
 from .evaluate import TOPS, by_distance
 from .features import FeatureCache
 from .losses import on_draft_vocab, soft_cross_entropy, topk_hits
-from .methods import cosine
 from .warm_start import draft_vocabulary
+from .training_run import TrainingRun
 
 HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "alpha", "lr", "epochs", "seed")  # and the precision
 KEEP_FEATURE_BYTES = 2e9  # a worker's kept hidden states; past it they are computed at every visit
@@ -62,14 +61,14 @@ def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
     return out.transpose(1, 2).reshape(b, t, hq * d)
 
 
-class Run:
+class Eagle3Run(TrainingRun):
     DRAFT_VOCAB_ROWS = ("lm_head.weight",)  # a tensor [V', ...] by draft token: warm_start grows it with the vocabulary
 
     def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
         if cfg.loss != "kd":
             raise ValueError("train.method eagle3 learns the teacher's distributions (train.loss kd); the hard-label "
                              "ablation (ce) is the feature head's and Medusa's")
-        self.method, self.cfg, self.base = method, cfg, base
+        super().__init__(method, cfg, base)
         self.distances = cfg.head_depth  # the training-time test's steps: distances 1 .. D after the root
         config = base.model.config
         self.embed = base.model.get_input_embeddings().weight.detach().float()  # [V, H], frozen
@@ -150,9 +149,6 @@ class Run:
             steps.append((soft_cross_entropy(logp[:, None], index, probs)[:, 0], valid[:, 0], logp, top1[:, 0]))
         return steps
 
-    def param_groups(self, total_steps: int) -> tuple[list[dict], list[Callable[[int], float]]]:
-        return [{"params": list(self.module.parameters())}], [lambda s: cosine(s, total_steps)]
-
     def loss(self, engine, sequences, rng: random.Random, step: int) -> tuple[torch.Tensor, int]:
         steps = self._per_step(engine(), self.batch(sequences, "train"))
         # decay_mean over [N, D] wants one row per path: each step's mean, then the decayed mean over steps
@@ -175,9 +171,6 @@ class Run:
                     loss_sum[k] += (ce * valid).sum()
                     count[k] += valid.sum()
         return by_distance(hits, {"loss": loss_sum}, count)
-
-    def lr_metrics(self, lrs: list[float]) -> dict[str, float]:
-        return {"train.lr": lrs[0]}
 
     def export_tensors(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"draft_vocab": state["draft_vocab"],

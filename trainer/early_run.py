@@ -11,7 +11,6 @@ figures that choose n and K (papers/004 figure 3a).
 """
 
 import random
-from collections.abc import Callable
 
 import torch
 
@@ -22,16 +21,16 @@ from ppdkit.models.heads import ResidualHead, apply_residual_head
 from .evaluate import DraftVocabTally
 from .features import FeatureCache
 from .losses import on_draft_vocab, soft_cross_entropy
-from .methods import cosine
 from .warm_start import draft_vocabulary
+from .training_run import TrainingRun
 
 RECALL_AT = (1, 2, 4, 8, 16)
 HYPERPARAMETERS = ("early_layer", "draft_vocab", "loss", "groups_per_sequence", "lr", "epochs", "seed")
 
 
-class Run:
+class EarlyHeadRun(TrainingRun):
     def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
-        self.method, self.cfg, self.base = method, cfg, base
+        super().__init__(method, cfg, base)
         self.distances = 1
         layers = base.model.config.num_hidden_layers
         if not 1 <= cfg.early_layer < layers:
@@ -64,9 +63,6 @@ class Run:
         state = self.norm(apply_residual_head(hidden, *engine()))
         return torch.log_softmax(draft_logits(state, self.vocab_rows), dim=-1)[:, None]
 
-    def param_groups(self, total_steps: int) -> tuple[list[dict], list[Callable[[int], float]]]:
-        return [{"params": list(self.module.parameters())}], [lambda s: cosine(s, total_steps)]
-
     def loss(self, engine, sequences, rng: random.Random, step: int) -> tuple[torch.Tensor, int]:
         hidden, index, probs, valid = self._batch(sequences, rng, "train")
         per = soft_cross_entropy(self._logp(engine, hidden), index, probs)  # [N, 1]
@@ -80,9 +76,6 @@ class Run:
                 hidden, index, probs, valid = self._batch(holdout[i:i + self.cfg.micro_batch], rng, "holdout")
                 tally.add(self._logp(engine, hidden), index, probs, valid)
         return tally.figures()
-
-    def lr_metrics(self, lrs: list[float]) -> dict[str, float]:
-        return {"train.lr": lrs[0]}
 
     def export_tensors(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"draft_vocab": state["draft_vocab"], "early_weight": state["weight"], "early_bias": state["bias"]}

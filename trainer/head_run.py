@@ -4,7 +4,6 @@ trainer/worker.py runs for those methods (trainer/methods.py). The features come
 """
 
 import random
-from collections.abc import Callable
 
 import torch
 
@@ -15,16 +14,16 @@ from .evaluate import TOPS, by_distance
 from .features import FeatureCache
 from .head_batch import HeadBatch, head_batch, path_starts
 from .losses import decay_mean, soft_cross_entropy, topk_hits
-from .methods import cosine
 from .warm_start import draft_vocabulary
+from .training_run import TrainingRun
 
 HYPERPARAMETERS = ("head_depth", "draft_vocab", "head_inner", "feature_weight", "loss", "alpha",
                    "groups_per_sequence", "lr", "epochs", "seed")
 
 
-class Run:
+class HeadRun(TrainingRun):
     def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
-        self.method, self.cfg, self.base = method, cfg, base
+        super().__init__(method, cfg, base)
         self.kind, self.distances = method.head_kind, cfg.head_depth
         self.embed = base.model.get_input_embeddings().weight.detach().float()  # [V, H]
         vocab_size, hidden = self.embed.shape
@@ -40,9 +39,6 @@ class Run:
         starts = [path_starts(s, self.cfg.groups_per_sequence, rng) for s in sequences]
         return head_batch(sequences, [self.features(s, split) for s in sequences], self.cfg.head_depth,
                           self.vocab_index, starts)
-
-    def param_groups(self, total_steps: int) -> tuple[list[dict], list[Callable[[int], float]]]:
-        return [{"params": list(self.module.parameters())}], [lambda s: cosine(s, total_steps)]
 
     def _logp(self, engine, batch: HeadBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probabilities over the draft vocabulary [N, D, V'], the states [N, D, H])."""
@@ -85,9 +81,6 @@ class Run:
                 covered += float(((batch.teacher_top1 >= 0) & valid).sum())
         return {**by_distance(hits, {"loss": loss_sum}, count),
                 "draft_vocab_coverage": covered / max(count.sum().item(), 1.0)}
-
-    def lr_metrics(self, lrs: list[float]) -> dict[str, float]:
-        return {"train.lr": lrs[0]}
 
     def export_tensors(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"draft_vocab": state["draft_vocab"], **{name: state[name] for name in TENSORS[self.kind]}}

@@ -1,7 +1,7 @@
 """The training methods, in one registry: `train.method` names one. An entry says what the method is, which
 decoding methods (runtime/methods.py) use its component (the evaluate stage benchmarks those, the register
-stage tags the version with their figures), and which run class trains it: a module whose `Run` gets the
-config, the frozen base model and the training sequences, and gives the worker (trainer/worker.py) the
+stage tags the version with their figures), and which TrainingRun trains it (trainer/training_run.py): built from
+the config, the frozen base model and the training sequences, it gives the worker (trainer/worker.py) the
 trainable module, its parameter groups, a batch's loss, the held-out evaluation and the exported tensors.
 
 ept           PPD's prompt tokens with ensemble prompt tokens (papers/000 ch. 4).      trainer/prompt_run.py
@@ -35,13 +35,13 @@ def cosine(step: int, total: int) -> float:
 class TrainingMethod:
     name: str
     summary: str
-    run: str  # the module in ppdkit.trainer whose `Run(method, cfg, base, train_sequences, init)` trains it
+    run: str  # "module:Name" in ppdkit.trainer: the TrainingRun class (method, cfg, base, train_sequences, init)
     decoding_methods: tuple[str, ...]  # runtime/methods.py names that use this method's component
     trains_head: bool = False  # PPD's custom decoding head: train.head_start_step / head_lr_scale apply
     head_kind: str | None = None  # a head over the base model's features: feature, medusa (models/draft_heads.py),
     # early (trainer/early_run.py), eagle3 (models/eagle3.py)
-    searches: bool = False  # trains no weights: `run` names a module whose `run_search(base, cfg, data_dir,
-    # out_dir, tracker_ref)` searches on Ray Tune and exports the component itself
+    searches: bool = False  # trains no weights: `run` names a function `(base, cfg, data_dir, out_dir, tracker_ref)`
+    # that searches on Ray Tune and exports the component itself
     needs_teacher: bool = True  # reads the teacher cache (the teacher stage is skipped for a method that does not)
     calibrates: bool = True  # has trees to calibrate (the calibrate stage passes the component on otherwise)
     builds_on_search: bool = False  # starts from a layer-skip component's ranking (train.skip_from, skip_ratio)
@@ -51,12 +51,17 @@ class TrainingMethod:
         """It trains on the frozen base's hidden states of the teacher's own forward (in the teacher's dtype)."""
         return self.head_kind in ("feature", "medusa", "eagle3")
 
+    def runner(self):
+        """What `run` names: the TrainingRun class, or a searching method's search function."""
+        module, name = self.run.split(":")
+        return getattr(importlib.import_module(f"ppdkit.trainer.{module}"), name)
+
     def start(self, cfg, base, train_sequences, init=None, teacher=None):
         """The method's run: module, param_groups, loss, evaluate, export_tensors, hyperparameters; its weights
         (and draft vocabulary) those of `init`, a trained component of this method (trainer/warm_start.py), if given.
         `teacher`: the TeacherCache it trains on, whose engine computes the features it reads (trainer/features.py), or
         train.online's OnlineTeacher, which computes them with the targets."""
-        run = importlib.import_module(f"ppdkit.trainer.{self.run}").Run(self, cfg, base, train_sequences, init)
+        run = self.runner()(self, cfg, base, train_sequences, init)
         from .online_teacher import OnlineTeacher
 
         if isinstance(teacher, OnlineTeacher):  # train.online: the features come with the targets, one forward
@@ -78,22 +83,22 @@ class TrainingMethod:
 
 
 TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (
-    TrainingMethod("ept", "PPD's prompt tokens (papers/000 ch. 4)", "prompt_run", ("ppd", "ppd-lookup")),
-    TrainingMethod("ept-head", "prompt tokens and a custom decoding head (papers/000 4.4.2)", "prompt_run",
+    TrainingMethod("ept", "PPD's prompt tokens (papers/000 ch. 4)", "prompt_run:PromptRun", ("ppd", "ppd-lookup")),
+    TrainingMethod("ept-head", "prompt tokens and a custom decoding head (papers/000 4.4.2)", "prompt_run:PromptRun",
                    ("ppd", "ppd-head", "ppd-lookup"), trains_head=True),
-    TrainingMethod("feature-head", "a draft head over the last hidden state and the path's tokens", "head_run",
+    TrainingMethod("feature-head", "a draft head over the last hidden state and the path's tokens", "head_run:HeadRun",
                    ("feature-head", "feature-grown", "feature-grown-anpd"), head_kind="feature"),
-    TrainingMethod("medusa", "Medusa-1 heads over the last hidden state (the feature head's baseline)", "head_run",
+    TrainingMethod("medusa", "Medusa-1 heads over the last hidden state (the feature head's baseline)", "head_run:HeadRun",
                    ("medusa",), head_kind="medusa"),
     TrainingMethod("eagle3", "EAGLE-3's draft: one decoder layer over the fused low, middle and high hidden states, "
-                   "trained with the training-time test", "eagle3_run", ("eagle3", "eagle3-anpd"), head_kind="eagle3",
+                   "trained with the training-time test", "eagle3_run:Eagle3Run", ("eagle3", "eagle3-anpd"), head_kind="eagle3",
                    calibrates=False),
     TrainingMethod("early-head", "ProPD's early prediction head after train.early_layer layers (papers/004 4.1)",
-                   "early_run", (), head_kind="early"),
+                   "early_run:EarlyHeadRun", (), head_kind="early"),
     TrainingMethod("layer-skip", "Draft & Verify's skip map, searched on Ray Tune by measured time per token "
-                   "(papers/002 3.3)", "layer_skip_run", ("skip",), searches=True, needs_teacher=False,
+                   "(papers/002 3.3)", "layer_skip_run:run_search", ("skip",), searches=True, needs_teacher=False,
                    calibrates=False),
     TrainingMethod("skip-finetune", "Draft & Verify's aggressive skip: more sub-layers skipped, the draft's own norms "
-                   "fine-tuned by KD (papers/002 appendix F)", "skip_finetune_run", ("skip", "skip-ft"),
+                   "fine-tuned by KD (papers/002 appendix F)", "skip_finetune_run:SkipFinetuneRun", ("skip", "skip-ft"),
                    calibrates=False, builds_on_search=True),
 )}

@@ -15,14 +15,15 @@ from .evaluate import evaluate
 from .losses import prompt_token_loss
 from .methods import cosine
 from .student import student_logprobs
+from .training_run import TrainingRun
 
 HYPERPARAMETERS = ("num_prompt_tokens", "num_epts", "mask", "aggregation", "loss", "alpha", "groups_per_sequence",
                    "lr", "epochs", "seed")
 
 
-class Run:
+class PromptRun(TrainingRun):
     def __init__(self, method, cfg, base, train_sequences, init=None):
-        self.method, self.cfg, self.base = method, cfg, base
+        super().__init__(method, cfg, base)
         self.distances = cfg.num_prompt_tokens  # token distances evaluated
         init = init_from_token_embeddings(base.model.get_input_embeddings(), cfg.num_prompt_tokens, cfg.num_epts,
                                           cfg.init_token_ids, cfg.seed)  # [k, n, H]

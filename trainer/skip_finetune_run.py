@@ -13,7 +13,6 @@ per drafted token. The verifier stays the frozen base model, so the output is un
 """
 
 import random
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,9 +25,9 @@ from ppdkit.runtime.llama import SKIP_ATTENTION, SKIP_MLP
 
 from .evaluate import TOPS, DraftVocabTally
 from .losses import on_draft_vocab, soft_cross_entropy
-from .methods import cosine
 from .warm_start import draft_vocabulary
 from .skip_draft import DraftNorms, draft_states
+from .training_run import TrainingRun
 
 HYPERPARAMETERS = ("skip_ratio", "draft_vocab", "loss", "lr", "epochs", "seed")
 
@@ -56,9 +55,10 @@ def searched_ranking(directory: Path, fingerprint: str, layers: int) -> tuple[li
     return ranking, {k: v for k, v in search.items() if k not in ("ranking", "trials")}
 
 
-class Run:
+class SkipFinetuneRun(TrainingRun):
     def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
-        self.method, self.cfg, self.base, self.distances = method, cfg, base, 1
+        super().__init__(method, cfg, base)
+        self.distances = 1
         layers = base.model.config.num_hidden_layers
         self.ranking, self.search = searched_ranking(Path(cfg.skip_from), base.fingerprint, layers)
         self.skip = aggressive_skip_map(self.ranking, layers, cfg.skip_ratio)
@@ -83,9 +83,6 @@ class Run:
         return logp, *on_draft_vocab(self.vocab_index, torch.cat([s.topk_ids for s in sequences]),
                                      torch.cat([s.topk_logprobs for s in sequences]))
 
-    def param_groups(self, total_steps: int) -> tuple[list[dict], list[Callable[[int], float]]]:
-        return [{"params": list(self.module.parameters())}], [lambda s: cosine(s, total_steps)]
-
     def loss(self, engine, sequences, rng: random.Random, step: int) -> tuple[torch.Tensor, int]:
         logp, index, probs, valid = self._logp_and_targets(engine, sequences)
         if self.cfg.loss == "kd":
@@ -103,9 +100,6 @@ class Run:
             for i in range(0, len(holdout), self.cfg.micro_batch):
                 tally.add(*self._logp_and_targets(engine, holdout[i:i + self.cfg.micro_batch]))
         return tally.figures()
-
-    def lr_metrics(self, lrs: list[float]) -> dict[str, float]:
-        return {"train.lr": lrs[0]}
 
     def export_tensors(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"draft_vocab": state["draft_vocab"], "skip_ln1": state["ln1"], "skip_ln2": state["ln2"],
