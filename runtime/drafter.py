@@ -10,12 +10,14 @@ so every method's greedy output is `ar`'s, and its sampled output has the base m
 """
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
+from .layer_states import forward_with_states
 from .llama import LeanLlama
 from .pruning import EarlyHead, kept_path, pruned_forward
 from .tree_layout import TreeLayout
@@ -31,7 +33,8 @@ class Proposal:
     inputs: torch.Tensor | None = None  # [T, H] the rows' embeddings; None: the nodes' tokens embedded
     offsets: torch.Tensor | None = None  # [T] positions after the root's; None: layout.offsets
     mask: torch.Tensor | None = None  # [T, T] bool; None: layout.mask
-    extra_readout: object = None  # hidden [T, H] -> more rows [E, H] for the same LM-head call (None: none)
+    extra_readout: Callable[[torch.Tensor], torch.Tensor] | None = None  # hidden [T, H] -> more rows [E, H] for the
+    # same LM-head call
     extra_owners: torch.Tensor | None = None  # [E] the node each extra LM-head row belongs to (for pruning)
 
     @property
@@ -110,8 +113,6 @@ def verify(model: LeanLlama, cache: KVCache, proposal: Proposal, sampling: Sampl
     if early is not None:  # ProPD: the nodes outside the early guesses leave after its layer, with their rows
         hidden, keep, alive = pruned_forward(model, cache, x, positions, mask, layout, tokens, early)
     elif capture:
-        from .eagle3 import forward_with_states  # the segments that stop at the captured layers
-
         hidden, states = forward_with_states(model, x, positions, cache, mask, capture)
     else:
         hidden = model.forward(x, positions, cache, mask)  # [T, H]
@@ -142,8 +143,6 @@ def _one_token(model: LeanLlama, cache: KVCache, tokens: torch.Tensor, path: tor
     x, positions = model.embed_ids(tokens), torch.tensor([cache.length])
     states = None
     if capture:
-        from .eagle3 import forward_with_states
-
         hidden, states = forward_with_states(model, x, positions, cache, None, capture)
     else:
         hidden = model.forward(x, positions, cache, None)  # [1, H]

@@ -20,6 +20,7 @@ import torch
 from ppdkit.models.eagle3 import layer_input, layer_output, readout
 
 from .drafter import Proposal, Verified
+from .layer_states import forward_with_states
 from .grown_tree import Frontier, GrownDrafter, Proposals, StepCost, grow_level, level_logp
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
@@ -45,28 +46,6 @@ class Eagle3Set:
 
     def new_cache(self, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         return KVCache(1, self.kv_heads, self.head_dim, capacity, dtype, device)
-
-
-def forward_with_states(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                        mask: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """model.forward's final hidden states [T, H], and the residual stream after each of `layers` decoder
-    layers, concatenated [T, len(layers) H]: the forward run in segments that stop there."""
-    x, states = states_after(model, x, positions, cache, mask, layers)
-    if max(layers) < len(model.layers):
-        x = model.forward_layers(x, positions, cache, mask, max(layers), len(model.layers))
-    return model.final_norm(x), states
-
-
-def states_after(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                 mask: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward up to the last of `layers` only -> (the residual stream there [T, H], the states after each of
-    `layers` concatenated [T, len(layers) H]): what training reads of the base (trainer/features.py), without the
-    layers above."""
-    states, start = {}, 0
-    for stop in sorted(set(layers)):
-        x = model.forward_layers(x, positions, cache, mask, start, stop)
-        states[stop], start = x, stop
-    return x, torch.cat([states[k] for k in layers], dim=-1)
 
 
 def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch.Tensor, tokens: torch.Tensor,

@@ -103,7 +103,7 @@ def test_features_are_computed_on_the_engine_the_teacher_ran_on(engine, dtype, p
     from types import SimpleNamespace
 
     from ppdkit.runtime.drafter import read_prompt
-    from ppdkit.runtime.eagle3 import forward_with_states
+    from ppdkit.runtime.layer_states import forward_with_states
     from ppdkit.trainer.features import FeatureCache, teacher_runtime
 
     model, _ = tiny_model_on(path, monkeypatch)

@@ -26,7 +26,8 @@ from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.decoder_loading import draft_matrices
 from ppdkit.runtime.drafter import Proposal, verify
 from ppdkit.models.eagle3 import readout
-from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows, forward_with_states, states_after
+from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows
+from ppdkit.runtime.layer_states import forward_with_states, states_after
 from ppdkit.runtime.grown_tree import StepCost, by_value, level_logp
 from ppdkit.runtime.head_loading import eagle3_set
 from ppdkit.runtime.tree_layout import shape_layout

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from ppdkit.data_pipeline.teacher_cache import ShardSequence, TeacherCache
 from ppdkit.runtime.drafter import read_prompt
 from ppdkit.runtime.dtypes import BLOCK_FORMATS
-from ppdkit.runtime.eagle3 import states_after
+from ppdkit.runtime.layer_states import states_after
 from ppdkit.runtime.llama import LeanLlama
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import torch
 
 from ppdkit.data_pipeline.teacher_cache import compress_head, compress_logits
 from ppdkit.data_pipeline.templating import supervised_positions
-from ppdkit.runtime.eagle3 import states_after
+from ppdkit.runtime.layer_states import states_after
 from ppdkit.runtime.llama import LeanLlama
 
 log = logging.getLogger(__name__)
