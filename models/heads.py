@@ -1,6 +1,6 @@
 """Draft heads: small trained maps applied to hidden states before the base model's own LM head.
 
-`ResidualHead` is PPD's custom decoding head (papers/000 section 4.4.2) in the residual form Medusa uses:
+`ResidualHead` is PPD's custom decoding head (PPD thesis section 4.4.2) in the residual form Medusa uses:
     head(h) = h + SiLU(h W^T + b)        h [..., H], W [H, H], b [H]
 followed by the base model's frozen LM head. W and b start at zero, so an untrained head is exactly the
 identity and PPD with it starts as PPD without it; 2-stage training (prompt tokens first, then both)

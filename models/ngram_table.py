@@ -1,5 +1,5 @@
 """The corpus n-gram table of a component: what most often followed each short run of tokens in the
-base model's own text (papers/001 Self-Draft's corpus cache), stored as `ngrams.safetensors`.
+base model's own text (Self-Draft's corpus cache), stored as `ngrams.safetensors`.
 
 For each n in 1..max_n, three tensors (ids as uint16 when every id fits, else int32):
 

@@ -1,4 +1,4 @@
-"""Prompt tokens with ensemble prompt tokens (EPT): the trainable part of PPD (papers/000 ch. 4).
+"""Prompt tokens with ensemble prompt tokens (EPT): the trainable part of PPD (PPD thesis ch. 4).
 
 k prompt tokens, each backed by n EPT embeddings. At a given token distance i, the guess is the
 aggregate of the logits of prompt token i's n EPTs: their mean (section 4.3), or learned scalar

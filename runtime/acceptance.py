@@ -1,4 +1,4 @@
-"""Which guesses of a verified tree are kept, and the token that follows them (papers/000 4.5.2-4.5.3).
+"""Which guesses of a verified tree are kept, and the token that follows them (PPD thesis 4.5.2-4.5.3).
 
 Every rule reads the base model's logits at each tree node [N, V] (the distribution of the token after
 that node) and returns the deepest kept node plus the next token, drawn at that node:

@@ -1,5 +1,6 @@
-"""ANPD (papers/003): guesses from an adaptive multi-level n-gram module of the live text, verified as one
-chain. Needs no component: any base model decodes with it (`ppdkit decode --base NAME --method anpd`).
+"""ANPD (Adaptive N-gram Parallel Decoding): guesses from an adaptive multi-level n-gram module of the live
+text, verified as one chain. Needs no component: any base model decodes with it
+(`ppdkit decode --base NAME --method anpd`).
 
 The module counts, for every n in 2..N, which token followed each (n-1)-token context of the prompt and of
 the output so far (Update: every accepted token, Algorithm 1), and guesses the most frequent follower of

@@ -8,8 +8,8 @@ step, so the weights are read once for all of them. A finished sequence's slot t
 256), and fixed batches would keep stepping for their longest member while the others wait finished.
 
 The cache is one preallocated KVCache cut into `slots` segments of `segment` positions. A request is prefilled
-alone, exactly as `ar` prefills (runtime/drafter.py read_prompt), and its keys/values are copied into its segment. A segment keeps
-what it holds after its answer ends: a request that begins with those tokens (a conversation's next turn, its prompt
+alone, exactly as `ar` prefills (runtime/drafter.py read_prompt), and its keys/values are copied into its segment. A
+segment keeps what it holds after its answer ends: a request that begins with those tokens (a conversation's next turn, its prompt
 the previous one's plus the answer) takes that segment and reads only the rest of its prompt. Its keys/values are
 the ones a prefill of the whole prompt writes, bit for bit: ar's prefill and a batched step both give every position
 what reading it one token at a time gives (runtime/llama.native_blocks). Then each step

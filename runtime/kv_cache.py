@@ -1,4 +1,4 @@
-"""A preallocated KV cache that tree decoding writes into and then prunes in place (papers/000 4.5.4).
+"""A preallocated KV cache that tree decoding writes into and then prunes in place (PPD thesis 4.5.4).
 
 A forward writes the keys and values of its T new tokens at [length, length + T); `commit(keep)`
 then moves the kept ones (the accepted path of a tree, or all T for plain decoding) down to

@@ -1,4 +1,4 @@
-"""Self-speculative decoding (Draft & Verify, papers/002): the base model with some attention and MLP
+"""Self-speculative decoding (Draft & Verify): the base model with some attention and MLP
 sub-layers skipped drafts a chain token by token, and the whole model verifies it in one forward.
 
 The draft shares the base model's weights and KV cache. Its kept attention sub-layers read the committed
@@ -8,8 +8,8 @@ the committed length, and the verification forward writes every layer's keys/val
 drafted tokens over those positions, so the draft's partial entries never outlive their step and the
 kept path's entries are exactly the whole model's.
 
-A fine-tuned draft (train.method skip-finetune, papers/002 appendix F; `--method skip-ft`) skips more sub-layers
-and brings its own RMSNorm weights and a head over a draft vocabulary (the base model's LM-head rows of the
+A fine-tuned draft (train.method skip-finetune, the D&V paper's appendix F; `--method skip-ft`) skips more
+sub-layers and brings its own RMSNorm weights and a head over a draft vocabulary (the base model's LM-head rows of the
 tokens it guesses among); its matmuls are still the base model's, so it costs no memory beyond ~2 L H floats,
 and it reads the committed keys/values exactly as it was trained to (trainer/skip_finetune_run.py).
 
@@ -107,8 +107,8 @@ def draft_chain(draft: SkipDraft, cache: KVCache, root: int, gamma: float, limit
 
 
 class SkipDrafter(Drafter):
-    """A chain of 1 to `draft_length` tokens from the layer-skipping draft, ended by the adaptive threshold. `fine_tuned`:
-    the component's fine-tuned draft drafts, not the base model with the decoder's skip map."""
+    """A chain of 1 to `draft_length` tokens from the layer-skipping draft, ended by the adaptive threshold.
+    `fine_tuned`: the component's fine-tuned draft drafts, not the base model with the decoder's skip map."""
 
     def __init__(self, decoder, cache: KVCache, draft_length: int = MAX_DRAFT, fine_tuned: bool = False):
         super().__init__(decoder, cache)

@@ -1,7 +1,7 @@
 """Lookup drafting: chains of guesses copied from where the current text's ending occurred before, in
 the context itself or in a corpus (the component's n-gram table, models/ngram_table.py).
 
-The training-free drafters ppdkit draws on (papers/001 Self-Draft's context cache, papers/003 ANPD's
+The training-free drafters ppdkit draws on (Self-Draft's context cache, ANPD's
 n-grams of the live context) rest on one fact: text, above all code, repeats itself. Measured on
 SmolLM2-135M's own greedy answers, the continuation of the longest earlier match of the last 1-3
 tokens gives the next 1/2/3 tokens after the root in 27/20/17% of steps on MT-Bench and 64/56/51% on
@@ -19,7 +19,7 @@ LOOKUP_RANK = 1 << 20  # the chain's rank: after every prompt-token guess in ran
 class ContextIndex:
     """The text so far (prompt and output) and, for every 1..max_ngram-gram in it, where the token after
     its latest occurrence is: a lookup costs a few dict reads however long the text, where rescanning
-    the text every step would cost time linear in it (papers/003's n-gram pool of the live context)."""
+    the text every step would cost time linear in it (the ANPD paper's n-gram pool of the live context)."""
 
     def __init__(self, tokens: list[int], max_ngram: int = 3):
         self.max_ngram = max_ngram

@@ -91,8 +91,9 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                        "gram"] + SELF_DRAFT["branches"] * SELF_DRAFT["branch_length"]}),
     DecodingMethod("skip", "Draft & Verify: the base model with sub-layers skipped drafts a chain (adaptive exit), "
                    "the whole model verifies it", (Need.SKIP_MAP,), "layer_skip:SkipDrafter", {"draft_length": 12}),
-    DecodingMethod("skip-ft", "skip with the component's fine-tuned draft (papers/002 appendix F): more sub-layers "
-                   "skipped, its own norms and a draft-vocabulary head", (Need.SKIP_DRAFT,), "layer_skip:SkipDrafter",
+    DecodingMethod("skip-ft", "skip with the component's fine-tuned draft (the D&V paper's appendix F): more "
+                   "sub-layers skipped, its own norms and a draft-vocabulary head", (Need.SKIP_DRAFT,),
+                   "layer_skip:SkipDrafter",
                    {"draft_length": 12, "fine_tuned": True}),
     DecodingMethod("ppd", "the prompt tokens' dynamic sparse tree, verified in the same forward",
                    (Need.PROMPT_TOKENS, Need.TREES), "ppd:PpdDrafter"),

@@ -1,4 +1,4 @@
-"""Hardware awareness (papers/000 section 5.6.3): measure forward latency L(n) per tree size on this
+"""Hardware awareness (PPD thesis section 5.6.3): measure forward latency L(n) per tree size on this
 machine, pick the size with the highest tau(n) / L(n), and remember it per machine and model."""
 
 import json

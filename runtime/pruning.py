@@ -1,4 +1,4 @@
-"""ProPD's early pruning (papers/004 section 4.1) in a tree step: the first n decoder layers run on the whole
+"""ProPD's early pruning (ProPD paper section 4.1) in a tree step: the first n decoder layers run on the whole
 tree, an early prediction head (trainer/early_run.py) reads every node's residual stream there, and a node
 whose token is not among its parent's top-K early guesses is dropped with its descendants; the remaining
 layers run on the survivors only. The dropped rows' keys and values of the first n layers are discarded

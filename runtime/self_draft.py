@@ -1,5 +1,5 @@
-"""Self-Draft (papers/001): drafting branches of the model's own guesses ride in the verification forward.
-No component is needed; a component's corpus n-gram table (models/ngram_table.py) adds candidates when present.
+"""Self-Draft (Multi-Branch Self-Drafting): drafting branches of the model's own guesses ride in the verification
+forward. No component is needed; a component's corpus n-gram table (models/ngram_table.py) adds candidates when present.
 
 Each step feeds one sequence: the root (the token decoded last), a trie of candidate continuations of the
 root, and N drafting branches of up to L tokens. Candidates see the committed text and their own path (as every

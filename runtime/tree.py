@@ -1,4 +1,4 @@
-"""Dynamic sparse trees (papers/000 chapter 5): which guesses to verify, and how many prompt tokens each gets.
+"""Dynamic sparse trees (PPD thesis chapter 5): which guesses to verify, and how many prompt tokens each gets.
 
 Inputs are acceptance probabilities p[d][r]: how often the rank-r guess of the prompt token at distance
 d+1 is the token greedy decoding produces, measured on held-out data. A tree has one state per number

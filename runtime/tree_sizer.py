@@ -1,4 +1,4 @@
-"""Dynamic tree size (papers/004 section 4.2): the tree each step verifies, chosen while decoding from an
+"""Dynamic tree size (ProPD paper section 4.2): the tree each step verifies, chosen while decoding from an
 online latency model and a running acceptance estimate, instead of one size profiled per machine.
 
 Latency (4.2.1): a step's time is close to linear in the rows it feeds the model, t = b0 + b1 * rows.

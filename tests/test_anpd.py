@@ -1,5 +1,5 @@
-"""ANPD (papers/003) as a decoding method of its own: the multi-level n-gram module by hand, greedy output
-identical to plain greedy decoding on both kernel paths (against transformers in float64:
+"""ANPD (Adaptive N-gram Parallel Decoding) as a decoding method of its own: the multi-level n-gram module by
+hand, greedy output identical to plain greedy decoding on both kernel paths (against transformers in float64:
 tests/test_lossless.py), sampled output with the base model's distribution, and decoding from a base model
 with no component."""
 

@@ -1,4 +1,4 @@
-"""EPT attention masks (papers/000 section 4.4.3) against hand-written cases: k=2 prompt tokens, n=2 EPTs.
+"""EPT attention masks (PPD thesis section 4.4.3) against hand-written cases: k=2 prompt tokens, n=2 EPTs.
 
 Layout order: (d1,e1) (d1,e2) (d2,e1) (d2,e2); row attends to column where 1.
 """

@@ -1,4 +1,4 @@
-"""Draft & Verify's self-speculative decoding (papers/002; runtime/layer_skip.py): a draft with nothing
+"""Draft & Verify's self-speculative decoding (D&V paper; runtime/layer_skip.py): a draft with nothing
 skipped is the model itself and every draft token is accepted; random skip maps never change greedy output
 on either kernel path or against transformers in float64; adaptive draft-exiting follows equations 2-4."""
 

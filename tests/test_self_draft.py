@@ -1,5 +1,5 @@
-"""Self-Draft (papers/001) as a decoding method: the branches and context cache by hand, the step's masks,
-greedy output identical to plain greedy decoding on both kernel paths (against transformers in float64:
+"""Self-Draft (Multi-Branch Self-Drafting) as a decoding method: the branches and context cache by hand, the
+step's masks, greedy output identical to plain greedy decoding on both kernel paths (against transformers in float64:
 tests/test_lossless.py), and sampled output with the base model's distribution."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Dynamic tree size (papers/004 4.2): the online latency model, the size choice, and decoding with it."""
+"""Dynamic tree size (ProPD paper 4.2): the online latency model, the size choice, and decoding with it."""
 
 import random
 

@@ -20,16 +20,16 @@ class TrainConfig(Section):
 
     method: Literal[tuple(TRAINING_METHODS)] = Field(
         "ept", description="; ".join(f"{m.name}: {m.summary}" for m in TRAINING_METHODS.values()))
-    # the prompt tokens (papers/000 ch. 4)
+    # the prompt tokens (PPD thesis ch. 4)
     num_prompt_tokens: int = Field(3, ge=1, le=16, description="k: token distances guessed per forward")
     num_epts: int = Field(1, ge=1, le=256, description="n: ensemble prompt tokens per prompt token")
     mask: Literal["ensemble", "decoder", "encoder"] = Field(
-        "ensemble", description="attention among the EPTs (papers/000 4.4.3). ensemble: an EPT sees the EPTs of its "
+        "ensemble", description="attention among the EPTs (PPD thesis 4.4.3). ensemble: an EPT sees the EPTs of its "
                                 "own index at its distance and before; decoder: every EPT before it; encoder: every "
                                 "EPT of its prompt token and the earlier ones")
     aggregation: Literal["mean", "learned"] = Field(
         "mean", description="how a prompt token's n EPTs make one guess: the mean of their logits, or learned "
-                            "weights (papers/000 4.4.4)")
+                            "weights (PPD thesis 4.4.4)")
     init_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, description="k*n token ids to copy embeddings from (default: seeded draw)")
     # the custom decoding head (method ept-head)
@@ -56,12 +56,12 @@ class TrainConfig(Section):
                          "in memory up to 2 GB a worker (SpecForge's online mode); the teacher stage is skipped")
     feature_weight: float = Field(1.0, ge=0.0, description="feature-head: weight of the feature regression loss")
     early_layer: int = Field(4, ge=1, description="early-head: the decoder layers before the head (ProPD's n)")
-    # the skip-map search (method layer-skip, papers/002 3.3)
+    # the skip-map search (method layer-skip, D&V paper 3.3)
     search_trials: int = Field(40, ge=1, description="layer-skip: skip maps timed (Optuna's TPE on Ray Tune)")
     search_prompts: int = Field(8, ge=1, description="layer-skip: development prompts, the data stage's held-out "
                                                     "first user turns")
     search_new_tokens: int = Field(32, ge=1, description="layer-skip: tokens decoded per prompt in a trial")
-    # the aggressive-skip fine-tune (method skip-finetune, papers/002 appendix F)
+    # the aggressive-skip fine-tune (method skip-finetune, D&V paper appendix F)
     skip_from: str | None = Field(None, description="skip-finetune: the layer-skip component whose sub-layer ranking "
                                                     "it starts from (a directory or models:/NAME@ALIAS)")
     skip_ratio: float = Field(0.5, gt=0.0, lt=1.0, description="skip-finetune: the share of all sub-layers skipped, "

@@ -1,4 +1,4 @@
-"""Training ProPD's early prediction head (papers/004 section 4.1; train.method early-head): a head on the
+"""Training ProPD's early prediction head (ProPD paper section 4.1; train.method early-head): a head on the
 residual stream after the first n decoder layers (train.early_layer) of the frozen base model that guesses
 the next token, so a tree step can drop, after layer n, the nodes whose token is not among their parent's
 top-K early guesses.
@@ -7,7 +7,7 @@ The head is PPD's residual block (models/heads.py, zero at the start) followed b
 final norm and LM-head rows of the draft vocabulary: untrained it is the "logit lens" of layer n, which
 the training improves by KD from the teacher cache (the distribution of token t+1 at every position t).
 The evaluation reports the top-K recall of the teacher's most likely token for K = 1, 2, 4, 8, 16: the
-figures that choose n and K (papers/004 figure 3a).
+figures that choose n and K (ProPD paper figure 3a).
 """
 
 import random

@@ -1,4 +1,4 @@
-"""Held-out accuracy of prompt tokens by token distance (the format of papers/000 table 6.4).
+"""Held-out accuracy of prompt tokens by token distance (the format of the PPD thesis's table 6.4).
 
 The target at distance i after insertion point t is the base model's own greedy token there (the
 teacher's top-1 at t+i): what a lossless greedy decoder has to guess.

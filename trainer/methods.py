@@ -4,8 +4,8 @@ stage tags the version with their figures), and which TrainingRun trains it (tra
 the config, the frozen base model and the training sequences, it gives the worker (trainer/worker.py) the
 trainable module, its parameter groups, a batch's loss, the held-out evaluation and the exported tensors.
 
-ept           PPD's prompt tokens with ensemble prompt tokens (papers/000 ch. 4).      trainer/prompt_run.py
-ept-head      the same plus PPD's custom decoding head for the prompt tokens' hidden states (papers/000
+ept           PPD's prompt tokens with ensemble prompt tokens (PPD thesis ch. 4).      trainer/prompt_run.py
+ept-head      the same plus PPD's custom decoding head for the prompt tokens' hidden states (PPD thesis
               4.4.2, models/heads.py). 1-stage: both from step 0 (train.head_start_step=0). 2-stage: the
               prompt tokens alone until head_start_step, then both at lr * head_lr_scale.
 feature-head  ppdkit's draft head over the base model's last hidden state and the path's tokens
@@ -13,11 +13,11 @@ feature-head  ppdkit's draft head over the base model's last hidden state and th
 medusa        Medusa-1 heads over the last hidden state (the baseline of feature-head).
 eagle3        EAGLE-3's draft: one decoder layer over the fused low, middle and high hidden states, trained
               with the training-time test (models/eagle3.py).                         trainer/eagle3_run.py
-early-head    ProPD's early prediction head after n layers, for pruning tree nodes (papers/004 4.1).
+early-head    ProPD's early prediction head after n layers, for pruning tree nodes (ProPD paper 4.1).
                                                                                         trainer/early_run.py
-layer-skip    Draft & Verify's skip map (papers/002 3.3): no weights; a Ray Tune search of the sub-layers the
+layer-skip    Draft & Verify's skip map (D&V paper 3.3): no weights; a Ray Tune search of the sub-layers the
               draft leaves out, by measured time per token on development prompts. trainer/layer_skip_run.py
-skip-finetune the aggressive skip (papers/002 appendix F): the top of a layer-skip search's ranking skipped,
+skip-finetune the aggressive skip (D&V paper appendix F): the top of a layer-skip search's ranking skipped,
               the draft's own norms trained by KD, guesses over a draft vocabulary.  trainer/skip_finetune_run.py
 """
 
@@ -83,22 +83,22 @@ class TrainingMethod:
 
 
 TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (
-    TrainingMethod("ept", "PPD's prompt tokens (papers/000 ch. 4)", "prompt_run:PromptRun", ("ppd", "ppd-lookup")),
-    TrainingMethod("ept-head", "prompt tokens and a custom decoding head (papers/000 4.4.2)", "prompt_run:PromptRun",
+    TrainingMethod("ept", "PPD's prompt tokens (PPD thesis ch. 4)", "prompt_run:PromptRun", ("ppd", "ppd-lookup")),
+    TrainingMethod("ept-head", "prompt tokens and a custom decoding head (PPD thesis 4.4.2)", "prompt_run:PromptRun",
                    ("ppd", "ppd-head", "ppd-lookup"), trains_head=True),
-    TrainingMethod("feature-head", "a draft head over the last hidden state and the path's tokens", "head_run:HeadRun",
-                   ("feature-head", "feature-grown", "feature-grown-anpd"), head_kind="feature"),
-    TrainingMethod("medusa", "Medusa-1 heads over the last hidden state (the feature head's baseline)", "head_run:HeadRun",
-                   ("medusa",), head_kind="medusa"),
+    TrainingMethod("feature-head", "a draft head over the last hidden state and the path's tokens",
+                   "head_run:HeadRun", ("feature-head", "feature-grown", "feature-grown-anpd"), head_kind="feature"),
+    TrainingMethod("medusa", "Medusa-1 heads over the last hidden state (the feature head's baseline)",
+                   "head_run:HeadRun", ("medusa",), head_kind="medusa"),
     TrainingMethod("eagle3", "EAGLE-3's draft: one decoder layer over the fused low, middle and high hidden states, "
-                   "trained with the training-time test", "eagle3_run:Eagle3Run", ("eagle3", "eagle3-anpd"), head_kind="eagle3",
-                   calibrates=False),
-    TrainingMethod("early-head", "ProPD's early prediction head after train.early_layer layers (papers/004 4.1)",
+                   "trained with the training-time test", "eagle3_run:Eagle3Run", ("eagle3", "eagle3-anpd"),
+                   head_kind="eagle3", calibrates=False),
+    TrainingMethod("early-head", "ProPD's early prediction head after train.early_layer layers (ProPD paper 4.1)",
                    "early_run:EarlyHeadRun", (), head_kind="early"),
     TrainingMethod("layer-skip", "Draft & Verify's skip map, searched on Ray Tune by measured time per token "
-                   "(papers/002 3.3)", "layer_skip_run:run_search", ("skip",), searches=True, needs_teacher=False,
+                   "(D&V paper 3.3)", "layer_skip_run:run_search", ("skip",), searches=True, needs_teacher=False,
                    calibrates=False),
     TrainingMethod("skip-finetune", "Draft & Verify's aggressive skip: more sub-layers skipped, the draft's own norms "
-                   "fine-tuned by KD (papers/002 appendix F)", "skip_finetune_run:SkipFinetuneRun", ("skip", "skip-ft"),
-                   calibrates=False, builds_on_search=True),
+                   "fine-tuned by KD (D&V paper appendix F)", "skip_finetune_run:SkipFinetuneRun",
+                   ("skip", "skip-ft"), calibrates=False, builds_on_search=True),
 )}

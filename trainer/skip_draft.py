@@ -1,4 +1,4 @@
-"""The fine-tuned layer-skip draft's training forward (train.method skip-finetune, papers/002 appendix F): the
+"""The fine-tuned layer-skip draft's training forward (train.method skip-finetune, D&V paper appendix F): the
 frozen base model with sub-layers skipped and the draft's own RMSNorm weights, reading the context the way the
 runtime's draft does (runtime/layer_skip.py).
 

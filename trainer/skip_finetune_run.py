@@ -1,4 +1,4 @@
-"""Training the aggressive-skip draft (train.method skip-finetune, papers/002 appendix F): what trainer/worker.py
+"""Training the aggressive-skip draft (train.method skip-finetune, D&V paper appendix F): what trainer/worker.py
 runs for it. The draft skips the top `train.skip_ratio` of the sub-layers a layer-skip search ranked
 (train.skip_from), and learns by KD from the teacher cache only its own RMSNorm weights (ln1 and ln2 of every
 layer, the final norm: 2 L H + H floats, ~35k for SmolLM2) and reads its guesses over a draft vocabulary (the

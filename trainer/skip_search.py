@@ -1,4 +1,4 @@
-"""Layer-skip search (Draft & Verify, papers/002 section 3.3): which attention and MLP sub-layers the draft
+"""Layer-skip search (Draft & Verify section 3.3): which attention and MLP sub-layers the draft
 leaves out, chosen by Bayesian optimization of the measured time per verified token on a few development
 prompts (8, as the paper does), run as Ray Tune trials.
 
@@ -53,7 +53,7 @@ def starting_maps(layers: int) -> list[tuple[int, ...]]:
 def sublayer_ranking(trials: list[dict], layers: int) -> list[str]:
     """Every sub-layer ("attention_3", "mlp_3", ...), the one most worth skipping first: ranked by the mean time per
     token of the trials that skipped it minus that of the trials that kept it (a sub-layer never tried both ways
-    ranks last). The aggressive-skip fine-tune (papers/002 appendix F) skips the top of this list."""
+    ranks last). The aggressive-skip fine-tune (D&V paper appendix F) skips the top of this list."""
     def effect(name: str) -> float:
         part, layer = name.split("_")
         bit = SKIP_ATTENTION if part == "attention" else SKIP_MLP

@@ -145,7 +145,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     ckpt_root = out / "checkpoints"
     step, history, evals, best = 0, [], [], {"acc_top1_mean": -1.0, "step": None}
-    trained = 0  # supervised positions of every rank so far: the "tokens trained on" of papers/002 table 9
+    trained = 0  # supervised positions of every rank so far: the "tokens trained on" of the D&V paper's table 9
     resume = latest_checkpoint(ckpt_root)
     if resume is not None:
         meta = load_checkpoint(resume, engine, rank)
