@@ -29,3 +29,4 @@ def decode(drafter: Drafter, ids: torch.Tensor, emit: Callable[..., bool], sampl
         drafter.accept(proposal, verified)
         root = verified.next_token
         done = emit(verified.accepted + [root], rows=proposal.rows)
+        del proposal, verified  # this step's logits and states go before the next step allocates its own
