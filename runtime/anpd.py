@@ -76,7 +76,7 @@ class AnpdDrafter(Drafter):
         super().__init__(decoder, cache)
         self.max_n, self.draft_length, self.ngrams = max_n, draft_length, None
 
-    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
         self.ngrams = AdaptiveNgram(ids.tolist(), self.max_n)
 
     def propose(self, root: int) -> Proposal:

@@ -121,7 +121,7 @@ class HeadsDrafter(Drafter):
         super().__init__(decoder, cache)
         self.sizer, self.early, self.feature = sizer, decoder.early_head if prune else None, None
 
-    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
         self.feature = hidden[-1]
 
     def propose(self, root: int) -> Proposal:
@@ -131,7 +131,5 @@ class HeadsDrafter(Drafter):
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
         self.feature = verified.hidden[verified.final]
-        if self.early is not None:
-            self.decoder.pruned_rows.append(verified.pruned)
         if self.sizer is not None:  # the draft's time counts: it is part of what a larger tree costs
             self.sizer.observe(proposal.layout.size, sum(verified.seconds.values()), len(verified.path))

@@ -19,8 +19,8 @@ from .acceptance import Sampling, choose, pick
 from .kv_cache import KVCache
 from .layer_states import forward_with_states
 from .llama import LeanLlama
-from .pruning import EarlyHead, kept_path, pruned_forward
-from .tree_layout import TreeLayout
+from .pruning import EarlyHead, kept_path, logit_owners, pruned_forward
+from .tree_layout import TreeLayout, mask_after
 
 
 @dataclass
@@ -34,8 +34,7 @@ class Proposal:
     offsets: torch.Tensor | None = None  # [T] positions after the root's; None: layout.offsets
     mask: torch.Tensor | None = None  # [T, T] bool; None: layout.mask
     extra_readout: Callable[[torch.Tensor], torch.Tensor] | None = None  # hidden [T, H] -> more rows [E, H] for the
-    # same LM-head call
-    extra_owners: torch.Tensor | None = None  # [E] the node each extra LM-head row belongs to (for pruning)
+    # same LM-head call (under pruning: one per prompt token of each node, as pruning.logit_owners counts them)
 
     @property
     def rows(self) -> int:
@@ -74,13 +73,14 @@ class Drafter(ABC):
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """Read the prompt ids [P] into the cache -> the logits [V] that choose the first new token."""
-        hidden = read_prompt(self.model, ids, self.cache)
+        hidden, states = _forward(self.model, self.model.embed_ids(ids), torch.arange(len(ids)), self.cache, None,
+                                  self.capture)
         self.cache.commit(None, len(ids))
-        self.prompt_read(ids, hidden)
+        self.prompt_read(ids, hidden, states)
         return self.model.logits(hidden[-1])
 
-    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        """The prompt's final hidden states [P, H], for a drafter that drafts from them."""
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
+        """The prompt's final hidden states [P, H] (and its captured states), for a drafter that drafts from them."""
 
     @abstractmethod
     def propose(self, root: int) -> Proposal:
@@ -88,6 +88,15 @@ class Drafter(ABC):
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
         """The verification's outcome, for the next proposal."""
+
+
+def _forward(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
+             capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward -> (final hidden states [T, H], the residual stream after the `capture` layers [T, len H], None
+    without any)."""
+    if capture:
+        return forward_with_states(model, x, positions, cache, mask, capture)
+    return model.forward(x, positions, cache, mask), None
 
 
 def read_prompt(model: LeanLlama, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -108,23 +117,18 @@ def verify(model: LeanLlama, cache: KVCache, proposal: Proposal, sampling: Sampl
     offsets = layout.offsets if proposal.offsets is None else proposal.offsets
     tree_mask = layout.mask if proposal.mask is None else proposal.mask
     positions, rows = cache.length + offsets, len(offsets)
-    mask = torch.cat([torch.ones(rows, cache.length, dtype=torch.bool), tree_mask], dim=1)  # [T, length + T]
+    mask = mask_after(tree_mask, cache.length)  # [T, length + T]
     states, keep, alive = None, None, None
     if early is not None:  # ProPD: the nodes outside the early guesses leave after its layer, with their rows
         hidden, keep, alive = pruned_forward(model, cache, x, positions, mask, layout, tokens, early)
-    elif capture:
-        hidden, states = forward_with_states(model, x, positions, cache, mask, capture)
     else:
-        hidden = model.forward(x, positions, cache, mask)  # [T, H]
+        hidden, states = _forward(model, x, positions, cache, mask, capture)  # [T, H]
     extra = proposal.extra_readout(hidden) if proposal.extra_readout is not None else None
     read = hidden[:layout.nodes] if extra is None else torch.cat([hidden[:layout.nodes], extra])  # [N + E, H]
     if alive is None:  # one LM-head call for every row read: it reads its weights once however many rows
         logits = model.logits(read)
     else:  # the survivors' rows only: a pruned node is never kept, so its rows are never read
-        owners = torch.arange(layout.nodes)
-        if proposal.extra_owners is not None:
-            owners = torch.cat([owners, proposal.extra_owners])
-        live = alive[owners].nonzero()[:, 0]
+        live = alive[logit_owners(layout)].nonzero()[:, 0]
         logits = read.new_zeros(len(read), model.vocab_size)
         logits[live] = model.logits(read[live])
     final, next_token = choose(tokens, logits[:layout.nodes], layout.links, sampling, generator, alive)
@@ -140,12 +144,7 @@ def verify(model: LeanLlama, cache: KVCache, proposal: Proposal, sampling: Sampl
 def _one_token(model: LeanLlama, cache: KVCache, tokens: torch.Tensor, path: torch.Tensor, sampling: Sampling,
                generator: torch.Generator | None, capture: tuple[int, ...]) -> Verified:
     """A step of the root alone (path: [0]): causal over the cache, its token picked from its own logits."""
-    x, positions = model.embed_ids(tokens), torch.tensor([cache.length])
-    states = None
-    if capture:
-        hidden, states = forward_with_states(model, x, positions, cache, None, capture)
-    else:
-        hidden = model.forward(x, positions, cache, None)  # [1, H]
+    hidden, states = _forward(model, model.embed_ids(tokens), torch.tensor([cache.length]), cache, None, capture)
     cache.commit(None, 1)
     logits = model.logits(hidden[-1])  # [V]
     return Verified(path, pick(logits, sampling, generator), [], hidden, logits[None], states)

@@ -20,7 +20,6 @@ import torch
 from ppdkit.models.eagle3 import layer_input, layer_output, readout
 
 from .drafter import Proposal, Verified
-from .layer_states import forward_with_states
 from .grown_tree import Frontier, GrownDrafter, Proposals, StepCost, grow_level, level_logp
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
@@ -87,14 +86,9 @@ class Eagle3Drafter(GrownDrafter):
                                                 self.model.device)
         self.pending_states = self.pending_tokens = None  # [R, 3H], [R]: verified, not yet in the draft cache
 
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        model = self.model
-        hidden, states = forward_with_states(model, model.embed_ids(ids), torch.arange(len(ids)), self.cache, None,
-                                             self.capture)
-        self.cache.commit(None, len(ids))
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
+        super().prompt_read(ids, hidden, states)
         self.pending_states, self.pending_tokens = states, ids
-        self.prompt_read(ids, hidden)
-        return model.logits(hidden[-1])
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
         super().accept(proposal, verified)

@@ -242,7 +242,7 @@ class GrownDrafter(Drafter):
         self.kept, self.estimated, self.drafting = 1.0, 1.0, 0.0  # running: guesses kept, their estimate, seconds
         self.step: tuple[Proposals, list[int], list[int]] | None = None  # this step's proposals, chosen, chain
 
-    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
         self.chains = ChainSource(ids.tolist()) if self.ngrams else None
 
     @abstractmethod
@@ -281,8 +281,8 @@ class FeatureDrafter(GrownDrafter):
         super().__init__(decoder, cache, **grown)
         self.heads, self.feature = decoder.heads, None
 
-    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        super().prompt_read(ids, hidden)
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
+        super().prompt_read(ids, hidden, states)
         self.feature = hidden[-1]
 
     def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:

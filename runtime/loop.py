@@ -27,6 +27,8 @@ def decode(drafter: Drafter, ids: torch.Tensor, emit: Callable[..., bool], sampl
                           drafter.early)
         verified.seconds = {"draft": verifying - started, "verify": time.perf_counter() - verifying}
         drafter.accept(proposal, verified)
+        if drafter.early is not None:  # what pruning dropped, for GenerateResult.pruned_rows
+            drafter.decoder.pruned_rows.append(verified.pruned)
         root = verified.next_token
         done = emit(verified.accepted + [root], rows=proposal.rows)
         del proposal, verified  # this step's logits and states go before the next step allocates its own

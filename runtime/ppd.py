@@ -24,7 +24,7 @@ from .kv_cache import KVCache
 from .llama import LeanLlama
 from .lookup import ContextIndex, draft_chains
 from .methods import LOOKUP_LENGTHS
-from .pruning import EarlyHead, logit_owners
+from .pruning import EarlyHead
 from .tree_layout import TreeLayout
 from .tree_sizer import TreeSizer
 
@@ -87,10 +87,9 @@ class StepResult:
 
 
 def ppd_proposal(model: LeanLlama, prompts: PromptTokenSet, tree: TreeLayout, root: int, guesses: torch.Tensor,
-                 chain: list[int] = (), pruned: bool = False) -> Proposal:
+                 chain: list[int] = ()) -> Proposal:
     """The tree of a state: its guess nodes filled from `guesses` [k, ranks], `chain` in its lookup nodes
-    (tree.lookup of them, chain after chain), and every node's prompt-token slots behind the nodes (`pruned`: with
-    the nodes they belong to, which early pruning needs)."""
+    (tree.lookup of them, chain after chain), and every node's prompt-token slots behind the nodes."""
     if len(chain) != tree.lookup:
         raise ValueError(f"the tree has {tree.lookup} lookup nodes, {len(chain)} tokens were given")
     guessed = tree.nodes - tree.lookup
@@ -101,7 +100,7 @@ def ppd_proposal(model: LeanLlama, prompts: PromptTokenSet, tree: TreeLayout, ro
     x = torch.cat([model.embed_ids(node_tokens), prompts.embeddings.to(model.dtype)[tree.slot_embedding]])
     # the slots' aggregated states ride in the nodes' LM-head call: it reads its 28M weights once for all rows
     return Proposal(node_tokens, tree, x, extra_readout=lambda hidden: prompts.draft_states(
-        hidden[tree.nodes:], tree.slot_distances), extra_owners=logit_owners(tree)[tree.nodes:] if pruned else None)
+        hidden[tree.nodes:], tree.slot_distances))
 
 
 def next_guesses(tree: TreeLayout, verified: Verified, ranks: int) -> tuple[torch.Tensor, int]:
@@ -115,8 +114,8 @@ def ppd_step(model: LeanLlama, cache: KVCache, prompts: PromptTokenSet, tree: Tr
              early: EarlyHead | None = None) -> StepResult:
     """One verify-and-guess forward (the step PpdDrafter's proposals take in the decode loop); `early` prunes the
     tree after its layer (runtime/pruning.py)."""
-    verified = verify(model, cache, ppd_proposal(model, prompts, tree, root, guesses, chain, early is not None),
-                      sampling, generator, early=early)
+    verified = verify(model, cache, ppd_proposal(model, prompts, tree, root, guesses, chain), sampling, generator,
+                      early=early)
     new_guesses, state = next_guesses(tree, verified, ranks)
     return StepResult(verified.accepted, verified.next_token, new_guesses, state, verified.pruned)
 
@@ -150,12 +149,10 @@ class PpdDrafter(Drafter):
             if chains:
                 layout = decoder.lookup_layout(self.state, len(chains), length, size)
                 chain = [t for c in chains for t in c]
-        return ppd_proposal(self.model, self.prompts, layout, root, self.guesses, chain, self.early is not None)
+        return ppd_proposal(self.model, self.prompts, layout, root, self.guesses, chain)
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
         layout = proposal.layout
-        if self.early is not None:
-            self.decoder.pruned_rows.append(verified.pruned)
         if self.sizer is not None:
             self.sizer.observe(layout.size, sum(verified.seconds.values()), len(verified.accepted) + 1)
         self.guesses, self.state = next_guesses(layout, verified, self.decoder.ranks)

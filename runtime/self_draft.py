@@ -136,7 +136,7 @@ class SelfDrafter(Drafter):
         self.shape, self.candidates = (branches, branch_length, gram), candidates
         self.drafts, self.text = None, []
 
-    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
         branches, length, gram = self.shape
         self.drafts, self.text = Drafts.start(ids.tolist(), branches, length, gram), ids.tolist()
 

@@ -36,7 +36,12 @@ class TreeLayout:
 
     def mask_after(self, length: int) -> torch.Tensor:
         """[T, length + T] bool: every row sees the `length` committed tokens, then the tree's own mask."""
-        return torch.cat([torch.ones(self.size, length, dtype=torch.bool), self.mask], dim=1)
+        return mask_after(self.mask, length)
+
+
+def mask_after(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """A step's mask [T, T] -> [T, length + T]: every row also sees the `length` committed tokens."""
+    return torch.cat([torch.ones(len(mask), length, dtype=torch.bool), mask], dim=1)
 
 
 def layout_tree(state: TreeState, epts: int, mask_kind: str) -> TreeLayout:
