@@ -38,7 +38,7 @@ def pytest_configure(config):
 
 def pytest_terminal_summary(terminalreporter):
     """The CPU the suite ran on, last (where a CI log's tail shows it): kernels and llama.cpp's build follow it."""
-    from ppdkit.jobs.bench import describe_machine, machine_info
+    from ppdkit.bench.decoding import describe_machine, machine_info
 
     terminalreporter.write_line(f"ran on: {describe_machine(machine_info())}")
 

@@ -50,7 +50,7 @@ def test_a_base_model_alone_decodes_with_anpd_and_refuses_component_methods(tmp_
     assert decoder.methods() == ["ar", "auto", "anpd", "self-draft"]
     with pytest.raises(ValueError, match="method ppd needs prompt tokens"):
         decoder.generate([5, 6, 7], 4, "ppd")
-    out = subprocess.run([sys.executable, "-m", "ppdkit.jobs.cli", "decode", "--base", "tiny-llama", "--method",
+    out = subprocess.run([sys.executable, "-m", "ppdkit.cli.main", "decode", "--base", "tiny-llama", "--method",
                           "anpd", "--prompt", "hello hello hello", "--max-new-tokens", "12"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""auto (runtime/auto.py): the fastest method a decoder serves, from a short measured trial cached per machine,
+"""auto (ppdkit/runtime/auto.py): the fastest method a decoder serves, from a short measured trial cached per machine,
 never a drafter that does not beat ar there; its output is the base model's like every method's."""
 
 import pytest

@@ -18,8 +18,8 @@ from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.data_pipeline.conversations import Conversation, MalformedRow, to_conversation
 from ppdkit.data_pipeline.data_stage import run_data_stage, tokenize_shard
 from ppdkit.data_pipeline.readers import NOT_UTF8, DataSourceError, read_conversations
-from ppdkit.jobs.bench import load_prompts
-from ppdkit.jobs.cli import main
+from ppdkit.bench.decoding import load_prompts
+from ppdkit.cli.main import main
 from ppdkit.jobs.spec import EvalMethod, SpecError, load_spec, spec_from_dict
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.runtime.tree import best_tree_for_size
@@ -137,7 +137,7 @@ def test_a_missing_job_api_is_said_in_one_line_without_loading_torch(tmp_path):
     import sys
 
     nowhere = f"http://127.0.0.1:{free_port()}"
-    code = ("import sys; from ppdkit.jobs.cli import main; "
+    code = ("import sys; from ppdkit.cli.main import main; "
             f"rc = main(['jobs', 'list', '--address', '{nowhere}']); print(rc, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.stdout.split()[-2:] == ["2", "False"], out.stderr[-2000:]
@@ -150,7 +150,7 @@ def test_verbose_after_the_command_is_taken_not_refused(tmp_path):
     import sys
 
     nowhere = f"http://127.0.0.1:{free_port()}"
-    code = ("import logging; from ppdkit.jobs.cli import main; "
+    code = ("import logging; from ppdkit.cli.main import main; "
             f"rc = main(['jobs', 'list', '--address', '{nowhere}', '--verbose']); "
             "print(rc, logging.getLogger().level == logging.DEBUG)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -159,7 +159,7 @@ def test_verbose_after_the_command_is_taken_not_refused(tmp_path):
 
 
 def test_the_spec_knows_every_method_the_bench_runs():
-    from ppdkit.jobs.bench import ALL_METHODS
+    from ppdkit.bench.decoding import ALL_METHODS
 
     assert set(get_args(EvalMethod)) == set(ALL_METHODS)
 
@@ -380,7 +380,7 @@ def test_a_head_method_evaluated_without_a_head_is_refused(job):
 
 def test_a_block_format_teacher_needs_the_unquantized_model_and_a_gguf():
     """teacher.compute_dtype gguf/q4 runs the teacher on the runtime's blocks: refused, with the fix, where the
-    base model is NF4 or has no GGUF (gguf). Sampled regeneration runs there too (runtime/batch.py)."""
+    base model is NF4 or has no GGUF (gguf). Sampled regeneration runs there too (ppdkit/runtime/batched_decoding.py)."""
     base = {"name": "smollm2-135m", "quantization": "none"}
     assert spec_from_dict({"name": "x", "base_model": base, "teacher": {"compute_dtype": "gguf"}})
     with pytest.raises(SpecError, match="set base_model.quantization none"):

@@ -1,4 +1,4 @@
-"""`ppdkit bench` (jobs/bench.py, jobs/bench_plot.py) on the tiny model: repeated runs count each method's fastest
+"""`ppdkit bench` (ppdkit/bench/decoding.py, ppdkit/bench/plot.py) on the tiny model: repeated runs count each method's fastest
 and must agree; a report says when, where and how it was made, and draws as a PNG."""
 
 import json
@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import torch
 
-import ppdkit.jobs.bench as bench
+import ppdkit.bench.decoding as bench
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def _row(method, tokens_per_s, per_step, identical=1.0, **extra):
             "speedup_vs_ar": tokens_per_s / 20.0, **extra}
 
 
-HAND_MADE = {"model": "models/components/some-head", "prompts_source": "mt-bench", "max_new_tokens": 64, "repeats": 2,
+HAND_MADE = {"model": "ppdkit/models/components/some-head", "prompts_source": "mt-bench", "max_new_tokens": 64, "repeats": 2,
              "date": "2026-11-25T10:00:00+00:00", "command": "ppdkit bench ...",
              "machine": {"cpu": "Example CPU", "logical_cores": 2, "torch_threads": 2, "isa": ["avx512f"]},
              "results": [_row("hf-greedy", 10.0, 1.0), _row("ar", 20.0, 1.0), _row("feature-head", 31.0, 2.4),
@@ -117,7 +117,7 @@ HAND_MADE = {"model": "models/components/some-head", "prompts_source": "mt-bench
 def test_plot_report_draws_both_panels_at_the_documented_size(tmp_path):
     from PIL import Image
 
-    from ppdkit.jobs.bench_plot import plot_report, title
+    from ppdkit.bench.plot import plot_report, title
 
     path = plot_report(HAND_MADE, tmp_path / "new" / "bench.png")
     assert path == tmp_path / "new" / "bench.png"
@@ -133,7 +133,7 @@ def test_plot_report_draws_both_panels_at_the_documented_size(tmp_path):
 
 
 def test_the_plot_writes_ratios_on_the_bars_and_marks_a_lossy_method():
-    from ppdkit.jobs.bench_plot import _label, _ratios
+    from ppdkit.bench.plot import _label, _ratios
 
     rows = {r["method"]: r for r in HAND_MADE["results"]}
     assert _ratios(rows["feature-head"]) == "1.55x ar, 3.10x greedy"
@@ -144,7 +144,7 @@ def test_the_plot_writes_ratios_on_the_bars_and_marks_a_lossy_method():
 def test_ppdkit_bench_records_its_command_line_and_draws_the_plot(prompts, monkeypatch, tmp_path):
     from PIL import Image
 
-    from ppdkit.jobs.cli import main
+    from ppdkit.cli.main import main
 
     monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
     argv = ["bench", "--base", "tiny-llama", "--prompts", prompts, "--max-new-tokens", "6", "--methods", "ar",

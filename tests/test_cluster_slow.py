@@ -46,7 +46,7 @@ def test_submit_follow_register_promote_decode(tmp_path):
                      "teacher.rows_per_shard=2", "train.max_steps=2", "train.micro_batch=1", "calibrate.sizes=[8,16]",
                      "calibrate.sequences=4", "evaluate.limit=2", "evaluate.max_new_tokens=8",
                      "tracking.registered_model=ppdkit-ci"]
-        submitted = _ppdkit("submit", str(REPO / "jobs/configs/demo.yaml"), *overrides, "--address", address,
+        submitted = _ppdkit("submit", str(REPO / "ppdkit/jobs/configs/demo.yaml"), *overrides, "--address", address,
                             "--output", str(tmp_path / "run"), env=env)
         assert submitted.returncode == 0, submitted.stderr[-3000:] + _head_log(env)
         job_id = submitted.stdout.strip().splitlines()[-1]

@@ -14,7 +14,7 @@ import torch
 from conftest import kernels_or_skip
 
 from ppdkit.data_pipeline.ngram_cache import build_ngram_table
-from ppdkit.jobs.cli import main
+from ppdkit.cli.main import main
 from ppdkit.models.artifact import write_component, write_ngrams
 from ppdkit.models.draft_heads import DraftHeads
 from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes
@@ -141,7 +141,7 @@ def _decode_everything(decoder: Decoder, prompts: list[list[int]]) -> dict:
 @pytest.mark.parametrize("path", ["native", "pytorch", "pytorch-fixed"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_decoding_makes_its_tensors_on_the_decoders_device(components, kind, path, monkeypatch):
-    """pytorch-fixed: the PyTorch layers in steps of one shape, as a GPU runs them (runtime/fixed_shapes.py)."""
+    """pytorch-fixed: the PyTorch layers in steps of one shape, as a GPU runs them (ppdkit/runtime/fixed_shapes.py)."""
     import ppdkit.runtime.linear as linear_module
 
     module = kernels_or_skip("native") if path == "native" else None

@@ -16,7 +16,7 @@ def tool():
 
 def _corpus_grown_since_commit() -> bool:
     """Whether the corpus's manifest differs from the committed one (a corpus job at work in this checkout)."""
-    manifest = SCRIPT.parents[2] / "data_pipeline" / "corpora" / "smollm2-135m" / "corpus.json"
+    manifest = SCRIPT.parents[2] / "ppdkit" / "data_pipeline" / "corpora" / "smollm2-135m" / "corpus.json"
     done = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(manifest)], cwd=SCRIPT.parents[2],
                           capture_output=True)
     return done.returncode == 1

@@ -22,7 +22,7 @@ def _row(method, tokens_per_s, per_step, identical=1.0, **extra):
             **extra}
 
 
-REPORT = {"model": "models/components/some-head", "prompts_source": "humaneval", "max_new_tokens": 64, "repeats": 2,
+REPORT = {"model": "ppdkit/models/components/some-head", "prompts_source": "humaneval", "max_new_tokens": 64, "repeats": 2,
           "tree_size": 12, "date": "2026-11-25T10:00:00+00:00", "command": "ppdkit bench --model some-head",
           "machine": {"cpu": "Example CPU", "logical_cores": 2, "torch_threads": 2, "isa": ["avx512f"],
                       "torch": "2.13.0+cpu", "ppdkit_commit": "0123456789abcdef0123456789abcdef01234567"},
@@ -76,7 +76,7 @@ def test_check_names_what_is_stale_until_the_page_is_written(tool, tmp_path):
     assert tool["stale"](results, out) == ["docs/results.md", "docs/results/head-humaneval.png"]
     tool["write"](results, out)
     # a plot drawn by ppdkit bench --plot (no digest of its report) is redrawn by the tool, not trusted
-    from ppdkit.jobs.bench_plot import plot_report
+    from ppdkit.bench.plot import plot_report
 
     plot_report(json.loads((results / "head-humaneval.json").read_text()), results / "head-humaneval.png")
     assert tool["stale"](results, out) == ["docs/results/head-humaneval.png"]

@@ -15,7 +15,7 @@ from conftest import hf_greedy, tiny_model_on
 from test_lossless import _random_early_head
 from test_training import BASE, DATA, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
 
-import ppdkit.runtime.draft_heads as draft_heads_module
+import ppdkit.runtime.heads_drafter as draft_heads_module
 from ppdkit.data_pipeline.config import TeacherConfig
 from ppdkit.data_pipeline.teacher_cache import TeacherCache, TeacherCacheError
 from ppdkit.data_pipeline.teacher_stage import run_teacher_stage
@@ -24,13 +24,13 @@ from ppdkit.models.draft_heads import DraftHeads, frequent_tokens
 from ppdkit.models.loading import load_base_model
 from ppdkit.registry.tracking import TrackerRef
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_heads import DraftHeadSet, head_tree
+from ppdkit.runtime.heads_drafter import DraftHeadSet, head_tree
 from ppdkit.runtime.native import native_kernels
 from ppdkit.runtime.tree import candidate_tree
-from ppdkit.trainer.bench_features import features_benchmark
+from ppdkit.bench.head_features import features_benchmark
 from ppdkit.trainer.calibrate import calibrate
 from ppdkit.trainer.launch import run_training
-from ppdkit.trainer.methods import TRAINING_METHODS
+from ppdkit.trainer.training_methods import TRAINING_METHODS
 
 HIDDEN, VOCAB = 64, 384
 HEAD_TRAIN = TRAIN.model_copy(update={"head_depth": 3, "draft_vocab": 128, "head_inner": 32, "lr": 0.001})

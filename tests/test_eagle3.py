@@ -1,4 +1,4 @@
-"""EAGLE-3 (models/eagle3.py, trainer/eagle3_run.py, runtime/eagle3.py): the training-time test's attention is
+"""EAGLE-3 (ppdkit/models/eagle3.py, ppdkit/trainer/eagle3_run.py, ppdkit/runtime/eagle3_drafter.py): the training-time test's attention is
 the decoder's (a draft unrolled in training gives the logits the decoder's draft cache and tree rows give),
 training on Ray Train workers, the component loads and decodes, and the lossless property whatever the draft
 holds (random and poisoned drafts on both kernel paths, float64 against transformers' greedy, repetitive text
@@ -26,7 +26,7 @@ from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.decoder_loading import draft_matrices
 from ppdkit.runtime.drafter import Proposal, verify
 from ppdkit.models.eagle3 import readout
-from ppdkit.runtime.eagle3 import Eagle3Drafter, draft_rows
+from ppdkit.runtime.eagle3_drafter import Eagle3Drafter, draft_rows
 from ppdkit.runtime.layer_states import forward_with_states, states_after
 from ppdkit.runtime.grown_tree import StepCost, by_value, level_logp
 from ppdkit.runtime.head_loading import eagle3_set
@@ -34,7 +34,7 @@ from ppdkit.runtime.tree_layout import shape_layout
 from ppdkit.trainer.autocast_probe import use_autocast
 from ppdkit.trainer.config import TrainConfig
 from ppdkit.trainer.launch import run_training
-from ppdkit.trainer.methods import TRAINING_METHODS
+from ppdkit.trainer.training_methods import TRAINING_METHODS
 
 EAGLE3 = ("eagle3", "eagle3-anpd")
 EAGLE3_TRAIN = TRAIN.model_copy(update={"method": "eagle3", "head_depth": 3, "draft_vocab": 128, "lr": 0.001,
@@ -209,7 +209,7 @@ def test_growth_stops_where_no_deeper_guess_would_be_verified(tiny_f64):
 def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatch):
     """native-q4: 4-bit blocks on the int8 kernel, what auto runs SmolLM2's drafts on where the CPU has VNNI;
     native-bf16: bfloat16 weights; on both the draft's matrices in Q8_0 blocks where the CPU has VNNI
-    (runtime/decoder_loading.draft_matrices)."""
+    (ppdkit/runtime/decoder_loading.draft_matrices)."""
     model, tok = tiny_model_on(path.removesuffix("-q4").removesuffix("-bf16"), monkeypatch)
     weights = q4_weights_or_skip(model) if path == "native-q4" else {}
     kernels = linear_module.native_kernels()  # tiny_model_on's: the native module, or None for PyTorch's layers
@@ -225,7 +225,7 @@ def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatc
             name = sorted(tensors)[case % len(tensors)]
             tensors[name] = torch.full_like(tensors[name], value)
         decoder = _decoder(model, tok, tensors, vocab, **weights)
-        decoder.fix_shapes(path == "pytorch-fixed")  # a GPU's steps (runtime/fixed_shapes.py)
+        decoder.fix_shapes(path == "pytorch-fixed")  # a GPU's steps (ppdkit/runtime/fixed_shapes.py)
         assert (decoder.model.native is not None) == path.startswith("native")  # the path under test really runs
         assert decoder.model.weight_format == ("q4" if weights else "bfloat16" if path == "native-bf16" else "float32")
         if path in ("native-bf16", "native-q4"):  # every matrix of the draft in Q8_0 blocks where the int8 kernel

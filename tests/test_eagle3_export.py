@@ -1,4 +1,4 @@
-"""`ppdkit export`: an eagle3 component in the layouts servers load (models/eagle3_export.py): the tensors and config
+"""`ppdkit export`: an eagle3 component in the layouts servers load (ppdkit/models/eagle3_export.py): the tensors and config
 each layout names, the vocabulary maps, refusals of what cannot be exported, and the real consumer: the
 `speculators` package (its own venv, `make setup-speculators`) loads the export, and its draft step equals
 ppdkit's decoder's on random inputs."""
@@ -13,14 +13,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_eagle3 import _draft_tensors
 
-from ppdkit.jobs.cli import main
+from ppdkit.cli.main import main
 from ppdkit.models.artifact import ArtifactError, write_component
 from ppdkit.models.eagle3 import aux_layers, readout
 from ppdkit.models.eagle3_export import export_eagle3
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.tiny import write_tiny_family
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.eagle3 import draft_rows
+from ppdkit.runtime.eagle3_drafter import draft_rows
 from ppdkit.runtime.head_loading import eagle3_set
 
 SPECULATORS_PYTHON = Path(__file__).parents[1] / ".venv-speculators" / "bin" / "python"

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import FIXTURES, free_port
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
-from ppdkit.jobs.cli import main
+from ppdkit.cli.main import main
 from ppdkit.models.artifact import write_component
 from ppdkit.registry.models import COMPLETE_TAG, RegistryError, register_component
 from ppdkit.registry.tracking import TrackerRef, TrackingUnavailable

@@ -1,4 +1,4 @@
-"""Steps of one fixed shape (runtime/fixed_shapes.py), the PyTorch layers' lossless mode for a GPU: every row of a
+"""Steps of one fixed shape (ppdkit/runtime/fixed_shapes.py), the PyTorch layers' lossless mode for a GPU: every row of a
 step, causal or tree-shaped, in one block or several, gets exactly the result of the one-row steps `ar` runs, on
 library kernels that promise nothing about rows; a verified row's keys come in `ar`'s order; decoding through it
 is lossless, prefill and trees split in blocks included."""

@@ -160,7 +160,7 @@ def test_smollm2_decodes_on_its_own_blocks_losslessly():
     _vnni_kernels()
     from transformers import LlamaForCausalLM
 
-    from ppdkit.jobs.bench import load_prompts
+    from ppdkit.bench.decoding import load_prompts
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_base("smollm2-135m", dtype="gguf")

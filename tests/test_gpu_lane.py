@@ -1,4 +1,4 @@
-"""jobs/gpu_lane.py, run here on the CPU with the tiny model and without the packages the GPU machine lacks (Ray,
+"""ppdkit/jobs/gpu_lane.py, run here on the CPU with the tiny model and without the packages the GPU machine lacks (Ray,
 DeepSpeed, MLflow, bitsandbytes, datasets: importing one fails): new corpus shards of its own seed, a draft trained
 further from the starting component, held-out top-1 before and after, at most 8 files to bring back; then the shards
 merge into another corpus here and the component loads and decodes losslessly."""

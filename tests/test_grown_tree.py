@@ -1,4 +1,4 @@
-"""Grown draft trees (runtime/grown_tree.py: the feature head's tree grown from its own confidence, ANPD's chain
+"""Grown draft trees (ppdkit/runtime/grown_tree.py: the feature head's tree grown from its own confidence, ANPD's chain
 merged in): the choice of proposals by hand, the size chosen for what it costs, and the lossless property
 whatever the head holds (poisoned heads on both kernel paths, random heads in float64 against transformers'
 greedy, repetitive text so the chains are accepted), and sampled decoding that keeps the model's distribution."""

@@ -8,7 +8,7 @@ import torch
 from ppdkit.data_pipeline.teacher_cache import ShardSequence, compress_logits
 from ppdkit.models.prompt_tokens import init_from_token_embeddings
 from ppdkit.models.tiny import build_tiny_llama
-from ppdkit.trainer.batch import collate, collate_at
+from ppdkit.trainer.prompt_batch import collate, collate_at
 from ppdkit.trainer.insertion import build_layout
 from ppdkit.trainer.student import student_logprobs
 

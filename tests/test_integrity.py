@@ -11,7 +11,7 @@ from conftest import REPO
 from ppdkit.models.artifact import ArtifactError, add_files, read_component, write_component, write_ngrams
 from ppdkit.runtime.decoder import Decoder
 
-COMMITTED = REPO / "models" / "components" / "smollm2-135m-ppd"
+COMMITTED = REPO / "ppdkit" / "models" / "components" / "smollm2-135m-ppd"
 
 
 @pytest.fixture

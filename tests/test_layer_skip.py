@@ -1,4 +1,4 @@
-"""Draft & Verify's self-speculative decoding (D&V paper; runtime/layer_skip.py): a draft with nothing
+"""Draft & Verify's self-speculative decoding (D&V paper; ppdkit/runtime/layer_skip.py): a draft with nothing
 skipped is the model itself and every draft token is accepted; random skip maps never change greedy output
 on either kernel path or against transformers in float64; adaptive draft-exiting follows equations 2-4."""
 
@@ -79,7 +79,7 @@ def test_skip_maps_are_checked():
 
 
 def test_decode_takes_a_skip_map_with_a_base_model(tmp_path):
-    run = [sys.executable, "-m", "ppdkit.jobs.cli", "decode", "--base", "tiny-llama", "--method", "skip",
+    run = [sys.executable, "-m", "ppdkit.cli.main", "decode", "--base", "tiny-llama", "--method", "skip",
            "--prompt", "a b a b a b", "--max-new-tokens", "12"]
     out = subprocess.run(run + ["--skip-map", "0,3"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert out.returncode == 0 and "[skip] 12 tokens" in out.stderr, out.stderr

@@ -1,4 +1,4 @@
-"""llama.cpp as a bench baseline (jobs/llama_cpp.py): the GGUF it runs at the runtime's precision holds exactly the
+"""llama.cpp as a bench baseline (ppdkit/bench/llama_cpp.py): the GGUF it runs at the runtime's precision holds exactly the
 weights ppdkit's runtime holds, and `ppdkit bench` times it beside ar on the same prompt ids, comparing llama.cpp's
 prompt lookup with its own plain decoding. The slow test needs llama-cpp-python (CI installs the extra)."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-import ppdkit.jobs.llama_cpp as llama_module
-from ppdkit.jobs.bench import run_bench
+import ppdkit.bench.llama_cpp as llama_module
+from ppdkit.bench.decoding import run_bench
 from ppdkit.models.catalog import base_gguf
 
 

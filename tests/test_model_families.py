@@ -1,4 +1,4 @@
-"""Base models users bring (models/tiny.py's tiny random Llama 3 with llama3 rope scaling, Qwen2 with query/key/value
+"""Base models users bring (ppdkit/models/tiny.py's tiny random Llama 3 with llama3 rope scaling, Qwen2 with query/key/value
 biases and an untied head, Mistral with a sliding window), each a local HF directory: the lean runtime's logits are
 transformers' on both kernel paths, decoding is transformers' greedy, `ppdkit run` trains, calibrates and registers
 a component for each, and an architecture outside the family is refused, naming what is supported."""
@@ -11,7 +11,7 @@ from conftest import assert_gives_hf_greedy, kernels_or_skip
 from test_pipeline import spec_file  # noqa: F401 (the tiny job's spec, a fixture)
 
 import ppdkit.runtime.linear as linear_module
-from ppdkit.jobs.cli import main
+from ppdkit.cli.main import main
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.tiny import build_tiny_tokenizer, write_tiny_family
 from ppdkit.runtime.decoder import Decoder
@@ -105,7 +105,7 @@ def test_a_hub_id_loads_from_the_hub_and_says_what_to_do_when_it_cannot(family_d
 
     _hub_cache_with(tmp_path / "hub", "ppdkit-tests/tiny-llama3", family_dirs["llama3"])
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
-    run = [sys.executable, "-m", "ppdkit.jobs.cli", "decode", "--method", "ar", "--prompt", "hi", "--max-new-tokens", "4"]
+    run = [sys.executable, "-m", "ppdkit.cli.main", "decode", "--method", "ar", "--prompt", "hi", "--max-new-tokens", "4"]
     found = subprocess.run(run + ["--base", "ppdkit-tests/tiny-llama3"], capture_output=True, text=True, env=env,
                            timeout=300)
     assert found.returncode == 0 and "[ar] 4 tokens" in found.stderr, found.stderr[-2000:]

@@ -34,16 +34,16 @@ def _load(native_py, path_variable: str) -> None:
 def test_kernels_are_not_rebuilt_for_another_ninja_or_another_copy_of_the_package(tmp_path):
     scripts = os.path.dirname(sys.executable)
     bare_path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if os.path.abspath(p) != scripts)
-    _load(REPO / "runtime" / "native.py", bare_path)  # built here unless an earlier test built them
+    _load(REPO / "ppdkit" / "runtime" / "native.py", bare_path)  # built here unless an earlier test built them
     build = kernels_build_dir()
     library, log = next(build.glob("*.so")), build / ".ninja_log"
     before = library.stat().st_mtime_ns, log.read_text()
 
     copy = tmp_path / "elsewhere" / "runtime"  # newer files at another path, as Ray unpacks a job's package
-    shutil.copytree(REPO / "runtime" / "kernels", copy / "kernels")
-    shutil.copy(REPO / "runtime" / "native.py", copy / "native.py")
-    for native_py, path_variable in [(REPO / "runtime" / "native.py", f"{scripts}{os.pathsep}{bare_path}"),
-                                     (REPO / "runtime" / "native.py", bare_path),
+    shutil.copytree(REPO / "ppdkit" / "runtime" / "kernels", copy / "kernels")
+    shutil.copy(REPO / "ppdkit" / "runtime" / "native.py", copy / "native.py")
+    for native_py, path_variable in [(REPO / "ppdkit" / "runtime" / "native.py", f"{scripts}{os.pathsep}{bare_path}"),
+                                     (REPO / "ppdkit" / "runtime" / "native.py", bare_path),
                                      (copy / "native.py", bare_path)]:
         _load(native_py, path_variable)
         assert (library.stat().st_mtime_ns, log.read_text()) == before, \

@@ -1,4 +1,4 @@
-"""train.online (trainer/online_teacher.py): the frozen base computes the targets and features in the training step,
+"""train.online (ppdkit/trainer/online_teacher.py): the frozen base computes the targets and features in the training step,
 exactly the teacher stage's, and EAGLE-3 trains on them on two Ray workers without a teacher cache."""
 
 import math
@@ -102,7 +102,7 @@ def test_a_job_trains_online_on_a_corpus_and_a_grown_corpus_is_a_new_input(ray_l
     from test_corpus import TINY
 
     from ppdkit.data_pipeline.corpus_grow import CorpusConfig, grow_corpus
-    from ppdkit.jobs.cli import main
+    from ppdkit.cli.main import main
 
     corpus = tmp_path / "corpus"
     grow_corpus(corpus, CorpusConfig(**TINY), max_shards=2)
@@ -125,7 +125,7 @@ def test_a_job_trains_online_on_a_corpus_and_a_grown_corpus_is_a_new_input(ray_l
 
 def test_the_online_benchmark_times_both_modes_on_the_same_batches(teacher_dir):  # noqa: F811
     from ppdkit.data_pipeline.config import TeacherConfig
-    from ppdkit.trainer.bench_online import MODES, online_benchmark
+    from ppdkit.bench.eagle3_online import MODES, online_benchmark
 
     report = online_benchmark(BASE, EAGLE3_TRAIN, TeacherConfig(compute_dtype="float32", top_k=16),
                               teacher_dir.parent / "data", batches=2, threads=1)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import REPO, free_port
 
-FOLDERS = ("models", "data_pipeline", "trainer", "runtime", "registry", "jobs")
+FOLDERS = ("models", "data_pipeline", "trainer", "runtime", "registry", "jobs", "bench", "serving", "cli")
 
 
 def _python(code: str, cwd, **kw) -> subprocess.CompletedProcess:
@@ -17,19 +17,17 @@ def _python(code: str, cwd, **kw) -> subprocess.CompletedProcess:
 
 
 def test_namespaced_imports_work_from_anywhere(tmp_path):
-    result = _python("import ppdkit.trainer, ppdkit.runtime, ppdkit.jobs.cli; print(ppdkit.trainer.__name__)", tmp_path)
+    result = _python("import ppdkit.trainer, ppdkit.runtime, ppdkit.cli.main; print(ppdkit.trainer.__name__)", tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ppdkit.trainer"
 
 
 def test_top_level_trainer_is_never_ppdkit_code(tmp_path):
-    # From the repo root the folder is on sys.path: importing it as `trainer` must refuse, naming the right import.
-    in_repo = _python("import trainer", REPO)
-    assert in_repo.returncode != 0
-    assert "ppdkit.trainer" in in_repo.stderr
-    # Anywhere else, `trainer` is whatever PyPI installed (or nothing), never our folder.
-    elsewhere = _python("import trainer, os; print(os.path.abspath(trainer.__file__))", tmp_path)
-    assert elsewhere.returncode != 0 or str(REPO) not in elsewhere.stdout
+    # The packages live in ppdkit/, so neither the repo root nor anywhere else exposes one as `trainer`: that name is
+    # whatever PyPI installed (or nothing), never our folder.
+    for cwd in (REPO, tmp_path):
+        found = _python("import trainer, os; print(os.path.abspath(trainer.__file__))", cwd)
+        assert found.returncode != 0 or str(REPO) not in found.stdout
 
 
 def test_wheel_installs_everything_under_the_namespace(tmp_path):
@@ -49,7 +47,7 @@ def test_wheel_installs_everything_under_the_namespace(tmp_path):
     zipfile.ZipFile(wheel).extractall(target)
     site_packages = next(p for p in sys.path if p.endswith("site-packages"))
     env = {"PYTHONPATH": f"{target}:{site_packages}", "PATH": "/usr/bin:/bin"}
-    result = _python("import ppdkit.trainer, ppdkit.runtime, ppdkit.jobs.cli, ppdkit.jobs.cli_pipeline as c; "
+    result = _python("import ppdkit.trainer, ppdkit.runtime, ppdkit.cli.main, ppdkit.cli.job_commands as c; "
                      "print(ppdkit.trainer.__file__); print(c.demo_spec_path().is_file())", tmp_path, flags=["-S"],
                      env=env)
     assert result.returncode == 0, result.stderr
@@ -94,7 +92,7 @@ def test_ui_runs_mlflow_from_its_own_environment_without_an_activated_venv(tmp_p
 
 
 def test_other_libraries_bars_stay_off_unless_verbose(tmp_path):
-    run = [sys.executable, "-m", "ppdkit.jobs.cli", "decode", "--base", "tiny-llama", "--method", "ar", "--prompt",
+    run = [sys.executable, "-m", "ppdkit.cli.main", "decode", "--base", "tiny-llama", "--method", "ar", "--prompt",
            "hi", "--max-new-tokens", "4"]
     # as a user's shell has it: not the switches an in-process `ppdkit` call of another test left in os.environ
     env = {k: v for k, v in os.environ.items() if not k.endswith("DISABLE_PROGRESS_BARS")}

@@ -11,7 +11,7 @@ from datasets import load_from_disk
 from mlflow.tracking import MlflowClient
 
 from conftest import FIXTURES
-from ppdkit.jobs.cli import main, write_problem
+from ppdkit.cli.main import main, write_problem
 from ppdkit.jobs.pipeline import PipelineError, select_stages
 
 
@@ -397,7 +397,7 @@ def test_the_console_shows_our_own_lines_and_bars(spec_file, tmp_path):
     import sys
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    run = subprocess.run([sys.executable, "-m", "ppdkit.jobs.cli", "run", str(spec_file), "--output",
+    run = subprocess.run([sys.executable, "-m", "ppdkit.cli.main", "run", str(spec_file), "--output",
                           str(tmp_path / "out"), "--stages", "data,teacher,train"], capture_output=True, text=True,
                          cwd=tmp_path, env=env, timeout=900)
     console = run.stdout + run.stderr

@@ -1,5 +1,5 @@
-"""The runtime's precision (runtime/precision.py) and the property its losslessness rests on: the native kernels'
-result for a row never depends on how many rows share the call (runtime/row_invariance.py), on every instruction
+"""The runtime's precision (ppdkit/runtime/precision.py) and the property its losslessness rests on: the native kernels'
+result for a row never depends on how many rows share the call (ppdkit/runtime/row_invariance.py), on every instruction
 path this CPU has, in float32 and bfloat16 (AVX512-BF16 dot products, and AMX tiles where the CPU has them); the
 AVX512-BF16 kernel equals its PyTorch twin bit for bit, the AMX one lies within float32 summation's bound of it;
 every decoding method gives `ar`'s tokens in bfloat16 on both kernels and on 4-bit blocks; `auto` picks bfloat16
@@ -32,7 +32,7 @@ ROWS = 80  # the most rows the tests put through one call: past the largest tree
 SHAPES = [(100, 37), (64, 576), (49, 16)]  # odd K, a model's width, fewer columns than a panel pair
 
 
-BF16_KERNELS = ["avx512", "amx"]  # bfloat16's two native kernels (runtime/native.bf16_kernel)
+BF16_KERNELS = ["avx512", "amx"]  # bfloat16's two native kernels (ppdkit/runtime/native.bf16_kernel)
 
 
 def _bf16_kernels(variant: str = "native"):
@@ -77,7 +77,7 @@ def test_every_row_is_the_same_whatever_the_rows_in_the_call(variant, dtype, mon
 
 
 def test_the_bfloat16_kernel_equals_its_pytorch_twin():
-    """The native AVX512-BF16 matmul rounds exactly as runtime/kernels_twin.py writes it down, and lies within
+    """The native AVX512-BF16 matmul rounds exactly as ppdkit/runtime/kernels_twin.py writes it down, and lies within
     bfloat16's rounding of the float32 product."""
     module = _bf16_kernels()
     g = torch.Generator().manual_seed(1)
@@ -195,7 +195,7 @@ def test_the_native_decoder_layers_are_row_invariant(variant, dtype, monkeypatch
 
 @pytest.mark.parametrize("variant,dtype", [*PATHS, ("native", "q4")])
 def test_a_prompt_longer_than_a_native_call_reads_as_one_token_at_a_time(variant, dtype, monkeypatch):
-    """A prompt of more rows than one native call takes (runtime/llama.native_blocks) gives every position the
+    """A prompt of more rows than one native call takes (ppdkit/runtime/llama.native_blocks) gives every position the
     hidden state and the keys/values that reading it one token at a time gives: ar's prefill is its decoding's
     arithmetic, whatever the prompt's length."""
     _path(variant, torch.float32 if dtype == "q4" else dtype, monkeypatch)
@@ -267,7 +267,7 @@ def test_every_method_gives_ars_tokens_on_narrow_weights(weights, monkeypatch):
 @pytest.mark.parametrize("weights", NARROW)
 def test_draft_heads_give_ars_tokens_on_narrow_weights(weights, monkeypatch):
     """Random feature and Medusa heads over bfloat16 weights or 4-bit blocks, with trees of up to 64 nodes; their
-    matrices in Q8_0 blocks where the CPU has VNNI, as the loader puts them (runtime/decoder_loading.draft_matrices)."""
+    matrices in Q8_0 blocks where the CPU has VNNI, as the loader puts them (ppdkit/runtime/decoder_loading.draft_matrices)."""
     model, tok, narrow = _narrow_weights(weights, monkeypatch)
     rng, g = random.Random(3), torch.Generator().manual_seed(3)
     matrices = draft_matrices(weights.split("-")[0])
@@ -328,7 +328,7 @@ def test_a_gpu_decoder_whose_kernels_are_not_row_invariant_is_warned_about(monke
     with caplog.at_level("WARNING", logger=row_invariance.__name__):
         row_invariance.check_rows(decoder)
     assert "step of 8 rows" in caplog.text and "on cuda" in caplog.text and "differ from ar's" in caplog.text
-    assert "fixed_shapes=True" in caplog.text  # the remedy: steps of one shape (runtime/fixed_shapes.py)
+    assert "fixed_shapes=True" in caplog.text  # the remedy: steps of one shape (ppdkit/runtime/fixed_shapes.py)
     caplog.clear()
     model.fixed_rows = 96  # where even those differ, it says so
     with caplog.at_level("WARNING", logger=row_invariance.__name__):
@@ -341,8 +341,8 @@ def test_the_precision_report_compares_answers_and_perplexity(tiny_dir, monkeypa
     counted answer by answer, with a perplexity near float32's."""
     from pathlib import Path
 
-    from ppdkit.jobs.bench import first_difference
-    from ppdkit.jobs.precision_cost import run_precision
+    from ppdkit.bench.decoding import first_difference
+    from ppdkit.bench.precision_cost import run_precision
 
     monkeypatch.setattr(linear_module, "native_kernels", _bf16_kernels)
     fixture = str(Path(__file__).parent / "fixtures" / "conversations.jsonl")

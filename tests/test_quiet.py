@@ -17,7 +17,7 @@ from ppdkit.data_pipeline.teacher_cache import ShardSequence, compress_logits
 from ppdkit.models.hf_cache import cache_kwargs, new_cache
 from ppdkit.models.prompt_tokens import init_from_token_embeddings
 from ppdkit.models.tiny import build_tiny_llama
-from ppdkit.trainer.batch import collate
+from ppdkit.trainer.prompt_batch import collate
 from ppdkit.trainer.skip_draft import DraftNorms, draft_states
 from ppdkit.trainer.student import student_forward
 

@@ -11,7 +11,7 @@ import ppdkit.runtime.linear as linear_module
 from ppdkit.runtime.causal_attention import causal_attention
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.kv_cache import cache_width
-from ppdkit.runtime.methods import LOOKUP_LENGTHS
+from ppdkit.runtime.decoding_methods import LOOKUP_LENGTHS
 from ppdkit.runtime.linear import Linear
 from ppdkit.runtime.llama import LeanLlama, attention_bias
 from ppdkit.runtime.lookup import ContextIndex
@@ -167,7 +167,7 @@ def test_linear_paths_agree_with_torch(variant, monkeypatch):
 
 @pytest.mark.parametrize("variant", ["native", "avx2"])
 def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatch):
-    """The one-call native layers (runtime/kernels/decoder_layers.cpp) against the same model's PyTorch
+    """The one-call native layers (ppdkit/runtime/kernels/decoder_layers.cpp) against the same model's PyTorch
     layers: causal, tree-masked and single-token steps over a filled cache, keys and values included."""
     module = kernels_or_skip(variant)
     monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
@@ -277,7 +277,7 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
         lookup_steps += with_lookup.steps
         longest = max(longest, *with_lookup.accepted_per_step)
     assert lookup_steps < plain_steps  # the chain was accepted, and that saved steps
-    assert longest > 4  # after a chain accepted whole, a longer one was (runtime/methods.py LOOKUP_LENGTHS)
+    assert longest > 4  # after a chain accepted whole, a longer one was (ppdkit/runtime/decoding_methods.py LOOKUP_LENGTHS)
     bound = decoder._tree_size("ppd-lookup")  # what the KV cache reserves for one step
     assert max(layout.size for layout in decoder._lookup_layouts.values()) <= bound
     widest = max(decoder.layouts, key=lambda state: decoder.layouts[state].size)

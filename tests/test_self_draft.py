@@ -7,7 +7,7 @@ from conftest import lossless_on_random_prompts, plain_tiny_decoder
 from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noqa: F401  (the fixture)
 
 from ppdkit.models.ngram_table import NgramTable
-from ppdkit.runtime.methods import get_method
+from ppdkit.runtime.decoding_methods import get_method
 from ppdkit.runtime.self_draft import Drafts, step_inputs, trie
 from ppdkit.runtime.tree_layout import shape_layout
 

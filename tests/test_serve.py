@@ -1,4 +1,4 @@
-"""`ppdkit serve` (jobs/serve.py) as a user meets it: the real server in its own process on 127.0.0.1, talked to
+"""`ppdkit serve` (ppdkit/serving/server.py) as a user meets it: the real server in its own process on 127.0.0.1, talked to
 with OpenAI's own client and plain HTTP; answers (streamed or not) are the decoder's `generate` text, and bad
 requests get 4xx errors that say what is wrong."""
 
@@ -37,7 +37,7 @@ def _serving(log, *args: str, env: dict | None = None):
     """`ppdkit serve ARGS` in its own process on a free port, answering /health: (its URL, its console log)."""
     port = free_port()
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "ppdkit.jobs.cli", "serve", *args, "--port", str(port)],
+        process = subprocess.Popen([sys.executable, "-m", "ppdkit.cli.main", "serve", *args, "--port", str(port)],
                                    stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:

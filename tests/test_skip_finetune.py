@@ -1,4 +1,4 @@
-"""The aggressive-skip fine-tune (D&V paper appendix F; trainer/skip_finetune_run.py, runtime `skip-ft`): the
+"""The aggressive-skip fine-tune (D&V paper appendix F; ppdkit/trainer/skip_finetune_run.py, runtime `skip-ft`): the
 training forward is the runtime draft's first guess exactly, a training step changes only the draft's norms,
 and a fine-tuned draft (any norms, any draft vocabulary) never changes greedy output."""
 

@@ -1,4 +1,4 @@
-"""The layer-skip search (trainer/skip_search.py) on a real local Ray Tune with Optuna's TPE: with a known cost it
+"""The layer-skip search (ppdkit/trainer/skip_search.py) on a real local Ray Tune with Optuna's TPE: with a known cost it
 finds the optimum in a few trials, a failed trial is resumed without redoing the finished ones, and
 `train.method: layer-skip` goes through `ppdkit run` to a registered component that decodes losslessly."""
 
@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from ray import cloudpickle
 from test_pipeline import spec_file  # noqa: F401 (the tiny job's spec, a fixture)
 
-from ppdkit.jobs.cli import main
+from ppdkit.cli.main import main
 from ppdkit.registry.tracking import TrackerRef
 from ppdkit.trainer.skip_finetune_run import aggressive_skip_map
 from ppdkit.trainer.skip_search import (SearchError, SearchSettings, config_of, search_skip_maps, skip_map_of,

@@ -79,14 +79,14 @@ def test_demo_job_runs_and_its_mlflow_run_is_listed(tmp_path):
 
 
 def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
-    """The component the project's recipe trained (models/components/): the right base model, the
+    """The component the project's recipe trained (ppdkit/models/components/): the right base model, the
     base model's own greedy tokens (or a floating-point near-tie), and more than one token per step."""
     from conftest import REPO
 
     from ppdkit.runtime.decoder import Decoder
 
     # lookup_chains for ppd-lookup: the context's chain and the n-gram table's
-    decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-ppd", tree_size=16,
+    decoder = Decoder.from_pretrained(REPO / "ppdkit" / "models" / "components" / "smollm2-135m-ppd", tree_size=16,
                                       lookup_chains=4, dtype="float32")
     assert decoder.ngrams is not None and len(decoder.ngrams.entries) > 10_000
     for method in ("ppd", "ppd-lookup"):
@@ -101,7 +101,7 @@ def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
 
 
 def test_the_committed_feature_head_decodes_mt_bench_losslessly_in_fewer_steps():
-    """The feature-head component the recipe trained (models/components/smollm2-135m-feature-head): the base
+    """The feature-head component the recipe trained (ppdkit/models/components/smollm2-135m-feature-head): the base
     model's own greedy tokens (or a floating-point near-tie) in fewer steps, on trees of two sizes and on the
     trees it grows (with and without ANPD's chains)."""
     from conftest import REPO
@@ -110,19 +110,19 @@ def test_the_committed_feature_head_decodes_mt_bench_losslessly_in_fewer_steps()
 
     for size, method in ((4, "feature-head"), (16, "feature-head"), (None, "feature-grown"),
                          (None, "feature-grown-anpd")):
-        decoder = Decoder.from_pretrained(REPO / "models" / "components" / "smollm2-135m-feature-head", tree_size=size,
+        decoder = Decoder.from_pretrained(REPO / "ppdkit" / "models" / "components" / "smollm2-135m-feature-head", tree_size=size,
                                           dtype="float32")
         assert lossless_tokens_per_step(decoder, method) > 1.25, (size, method)
 
 
 def test_the_committed_early_head_prunes_the_feature_heads_trees_losslessly():
-    """The early-head component (models/components/smollm2-135m-early-head) on the committed feature head: the base
+    """The early-head component (ppdkit/models/components/smollm2-135m-early-head) on the committed feature head: the base
     model's own tokens, rows dropped after its layer, and most of the unpruned tree's tokens per step kept."""
     from conftest import REPO
 
     from ppdkit.runtime.decoder import Decoder
 
-    components = REPO / "models" / "components"
+    components = REPO / "ppdkit" / "models" / "components"
     decoder = Decoder.from_pretrained(components / "smollm2-135m-feature-head", tree_size=6,
                                       early_head=components / "smollm2-135m-early-head", prune_top_k=128,
                                       dtype="float32")
@@ -145,7 +145,7 @@ def lossless_tokens_per_step(decoder, method: str, prompts: int = 3, new_tokens:
     """Tokens per step of `method` on MT-Bench first turns, asserting each output is transformers' greedy one (or
     parts from it only at a floating-point near-tie). transformers' model computes in float32, so the decoder must
     too: a bfloat16 decoder's tokens are its own bfloat16 model's (the bench compares those with `ar`)."""
-    from ppdkit.jobs.bench import divergence, load_prompts, run_method
+    from ppdkit.bench.decoding import divergence, load_prompts, run_method
 
     tokens = steps = 0
     for prompt in load_prompts("mt-bench", prompts):

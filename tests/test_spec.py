@@ -1,10 +1,10 @@
 import pytest
 
 from conftest import REPO
-from ppdkit.jobs.cli import main
+from ppdkit.cli.main import main
 from ppdkit.jobs.spec import SpecError, apply_overrides, flatten, load_spec, spec_from_dict
 
-CONFIGS = REPO / "jobs" / "configs"
+CONFIGS = REPO / "ppdkit" / "jobs" / "configs"
 
 
 @pytest.mark.parametrize("name", ["demo.yaml", "smollm2-ppd.yaml", "smollm2-layer-skip.yaml",

@@ -128,7 +128,7 @@ def test_the_teacher_computes_on_the_decoders_runtime(undisturbed, data_dir, tmp
 
 def test_kept_features_are_the_final_hidden_states_and_heads_read_them(undisturbed, data_dir, tmp_path):
     """teacher.features keeps every token's final hidden state (float16) in a checksummed companion file per shard,
-    memory-mapped on reading; trainer/features.py then reads them instead of running the base model."""
+    memory-mapped on reading; ppdkit/trainer/features.py then reads them instead of running the base model."""
     from ppdkit.trainer.features import FeatureCache
 
     summary = run_teacher_stage(BASE, DATA, TEACHER.model_copy(update={"features": True}), data_dir, tmp_path)

@@ -16,7 +16,7 @@ from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.prompt_tokens import PromptTokens, init_from_token_embeddings
 from ppdkit.registry.tracking import TrackerRef
-from ppdkit.trainer.batch import collate
+from ppdkit.trainer.prompt_batch import collate
 from ppdkit.trainer.config import TrainConfig
 from ppdkit.trainer.launch import run_training
 from ppdkit.trainer.losses import decay_mean, kl_to_compressed_teacher
@@ -145,7 +145,7 @@ def test_ept_head_two_stage_trains_the_head_from_its_start_step_only(teacher_dir
 
 def test_a_head_step_changes_only_the_drafts(teacher_dir):
     """One 1-stage ept-head step on the 4-bit base: prompt tokens and head move, the base stays bit-identical."""
-    from ppdkit.trainer.methods import TRAINING_METHODS
+    from ppdkit.trainer.training_methods import TRAINING_METHODS
 
     base = load_base_model("tiny-llama", quantization="nf4", for_training=True)
     before = {k: v.clone() for k, v in base.model.state_dict().items()}
@@ -190,7 +190,7 @@ def test_a_run_starts_from_a_trained_components_weights_and_vocabulary(teacher_d
     component's, and the run's token maps follow its vocabulary; another method, other shapes or another base
     model are refused with the key to change."""
     from ppdkit.models.artifact import write_component
-    from ppdkit.trainer.methods import TRAINING_METHODS
+    from ppdkit.trainer.training_methods import TRAINING_METHODS
     from ppdkit.trainer.warm_start import starting_component
 
     base = load_base_model("tiny-llama", for_training=True)
@@ -228,7 +228,7 @@ def test_a_larger_draft_vocab_grows_the_starting_components(teacher_dir, tmp_pat
     other tokens join them (ascending ids, as the export needs), a component token's readout row is the
     component's wherever it now sits, and a new token's row starts as a fresh run's (the base's LM-head row)."""
     from ppdkit.models.artifact import write_component
-    from ppdkit.trainer.methods import TRAINING_METHODS
+    from ppdkit.trainer.training_methods import TRAINING_METHODS
     from ppdkit.trainer.warm_start import starting_component
 
     base = load_base_model("tiny-llama", for_training=True)

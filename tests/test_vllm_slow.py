@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ppdkit.jobs.bench import load_prompts
+from ppdkit.bench.decoding import load_prompts
 from ppdkit.models.catalog import materialize
 from ppdkit.models.eagle3_export import export_eagle3
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 VLLM_READY = ROOT / ".venv-vllm" / ".ppdkit-setup"  # written by `make setup-vllm` once `import vllm` works
 CONSUMER = Path(__file__).parent / "consumers" / "vllm_generate.py"
-COMPONENT = ROOT / "models" / "components" / "smollm2-135m-eagle3"
+COMPONENT = ROOT / "ppdkit" / "models" / "components" / "smollm2-135m-eagle3"
 
 
 def _generate(out: Path, prompts: Path, *draft: str) -> dict:

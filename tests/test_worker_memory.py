@@ -1,4 +1,4 @@
-"""data_pipeline/worker_memory.py: a worker's kernel caches are capped without overriding a user's setting, and the
+"""ppdkit/data_pipeline/worker_memory.py: a worker's kernel caches are capped without overriding a user's setting, and the
 allocator's freed pages really go back to the system."""
 
 import os

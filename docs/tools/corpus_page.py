@@ -1,8 +1,8 @@
 """docs/corpus.md: the self-distilled corpus, online training and the continual recipe, generated from what is
 committed. The page reads:
-- the corpus's manifest (data_pipeline/corpora/smollm2-135m/corpus.json), for its mix;
+- the corpus's manifest (ppdkit/data_pipeline/corpora/smollm2-135m/corpus.json), for its mix;
 - the online-training measurements (docs/measurements/online-training-*.json);
-- the committed EAGLE-3 draft's history (models/components/smollm2-135m-eagle3/history.json), which is the
+- the committed EAGLE-3 draft's history (ppdkit/models/components/smollm2-135m-eagle3/history.json), which is the
   data-scaling table: corpus tokens, positions trained, held-out top-1 and MT-Bench tokens per step.
 
     .venv/bin/python docs/tools/corpus_page.py           # after the corpus grew or a draft was adopted
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "corpus.md"
 COMMAND = "python docs/tools/corpus_page.py"
 BASE = "smollm2-135m"
-COMPONENT = ROOT / "models" / "components" / "smollm2-135m-eagle3"
+COMPONENT = ROOT / "ppdkit" / "models" / "components" / "smollm2-135m-eagle3"
 
 
 def mix_table(corpus) -> str:
@@ -74,19 +74,19 @@ def render() -> str:
         "history: edit those, then run it -->",
         "",
         "A draft is trained on the base model's own conversations, so that it learns to guess what the model will "
-        "write. They are kept in a corpus committed with ppdkit ([its README](../data_pipeline/corpora/smollm2-135m/"
+        "write. They are kept in a corpus committed with ppdkit ([its README](../ppdkit/data_pipeline/corpora/smollm2-135m/"
         "README.md)), and grown by `ppdkit corpus grow` in the background of every working session. Training reads the "
         "corpus with `data.source: corpus`. With `train.online: true` the frozen base computes the targets and hidden "
         "states in the training step, so a machine keeps nothing but the corpus and the checkpoints. `ppdkit adopt` "
         "then replaces the committed draft only when the new one does better "
-        "([jobs/configs/smollm2-eagle3-continual.yaml](../jobs/configs/smollm2-eagle3-continual.yaml) has the "
+        "([ppdkit/jobs/configs/smollm2-eagle3-continual.yaml](../ppdkit/jobs/configs/smollm2-eagle3-continual.yaml) has the "
         "commands).",
         "",
         f"## The SmolLM2 corpus's mix ({corpus.manifest['base_model']})",
         "",
         mix_table(corpus),
         "Rows left out are counted by reason in each shard's record in `corpus.json`. A copy of a benchmark prompt "
-        "is never trained on (data_pipeline/contamination.py).",
+        "is never trained on (ppdkit/data_pipeline/contamination.py).",
         "",
         "## Online against precomputed targets",
         "",

@@ -2,15 +2,15 @@
 
 A draft with a reduced vocabulary (train.draft_vocab: EAGLE-3, the heads, the early head) never proposes a token
 outside it, so the share of the base model's own tokens inside it caps every distance's acceptance. For vocabularies
-of the N most frequent tokens of a teacher cache's training sequences (what training picks: models/draft_heads.py
+of the N most frequent tokens of a teacher cache's training sequences (what training picks: ppdkit/models/draft_heads.py
 frequent_tokens), this prints and writes the share of the base model's greedy tokens (`ar`, bfloat16) inside, by N,
 on MT-Bench first turns, HumanEval and the data set's own held-out first turns; and, for the component's own
 vocabulary, how many of the tokens outside it appeared earlier in the prompt or the answer (those an n-gram chain of
 the live text, as eagle3-anpd merges, can still propose).
 
-    python docs/tools/draft_vocab_coverage.py --model models/components/smollm2-135m-eagle3 \\
+    python docs/tools/draft_vocab_coverage.py --model ppdkit/models/components/smollm2-135m-eagle3 \\
         --run <cache>/runs/smollm2-draft-data --write-prompts held-out.jsonl
-    ppdkit bench --model models/components/smollm2-135m-eagle3 --prompts held-out.jsonl --methods ar,eagle3 \\
+    ppdkit bench --model ppdkit/models/components/smollm2-135m-eagle3 --prompts held-out.jsonl --methods ar,eagle3 \\
         --tree-size 16
 """
 
@@ -23,7 +23,7 @@ import datasets
 import torch
 
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
-from ppdkit.jobs.bench import load_prompts, machine_info
+from ppdkit.bench.decoding import load_prompts, machine_info
 from ppdkit.models.artifact import ArtifactError, read_component
 from ppdkit.models.draft_heads import frequent_tokens, inverse_index
 from ppdkit.runtime.decoder import Decoder

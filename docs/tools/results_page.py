@@ -16,8 +16,8 @@ from pathlib import Path
 
 from PIL import Image  # matplotlib's own dependency
 
-from ppdkit.jobs.bench import describe_machine
-from ppdkit.jobs.bench_plot import plot_report
+from ppdkit.bench.decoding import describe_machine
+from ppdkit.bench.plot import plot_report
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"

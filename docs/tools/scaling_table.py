@@ -1,7 +1,7 @@
 """The draft-data scaling table: what each training run on one teacher cache reached, read from its stage summaries.
 
 Each argument is LABEL=RUN_DIR, a `ppdkit run` output made with `--reuse` of the same cache (recipe:
-jobs/configs/smollm2-draft-data.yaml, whose header gives the commands). Per run: the positions it trains on and
+ppdkit/jobs/configs/smollm2-draft-data.yaml, whose header gives the commands). Per run: the positions it trains on and
 those its steps saw, the held-out top-1 accuracy of each draft depth at the kept checkpoint (train), the expected
 tokens per step of the calibrated trees (calibrate) and the evaluate stage's tokens per step and speed of each
 decoding method. Writes docs/measurements/draft-scaling.json (`--out`) and prints the table as Markdown:

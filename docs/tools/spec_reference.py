@@ -25,7 +25,7 @@ from page_check import page_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "job-spec.md"
-RECIPES = ROOT / "jobs" / "configs"
+RECIPES = ROOT / "ppdkit" / "jobs" / "configs"
 COMMAND = "python docs/tools/spec_reference.py"
 _SCALARS = {int: "int", float: "float", bool: "true or false"}
 
@@ -115,7 +115,7 @@ def _row(key: str, field: FieldInfo, execution_only: bool = False) -> str:
 
 def _reruns(section: str) -> str:
     """Which stage a change of this section makes stale: the first whose recorded inputs hold it; the pipeline
-    refuses it (and every later stage) on an existing output until it is redone with --force (jobs/pipeline.py)."""
+    refuses it (and every later stage) on an existing output until it is redone with --force (ppdkit/jobs/pipeline.py)."""
     first = next((name for name in STAGE_ORDER if name in STAGES and section in STAGES[name].sections), None)
     if first is None:
         return "No stage's output depends on it: a change needs no stage redone."
@@ -142,7 +142,7 @@ def _section(key: str, field: FieldInfo, level: int) -> list[str]:
 
 
 def _intro() -> list[str]:
-    recipes = ", ".join(f"[{p.name}](../jobs/configs/{p.name})" for p in sorted(RECIPES.glob("*.yaml")))
+    recipes = ", ".join(f"[{p.name}](../ppdkit/jobs/configs/{p.name})" for p in sorted(RECIPES.glob("*.yaml")))
     keys = ", ".join(f"[{name}](#{name})" for name in JobSpec.model_fields)
     return [
         "# Job-spec reference",
@@ -155,7 +155,7 @@ def _intro() -> list[str]:
         "one key each, in order (the last wins); the value is read as YAML (`64`, `0.5`, `true`, `null`, `[8, 16]`):",
         "",
         "```",
-        "ppdkit run jobs/configs/demo.yaml data.limit=64 base_model.quantization=none",
+        "ppdkit run ppdkit/jobs/configs/demo.yaml data.limit=64 base_model.quantization=none",
         "```",
         "",
         "- Only `name` is required; every other key has the default below.",
@@ -170,7 +170,7 @@ def _intro() -> list[str]:
         "writes: a change to them alone is not refused. See [the pipeline](pipeline.md).",
         "- A run logs its whole spec to MLflow, as params (`data.limit`, ...) and as the artifact `spec.yaml`.",
         "",
-        f"Recipes to start from, in [jobs/configs/](../jobs/configs/): {recipes}.",
+        f"Recipes to start from, in [ppdkit/jobs/configs/](../ppdkit/jobs/configs/): {recipes}.",
         "",
         f"Top-level keys: {keys}.",
         "",

@@ -4,9 +4,9 @@ Writes docs/measurements/step-costs.json (`--out`): this machine's read bandwidt
 array on the runtime's threads, the fastest of 15: a stream the prefetcher follows, as the kernels' panels are;
 the fastest, because what other tenants of the VM take varies from one second to the next), the
 bytes a step's matmuls read (every packed weight, the LM head included), and per dtype the median latency of one
-forward plus LM head of n new rows over 256 cached tokens (runtime/profile.py's measure_latency), bfloat16 on each
+forward plus LM head of n new rows over 256 cached tokens (ppdkit/runtime/profile.py's measure_latency), bfloat16 on each
 of its kernels this CPU has (AVX512-BF16 dot products, AMX tiles), and on AVX512-BF16 both as the runtime runs it
-(float32 FMAs from the rows where they were faster here, runtime/native.bf16_fma_rows) and with VDPBF16PS for every
+(float32 FMAs from the rows where they were faster here, ppdkit/runtime/native.bf16_fma_rows) and with VDPBF16PS for every
 row count ("bfloat16-avx512-vdpbf16ps"). Run it on an idle machine: `python docs/tools/step_costs.py`.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ppdkit.jobs.bench import machine_info
+from ppdkit.bench.decoding import machine_info
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.native import NEVER, native_kernels
 from ppdkit.runtime.profile import measure_latency
@@ -60,7 +60,7 @@ def main() -> None:
     native = native_kernels()
     kernels = ["avx512", "amx"] if native is not None and native.amx_available() else ["avx512"]
     for dtype, kernel in [("float32", None), *(("bfloat16", kernel) for kernel in kernels)]:
-        if kernel:  # bfloat16 on each of its native kernels (runtime/native.bf16_kernel)
+        if kernel:  # bfloat16 on each of its native kernels (ppdkit/runtime/native.bf16_kernel)
             os.environ["PPDKIT_BF16_KERNEL"] = kernel
         decoder = Decoder.from_base(args.base, dtype=dtype)
         size = weight_bytes(decoder)

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 CACHE=${PPDKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ppdkit}
 PIDFILE=${PIDFILE:-$CACHE/corpus-grow.pid}
 LOG=${LOG:-$CACHE/corpus-grow.log}
-CORPUS=data_pipeline/corpora/smollm2-135m
+CORPUS=ppdkit/data_pipeline/corpora/smollm2-135m
 running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 signal() { if running; then kill "-$1" "$(cat "$PIDFILE")"; fi; }
 case "${1:-}" in

@@ -3,7 +3,7 @@
 #   lane.sh stash   keep what this call carried (.gpu-lane/*) in /root/lane, which outlives the call while the
 #                   machine stays warm (30 s between calls)
 #   lane.sh run     stash this call's part too, put SmolLM2's GGUF together, install the carried wheels, run
-#                   jobs/gpu_lane.py into $OUT
+#                   ppdkit/jobs/gpu_lane.py into $OUT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 STASH=/root/lane
@@ -26,6 +26,6 @@ run)
     PYTHONPATH="$STASH/pkgroot:$STASH/models" PPDKIT_CACHE="$STASH/cache" PYTHONUNBUFFERED=1 \
         HF_HUB_OFFLINE=1 python3 -m ppdkit.jobs.gpu_lane --out "${OUT:?the device tool sets OUT}" "${@:2}" ;;
 *)
-    echo "usage: lane.sh stash | run [jobs/gpu_lane.py options]" >&2
+    echo "usage: lane.sh stash | run [ppdkit/jobs/gpu_lane.py options]" >&2
     exit 2 ;;
 esac

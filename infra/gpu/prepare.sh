@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ready what the GPU lane (jobs/gpu_lane.py) carries to a lent GPU machine, in .gpu-lane/ (ignored by git):
+# Ready what the GPU lane (ppdkit/jobs/gpu_lane.py) carries to a lent GPU machine, in .gpu-lane/ (ignored by git):
 # - wheels for its Python 3.12 of what its image lacks and the lane needs: pydantic (ppdkit's configs), gguf (reading
 #   SmolLM2's GGUF); its image has torch, transformers, accelerate, pyarrow, safetensors, numpy and tqdm;
 # - SmolLM2's Q4_1 GGUF (98 MB) cut into parts that each travel beside the working tree: one device call carries

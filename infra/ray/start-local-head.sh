@@ -11,7 +11,7 @@ mkdir -p "$state"
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0  # bind to 127.0.0.1 only
 # Ray turns token auth on once ~/.ray/auth_token exists; server and clients must agree (docs/clusters.md).
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
-# Processes of an embedded Ray (ppdkit's own, jobs/ray_session.py) carry that Ray's state-API address:
+# Processes of an embedded Ray (ppdkit's own, ppdkit/jobs/ray_session.py) carry that Ray's state-API address:
 # this head's processes must not inherit it.
 unset RAY_API_SERVER_ADDRESS
 # Another Ray on this machine (an embedded one included) holds the agent's default ports (52365 ...);

@@ -1,0 +1,1 @@
+"""Benchmarks: decoding methods against plain decoding and llama.cpp, and the training throughput probes."""

@@ -1,0 +1,1 @@
+"""The `ppdkit` command line and what it prints."""

@@ -1,0 +1,216 @@
+"""The decoding commands: `ppdkit decode` (one prompt, streamed), `serve` (an OpenAI-compatible server), `profile`
+(forward latency per tree size here) and `bench` (methods compared on the same prompts)."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from ppdkit.runtime.decoding_methods import METHODS as DECODING_METHODS
+from ppdkit.runtime.dtypes import DTYPES
+
+LOOKUP_CHAINS_HELP = ("ppd-lookup: chains per step, the context's then the component's n-gram table's "
+                      "(default 1: extra rows cost more than they gain on a small CPU)")
+
+
+def _skip_map(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a skip map is comma-separated integers 0-3, one per layer, not {text!r}")
+
+
+FIXED_SHAPES = {"auto": None, "on": True, "off": False}  # --fixed-shapes: Decoder's fixed_shapes
+
+
+def _decoder(args: argparse.Namespace):
+    """The decoder of --base (with --skip-map) or --model (with decode's and serve's loading options)."""
+    from ppdkit.runtime.decoder import Decoder
+
+    if args.base:
+        return Decoder.from_base(args.base, skip_map=args.skip_map, device=args.device, dtype=args.dtype,
+                                 fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
+    return Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
+                                   dynamic_size=args.dynamic_size, early_head=args.early_head,
+                                   prune_top_k=args.prune_top_k, device=args.device, dtype=args.dtype,
+                                   fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from .console import text_streamer
+
+    decoder = _decoder(args)
+    result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=text_streamer(decoder.tokenizer),
+                              temperature=args.temperature, acceptance=args.acceptance, epsilon=args.epsilon,
+                              delta=args.delta, seed=args.seed)
+    rows = result.rows_per_step
+    fed = f", {sum(rows) / len(rows):.1f} inputs per step (at most {max(rows)})" if rows else ""
+    ran = f" (auto ran {result.method})" if args.method != result.method else ""
+    print(f"\n\n[{args.method}]{ran} {len(result.tokens)} tokens in {result.seconds:.2f} s "
+          f"({len(result.tokens) / result.seconds:.1f} tok/s), {result.steps} steps, "
+          f"{result.mean_accepted_per_step:.2f} tokens per step{fed}", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ppdkit.serving.server import ServeLimits, serve
+
+    decoder = _decoder(args)
+    if args.method not in decoder.methods():
+        raise ValueError(f"--method {args.method} is not one this decoder serves; use one of "
+                         f"{', '.join(decoder.methods())}")
+    serve(decoder, args.name or args.model or args.base, args.host, args.port, args.method,
+          ServeLimits(args.max_tokens, args.max_request_bytes, args.max_waiting))
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from ppdkit.runtime.decoder import Decoder
+
+    decoder = Decoder.from_pretrained(args.model, tree_size=None, device=args.device, dtype=args.dtype,
+                                      fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
+    if args.refresh:
+        from ppdkit.runtime.profile import profile_trees
+
+        decoder.profile = profile_trees(decoder.model, {int(r["size"]): r["tau"] for r in decoder.profile["rows"]},
+                                        decoder.fingerprint, refresh=True, **decoder.profile_drafter())
+    if decoder.profile is None:
+        raise ValueError(f"{args.model} has no trees.json: run the calibrate stage first")
+    p = decoder.profile
+    print(f"weights {decoder.model.weight_format}, machine {p['machine']}, context {p['context']} tokens, "
+          f"one-token forward {p['one_token_ms']:.1f} ms")
+    print(f"{'size':>5} {'tau':>6} {'latency ms':>11} {'of it draft':>11} {'tokens/s':>9} {'x one-token':>11}")
+    for r in p["rows"]:
+        mark = "  <- chosen" if r["size"] == p["chosen"] else ""
+        print(f"{r['size']:>5} {r['tau']:>6.2f} {r['latency_ms']:>11.1f} {r.get('draft_ms', 0.0):>11.1f} "
+              f"{r['tokens_per_s']:>9.1f} {r['speedup_vs_one_token']:>11.2f}{mark}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ppdkit.bench.decoding import print_table, run_bench, write_report
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    report = run_bench(args.model or args.base, args.prompts, args.limit, args.max_new_tokens, methods,
+                       args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k, base_only=bool(args.base),
+                       skip_map=args.skip_map, device=args.device, repeats=args.repeats,
+                       command=args.command_line, dtype=args.dtype, fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
+    print_table(report)
+    if args.out:
+        write_report(report, Path(args.out))
+    if args.plot:
+        from ppdkit.bench.plot import plot_report
+
+        print(f"plot: {plot_report(report, Path(args.plot))}")
+    return 0
+
+
+def cmd_precision(args: argparse.Namespace) -> int:
+    from ppdkit.bench.precision_cost import print_precision, run_precision, write_precision
+
+    report = run_precision(args.base, args.prompts, args.limit, args.max_new_tokens, args.texts, args.texts_limit,
+                           args.text_tokens, ("float32", args.dtype))
+    print_precision(report)
+    if args.out:
+        write_precision(report, Path(args.out))
+    return 0
+
+
+def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
+    """decode, serve, profile and bench; decode, serve and bench share the source (--model or --base) and its
+    drafts' options."""
+    decode = sub.add_parser("decode", help="decode a prompt with a component (greedy or sampled, lossless), streaming")
+    decode.add_argument("--prompt", required=True)
+    decode.add_argument("--max-new-tokens", type=int, default=128)
+    decode.add_argument("--method", default="ppd", choices=list(DECODING_METHODS))
+    decode.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
+    decode.add_argument("--acceptance", default="speculative", choices=["speculative", "typical"],
+                        help="sampled decoding: speculative keeps the model's distribution exactly; typical "
+                             "(--epsilon, --delta) accepts more guesses")
+    decode.add_argument("--epsilon", type=float, default=0.09)
+    decode.add_argument("--delta", type=float, default=0.3)
+    decode.add_argument("--seed", type=int, help="fixes the draws of sampled decoding")
+    decode.set_defaults(func=cmd_decode)
+
+    serve_cmd = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, "
+                                             "streaming; /health, /metrics) for a component or a base model")
+    serve_cmd.add_argument("--method", default="auto", choices=list(DECODING_METHODS),
+                           help="the decoding method of requests that name none (a request's `method` field)")
+    serve_cmd.add_argument("--host", default="127.0.0.1", help="the address to bind (default: this machine only)")
+    serve_cmd.add_argument("--port", type=int, default=8000)
+    serve_cmd.add_argument("--name", help="the model id clients see (default: --model or --base as given)")
+    serve_cmd.add_argument("--max-tokens", type=int, default=1024, help="the most new tokens a request may ask for")
+    serve_cmd.add_argument("--max-request-bytes", type=int, default=1_000_000)
+    serve_cmd.add_argument("--max-waiting", type=int, default=16, help="requests queued behind the one decoding "
+                                                                       "(more get 503)")
+    for parser_ in (decode, serve_cmd):
+        parser_.add_argument("--tree-size", type=int, help="a calibrated tree size (default: the size profiled as "
+                                                             "fastest on this machine); the grown methods' trees that "
+                                                             "many nodes every step")
+        parser_.add_argument("--dynamic-size", action="store_true",
+                             help="pick the tree size per step from measured step times and acceptance (ProPD 4.2)")
+        parser_.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
+    serve_cmd.set_defaults(func=cmd_serve)
+
+    prof = sub.add_parser("profile", help="measure forward latency per tree size here; print tau/L and the choice")
+    prof.add_argument("--model", required=True)
+    prof.add_argument("--refresh", action="store_true", help="measure again instead of using the cached profile")
+    prof.add_argument("--device", default="cpu", help="the torch device to profile (cpu, cuda, cuda:N, mps)")
+    prof.set_defaults(func=cmd_profile)
+
+    bench_dec = sub.add_parser("bench", help="decoding benchmark: methods on the same prompts, one process")
+    bench_dec.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
+    bench_dec.add_argument("--limit", type=int, default=10)
+    bench_dec.add_argument("--max-new-tokens", type=int, default=128)
+    bench_dec.add_argument("--methods", default="hf-greedy,hf-pld,ar,ppd,ppd-lookup",
+                           help="comma-separated; a tree method with +dyn picks its tree size per step, e.g. ppd+dyn; "
+                                "ar@float32 runs a method on a second decoder in that dtype (ratios in one run); "
+                                "llama.cpp, llama.cpp-lookup, llama.cpp-q4 time llama.cpp (ppdkit[llama])")
+    bench_dec.add_argument("--tree-size", type=int, help="as decode's --tree-size")
+    bench_dec.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
+    bench_dec.add_argument("--repeats", type=int, default=1,
+                           help="decode every prompt this many times per method, in turns, and count the fastest "
+                                "run (steadier ratios on a busy or drifting machine)")
+    bench_dec.add_argument("--out", help="write the report as JSON here")
+    bench_dec.add_argument("--plot", help="draw tokens/s and tokens per step by method as a PNG here")
+    for parser_ in (decode, bench_dec, serve_cmd):
+        source = parser_.add_mutually_exclusive_group(required=True)
+        source.add_argument("--model", help="a component: its directory (e.g. OUTPUT/calibrate/component) or "
+                                            "models:/NAME@ALIAS")
+        source.add_argument("--base", help="a base model alone (smollm2-135m, tiny-llama or a local directory), for "
+                                           "the methods that need no component: ar, anpd, self-draft, auto, and skip "
+                                           "with --skip-map")
+        parser_.add_argument("--skip-map", type=_skip_map, help="with --base, for --method skip: per decoder layer "
+                                                                "0 keep, 1 skip the attention, 2 the MLP, 3 both, "
+                                                                "comma-separated (e.g. 0,0,3,1,...)")
+        parser_.add_argument("--early-head", help="an early-head component (train.method early-head) for the *-prune "
+                                                  "methods")
+        parser_.add_argument("--prune-top-k", type=int, default=8,
+                             help="early pruning keeps a node whose token is among its parent's K early guesses")
+        parser_.add_argument("--device", default="cpu",
+                             help="where the model runs: cpu (default; the native kernels), cuda, cuda:N or mps "
+                                  "(the PyTorch layers; not run on a GPU by our tests, see docs/devices.md)")
+    for parser_ in (decode, serve_cmd, prof, bench_dec):
+        parser_.add_argument("--fixed-shapes", default="auto", choices=list(FIXED_SHAPES),
+                             help="steps of one shape, so that a tree's rows compute exactly what ar's one-row steps "
+                                  "do on library kernels: auto (default) on a GPU, off on a CPU (its native kernels "
+                                  "need none); off on a GPU trades that for speed (docs/devices.md)")
+        parser_.add_argument("--dtype", default="auto", choices=list(DTYPES),
+                             help="the weights' precision: auto (default) is gguf (the base model's own 4-bit blocks) "
+                                  "where it has a GGUF and the CPU AVX512-VNNI, else bfloat16 where the CPU has "
+                                  "AVX512-BF16 or on a GPU, else float32; every method is lossless against ar in the "
+                                  "same dtype, float32 gives the float32 model's own tokens")
+    bench_dec.set_defaults(func=cmd_bench)
+
+    precision = sub.add_parser("precision", help="what bfloat16 (or gguf) weights cost against float32: equal greedy "
+                                                 "answers, where they part, held-out perplexity")
+    precision.add_argument("--base", default="smollm2-135m", help="the base model (default smollm2-135m)")
+    precision.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "gguf"],
+                           help="the weights compared with float32 (default bfloat16)")
+    precision.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
+    precision.add_argument("--limit", type=int, default=50)
+    precision.add_argument("--max-new-tokens", type=int, default=128)
+    precision.add_argument("--texts", default="sharegpt", help="conversations scored teacher-forced (a data source)")
+    precision.add_argument("--texts-limit", type=int, default=50)
+    precision.add_argument("--text-tokens", type=int, default=512, help="each conversation's first tokens scored")
+    precision.add_argument("--out", help="write the report as JSON here")
+    precision.set_defaults(func=cmd_precision)

@@ -1,0 +1,156 @@
+"""The GPU lane: in a session lent a GPU, more of the corpus and a trained EAGLE-3 draft in minutes.
+
+Run on the device machine by infra/gpu/lane.sh (docs/devices.md#the-gpu-lane says how the base model and the wheels
+get there). Two stages, each with its own time budget, each reported whatever the other did:
+1. corpus: the base model writes Magpie conversations of the eight kinds with its own seed (`--seed`, not the CPU
+   job's 0, so its prompts are new ones), through transformers' generate in large batches, into a corpus of its
+   own under OUT/corpus (merged here with `ppdkit corpus merge`);
+2. train: the committed draft trained further on the committed corpus and the new shards, online (the base computes
+   the targets and states on the GPU), with a plain PyTorch loop: the device image has no Ray, DeepSpeed, MLflow or
+   bitsandbytes, and one call cannot carry Ray's 79 MB wheel. Held-out top-1 at distances 1-4 before and after. The
+   draft goes to OUT/component (float16), for `ppdkit adopt`.
+What comes back fits the device tool's limits: at most 8 files of at most 16 MiB, two folders down (OUT/corpus/shards/
+with at most 4 shards, OUT/corpus/corpus.json, the component's two files and OUT/lane.json).
+"""
+
+import argparse
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus, read_rows
+from ppdkit.data_pipeline.corpus_grow import CorpusConfig, grow_corpus
+from ppdkit.data_pipeline.prompt_kinds import KINDS
+from ppdkit.models.artifact import read_component, write_component
+from ppdkit.models.loading import load_base_model
+
+log = logging.getLogger("ppdkit.gpu_lane")
+COMPONENT = Path(__file__).resolve().parents[1] / "models" / "components" / "smollm2-135m-eagle3"
+MAX_SHARDS = 4  # 8 files back: the shards, corpus.json, the component's weights and component.json, lane.json
+HOLDOUT_EVERY = 50  # every 50th conversation is held out (2%, as the recipes' data.holdout)
+
+
+def corpus_stage(out: Path, base: str, device: str, minutes: float, seed: int, batch: int, rows: int) -> dict:
+    cfg = CorpusConfig(base_model=base, seed=seed, generate_batch=batch, rows_per_shard=rows,
+                       mix={f"magpie-{kind}": 1.0 for kind in KINDS})
+    report = grow_corpus(out / "corpus", cfg, max_shards=MAX_SHARDS, hours=minutes / 60, device=device)
+    return report.summary()
+
+
+def _sequences(teacher, corpora: list[Path], fingerprint: str, tokenizer):
+    from ppdkit.data_pipeline.corpus import tokenizer_identity
+
+    train, holdout = [], []
+    for root in corpora:
+        corpus = open_corpus(root)
+        corpus.check_base_model(fingerprint, tokenizer_identity(tokenizer))
+        for row in read_rows(corpus):
+            split = holdout if (len(train) + len(holdout)) % HOLDOUT_EVERY == 0 else train
+            split.append({"input_ids": row.input_ids, "loss_mask": row.loss_mask()})
+    return ([s for s in teacher.sequences(train, "train") if len(s.positions) > 1],
+            [s for s in teacher.sequences(holdout, "holdout") if len(s.positions) > 1])
+
+
+def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list[Path], component: Path,
+                micro_batch: int, lr: float, eval_sequences: int) -> dict:
+    """The committed draft trained further for `minutes` on `corpora`, online; its component in OUT/component."""
+    from ppdkit.trainer.config import TrainConfig
+    from ppdkit.trainer.training_methods import TRAINING_METHODS, cosine
+    from ppdkit.trainer.online_teacher import OnlineTeacher
+    from ppdkit.trainer.warm_start import starting_component
+
+    dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
+    loaded = load_base_model(base, "none", dtype, for_training=True)
+    loaded.model.to(device)
+    shape = read_component(component).hyperparameters  # the draft's own depth and vocabulary
+    cfg = TrainConfig(method="eagle3", online=True, init_from=str(component), head_depth=shape["head_depth"],
+                      draft_vocab=shape["draft_vocab"], precision="auto", lr=lr, micro_batch=micro_batch,
+                      num_workers=1)
+    teacher = OnlineTeacher(loaded.model, 64, keep_bytes=4e10 if dtype == "bfloat16" else 2e9)
+    train, holdout = _sequences(teacher, corpora, loaded.fingerprint, loaded.tokenizer)
+    holdout = holdout[:eval_sequences]
+    run = TRAINING_METHODS["eagle3"].start(cfg, loaded, train, starting_component(cfg, loaded.fingerprint),
+                                           teacher=teacher)
+    run.module.to(device)
+    before = run.evaluate(run.module, holdout, 0)
+    optimizer = torch.optim.AdamW(run.module.parameters(), lr=lr, weight_decay=0.0)
+    order, step, positions, started = list(range(len(train))), 0, 0, time.time()
+    random.Random(0).shuffle(order)
+    budget, planned = minutes * 60, None
+    while time.time() - started < budget:
+        rows = [order[(step * micro_batch + j) % len(order)] for j in range(micro_batch)]
+        if planned is not None:  # cosine over the steps the budget holds, estimated after the first 20
+            for group in optimizer.param_groups:
+                group["lr"] = lr * cosine(step, planned)
+        loss, supervised = run.loss(run.module, [train[r] for r in rows], random.Random(step), step)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step, positions = step + 1, positions + supervised
+        if step == 20:
+            planned = max(21, int(budget / ((time.time() - started) / step)))
+        if step % 100 == 0:
+            log.info("step %d loss %.4f  %.0f positions/s", step, loss.item(), positions / (time.time() - started))
+    seconds = time.time() - started
+    after = run.evaluate(run.module, holdout, step)
+    tensors = {k: v.detach().cpu().half() if v.is_floating_point() else v.detach().cpu()
+               for k, v in run.export_tensors(run.module.state_dict()).items()}
+    write_component(out / "component", "eagle3", run.hyperparameters(), base, loaded.fingerprint,
+                    {"gpu_lane": True, "steps": step, "started_from": str(component)}, tensors)
+    return {"steps": step, "seconds": round(seconds, 1), "positions": positions,
+            "positions_per_second": round(positions / max(seconds, 1e-9), 1), "train_sequences": len(train),
+            "heldout_sequences": len(holdout), "base_forwards": teacher.forwards,
+            "heldout_top1_before": [round(before[f"acc_top1_d{d}"], 4) for d in range(1, 5) if f"acc_top1_d{d}" in before],
+            "heldout_top1_after": [round(after[f"acc_top1_d{d}"], 4) for d in range(1, 5) if f"acc_top1_d{d}" in after],
+            "device": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="where what comes back is written ($OUT on the device)")
+    parser.add_argument("--base", default="smollm2-135m")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--corpus-minutes", type=float, default=4.0)
+    parser.add_argument("--train-minutes", type=float, default=4.0)
+    parser.add_argument("--seed", type=int, default=1, help="the lane's own seed: other Magpie prompts than the CPU's")
+    parser.add_argument("--batch", type=int, default=512, help="conversations generated together")
+    parser.add_argument("--rows-per-shard", type=int, default=2048)
+    parser.add_argument("--corpus", default=None, help="the corpus trained on with the new shards (default: "
+                                                      "the committed one of --base)")
+    parser.add_argument("--component", default=str(COMPONENT), help="the draft training starts from")
+    parser.add_argument("--micro-batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--eval-sequences", type=int, default=64)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"device": args.device, "torch": torch.__version__, "stages": {}}
+    for name, stage in (("corpus", lambda: corpus_stage(out, args.base, args.device, args.corpus_minutes, args.seed,
+                                                        args.batch, args.rows_per_shard)),
+                        ("train", lambda: train_stage(out, args.base, args.device, args.train_minutes,
+                                                      [Path(args.corpus) if args.corpus else committed_corpus(args.base),
+                                                       *([out / "corpus"] if (out / "corpus" / "corpus.json").is_file()
+                                                         else [])],
+                                                      Path(args.component), args.micro_batch, args.lr,
+                                                      args.eval_sequences))):
+        started = time.time()
+        try:
+            report["stages"][name] = {"ok": True, **stage()}
+        except Exception as e:  # the other stage's results still come back
+            log.exception("stage %s failed", name)
+            report["stages"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        report["stages"][name]["wall_seconds"] = round(time.time() - started, 1)
+        (out / "lane.json").write_text(json.dumps(report, indent=2))
+    for lock in out.rglob(".grow.lock"):  # one file fewer to bring back
+        lock.unlink()
+    return 0 if all(s["ok"] for s in report["stages"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""What is trained: the draft components' modules, their artifacts and the base models."""

@@ -1,0 +1,1 @@
+"""MLflow: tracking the stages' runs and registering components as models."""

@@ -1,0 +1,241 @@
+"""Building a Decoder: from a component (a directory or a models:/ URI) with its drafts checked against the base
+model, or from a base model alone. The Decoder's `from_pretrained` and `from_base` are these functions."""
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ppdkit.models.artifact import ArtifactError, Component, read_component
+from ppdkit.models.decoding_head import HEAD_TENSORS
+from ppdkit.models.catalog import base_gguf
+from ppdkit.models.loading import BaseModel, load_base_model
+from ppdkit.models.ngram_table import NgramTable
+
+from .devices import check_device, on_device
+from .dtypes import BLOCK_FORMATS, Q4
+from .gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
+from .head_loading import load_draft_heads, load_eagle3, load_skip_draft
+from .layer_skip import check_skip_map
+from .linear import QUANTIZED
+from .decoding_methods import get_method
+from .ppd import PromptTokenSet
+from .precision import activation_dtype, bf16_kernels_here, gguf_kernels_here, resolve_dtype
+from .profile import profile_trees
+from .pruning import load_early_head
+from .row_invariance import check_rows
+from .tree import DynamicTree
+
+LATENCY_SIZES = (2, 4, 8)  # the rows of a grown tree (runtime/decoding_methods.py GROWN_NODES: at most 8)
+
+if TYPE_CHECKING:  # decoder.py imports this module: the class is passed in as `cls`
+    from .decoder import Decoder
+
+
+def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto", tree_size: int | None = None,
+                    max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False,
+                    early_head: str | Path | None = None, prune_top_k: int = 8,
+                    device: str | torch.device = "cpu", fixed_shapes: bool | None = None) -> "Decoder":
+    """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens,
+    trees and n-gram table (or draft heads and their trees, or a layer-skip map and its fine-tuned draft).
+    `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
+    `dynamic_size` picks the tree size while decoding (runtime/tree_sizer.py), starting from the
+    profiled (or given) size. `early_head`: an early-head component (a directory or models:/ URI) for the
+    pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses.
+    `device`: where the model and drafts run (cuda: the PyTorch layers; the native kernels are CPU only).
+    `fixed_shapes`: steps of one shape (runtime/fixed_shapes.py; None: off the CPU only).
+    `dtype`: the weights' precision, auto, float32, bfloat16, gguf or q4 (runtime/precision.py)."""
+    device = check_device(device)
+    directory = _local(source)
+    component = read_component(directory)
+    digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
+    dtype = resolve_dtype(dtype, device, component.base_model["name"])
+    base, blocks = base_weights(component.base_model["name"], dtype)
+    read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
+    base.model.to(device)  # the loaders below take the LM head's rows from it, on the device
+    with on_device(device):  # the layouts, head trees and profile built below: on the device
+        decoder, taus, ppd_trees = _assemble(cls, component, base, max_length, lookup_chains, blocks, dtype)
+        decoder.fix_shapes(fixed_shapes)  # before the profile: it times the steps decoding will run
+        decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
+        decoder.base_name = component.base_model["name"]
+        if tree_size is not None and any(get_method(m).grown for m in decoder.methods()):
+            # a grown tree (feature-grown*, eagle3*) of that many nodes every step: hardware where rows are nearly
+            # free (a GPU), or a measurement of tokens per step at that size
+            if tree_size < 2:
+                raise ValueError(f"tree_size {tree_size}: a grown tree holds the root and at least one guess (>= 2)")
+            decoder.grown_nodes = tree_size
+        if taus:
+            _size_trees(decoder, taus, ppd_trees, tree_size, dynamic_size)
+        elif decoder.eagle3 is not None and tree_size is None:
+            # no calibrated trees: the grown tree's latency line starts from this machine's forward times by rows
+            # (each size's "tau" 1: a latency profile, cached per machine like the others)
+            decoder.profile = profile_trees(decoder.model, {size: 1.0 for size in LATENCY_SIZES}, base.fingerprint,
+                                            drafter="latency")
+        if early_head is not None:
+            early = read_component(_local(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
+            decoder.early_head = load_early_head(early, base.model, prune_top_k)
+        check_rows(decoder)
+    del base, blocks  # the last references but the decoder's: a block format's float copy and unpacked blocks go
+    _release_float_weights(decoder, component.base_model["name"], dtype, device)
+    return decoder
+
+
+def _release_float_weights(decoder: "Decoder", name: str, dtype: str, device: torch.device) -> None:
+    """On GGUF blocks the runtime multiplies its own weights: transformers' float32 copy (the larger part of the
+    process) is dropped, and loaded again only when a baseline asks for it."""
+    if dtype in BLOCK_FORMATS:
+        decoder.release_hf_model(lambda: load_base_model(name, quantization="none", dtype="float32").model.to(device))
+
+
+def base_weights(name: str, dtype: str) -> tuple[BaseModel, dict[str, QuantizedWeight] | None]:
+    """The base model in `dtype` (resolved), and for gguf its own GGUF's blocks, for q4 blocks quantized from its
+    weights (the model itself then float32, read for the embeddings and norms)."""
+    if dtype not in BLOCK_FORMATS:
+        return load_base_model(name, quantization="none", dtype=dtype), None
+    base = load_base_model(name, quantization="none", dtype="float32")
+    if dtype == Q4:
+        return base, quantize_model(base.model)
+    try:
+        path = base_gguf(name)
+    except ValueError as error:
+        raise ValueError(f"dtype gguf multiplies the base model's own GGUF blocks: {error}. Use q4 (the same "
+                         "format, quantized from its weights), float32 or bfloat16") from None
+    cfg = base.model.config
+    return base, read_quantized_weights(path, cfg.num_attention_heads, cfg.num_key_value_heads)
+
+
+def draft_matrices(dtype: str) -> torch.dtype | str | None:
+    """The format of an EAGLE-3 draft's matrices for a decoder in `dtype` (resolved). In bfloat16 or on GGUF blocks:
+    Q8_0 blocks (QUANTIZED) where this CPU's int8 kernel runs them, about half bfloat16's bytes (drafting is
+    memory-bound: a level's layer for 2 rows in 0.35 against 0.53 ms, one core without AMX; the draft only ranks
+    guesses, the verification decides what is kept); else on GGUF blocks bfloat16 where the kernels run it (the
+    base model's float32 copy would double what each draft level reads: 4.4 against 2.8 ms a step's drafting, 2
+    cores); else the base model's weight dtype (None). A float32 decoder keeps the draft exact, as trained."""
+    if dtype in ("bfloat16", *BLOCK_FORMATS) and gguf_kernels_here():
+        return QUANTIZED
+    return torch.bfloat16 if dtype in BLOCK_FORMATS and bf16_kernels_here() else None
+
+
+def _assemble(cls: type["Decoder"], component: Component, base, max_length: int, lookup_chains: int,
+              blocks: dict[str, QuantizedWeight] | None, dtype: str
+              ) -> tuple["Decoder", dict[int, float], dict[int, DynamicTree]]:
+    """The decoder with the component's drafts loaded: (decoder, each calibrated tree size's tau, a PPD
+    component's trees by size)."""
+    weights = {"quantized": blocks, "weight_format": dtype}
+    if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
+        decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
+        decoder.skip_map, decoder.skip_draft = load_skip_draft(component, decoder.model, base.model)
+        return decoder, {}, {}
+    if component.method == "eagle3":
+        decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
+        decoder.eagle3 = load_eagle3(component, base.model, draft_matrices(dtype))
+        return decoder, {}, {}
+    if "draft_vocab" in component.tensors:  # draft heads over the base model's features
+        heads, head_trees = load_draft_heads(component, base.model, draft_matrices(dtype))
+        decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
+        decoder.heads = heads
+        decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
+        return decoder, {s: tau for s, (_, tau) in head_trees.items()}, {}
+    prompts, by_size, ngrams = _drafts(component, base.model)
+    decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains, **weights)
+    return decoder, {s: t.tau for s, t in by_size.items()}, by_size
+
+
+def _size_trees(decoder: "Decoder", taus: dict[int, float], ppd_trees: dict[int, DynamicTree], tree_size: int | None,
+                dynamic_size: bool) -> None:
+    """Take the calibrated tree nearest `tree_size`, or, when none is given, the size this machine's
+    profile chose (measured once per machine, then cached)."""
+    if tree_size is None:
+        decoder.profile = profile_trees(decoder.model, taus, decoder.fingerprint, **decoder.profile_drafter())
+        tree_size = decoder.profile["chosen"]
+    decoder.size = min(taus, key=lambda s: abs(s - tree_size))
+    if decoder.heads is not None:
+        decoder.head_tree = decoder.head_trees[decoder.size]
+        decoder.size_taus = taus
+        decoder.size_rows = {s: tree.layout.size for s, tree in decoder.head_trees.items()}
+    else:
+        decoder.set_tree(ppd_trees[decoder.size])
+        if dynamic_size:
+            decoder.use_every_size(ppd_trees)
+    decoder.dynamic_size = dynamic_size
+
+
+def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: int = 2048,
+              skip_map: tuple[int, ...] | None = None, device: str | torch.device = "cpu",
+              fixed_shapes: bool | None = None) -> "Decoder":
+    """A base model alone (a name of models/config.py or a local directory), for the methods that need no
+    component: ar and the training-free drafters (anpd); with `skip_map` (per decoder layer 0 keep, 1 skip
+    the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `device` and `fixed_shapes` as from_pretrained's."""
+    device = check_device(device)
+    dtype = resolve_dtype(dtype, device, name)
+    base, blocks = base_weights(name, dtype)
+    base.model.to(device)
+    decoder = cls(base.model, base.tokenizer, None, None, max_length, quantized=blocks, weight_format=dtype,
+                  fixed_shapes=fixed_shapes)
+    decoder.fingerprint, decoder.base_name = base.fingerprint, name
+    if skip_map is not None:
+        decoder.skip_map = check_skip_map(skip_map, len(decoder.model.layers))
+    check_rows(decoder)
+    del base, blocks  # as in from_pretrained
+    _release_float_weights(decoder, name, dtype, device)
+    return decoder
+
+
+def _local(source: str | Path) -> Path:
+    """A component's directory: `source` itself, or the registry version a models:/ URI names, downloaded."""
+    if str(source).startswith("models:/"):
+        from ppdkit.registry.models import resolve  # the registry (MLflow) only for registry URIs
+
+        return Path(resolve(str(source)))
+    return Path(source)
+
+
+def _drafts(component: Component, model) -> tuple[PromptTokenSet, dict[int, DynamicTree], NgramTable | None]:
+    """The prompt tokens, trees by size and n-gram table of a PPD component, each checked against the base
+    model's shapes: a component that passed its checksums but was built wrong gets a clear error here,
+    not an index error mid-decoding."""
+    where, config = component.path, model.config
+    h = component.hyperparameters
+    try:
+        k, n, mask = int(h["num_prompt_tokens"]), int(h["num_epts"]), h["mask"]
+    except (KeyError, TypeError, ValueError):
+        raise ArtifactError(f"{where}/component.json: hyperparameters need num_prompt_tokens, num_epts and mask "
+                            f"for a PPD component, found {sorted(h)}") from None
+    emb = component.tensors.get("prompt_embeddings")  # [k, n, H]
+    if emb is None or tuple(emb.shape) != (k, n, config.hidden_size):
+        raise ArtifactError(f"{where}: prompt_embeddings must be [{k}, {n}, {config.hidden_size}] (prompt tokens, "
+                            f"EPTs, the base model's hidden size), found {None if emb is None else tuple(emb.shape)}")
+    weights = component.tensors.get("ept_weights")  # [k, n]
+    if weights is not None and tuple(weights.shape) != (k, n):
+        raise ArtifactError(f"{where}: ept_weights must be [{k}, {n}], found {tuple(weights.shape)}")
+    head = tuple(component.tensors.get(name) for name in HEAD_TENSORS)
+    if any(t is not None for t in head):
+        expected = {"head_weight": (config.hidden_size, config.hidden_size), "head_bias": (config.hidden_size,)}
+        found = {name: None if t is None else tuple(t.shape) for name, t in zip(HEAD_TENSORS, head)}
+        if found != expected:
+            raise ArtifactError(f"{where}: a custom decoding head needs head_weight [H, H] and head_bias [H] for the "
+                                f"base model's hidden size H={config.hidden_size}, found {found}")
+    on = {"device": model.device, "dtype": activation_dtype(model.dtype)}  # safetensors read them on the CPU
+    prompts = PromptTokenSet(emb.reshape(k * n, -1).to(**on), None if weights is None else weights.to(model.device),
+                             k, n, mask, None if head[0] is None else tuple(t.to(**on) for t in head))
+    by_size = {}
+    for size, data in (component.extras.get("trees") or {}).get("trees", {}).items():
+        try:
+            tree = DynamicTree.from_json(data)
+            tree.check(k, config.vocab_size)
+            by_size[int(size)] = tree
+        except ValueError as e:
+            raise ArtifactError(f"{where}/trees.json: the tree of size {size} cannot be used: {e}; run the calibrate "
+                                "stage again") from None
+    ngrams = None
+    if component.ngrams:
+        try:
+            ngrams = NgramTable.from_tensors(component.ngrams)
+        except (ValueError, KeyError, IndexError) as e:
+            raise ArtifactError(f"{where}/ngrams.safetensors is not an n-gram table ({e})") from None
+        largest = max((t for key, found in ngrams.entries.items() for t in (*key, *sum(found, []))), default=0)
+        if largest >= config.vocab_size:
+            raise ArtifactError(f"{where}/ngrams.safetensors holds token id {largest}, outside the base model's "
+                                f"vocabulary of {config.vocab_size}")
+    return prompts, by_size, ngrams

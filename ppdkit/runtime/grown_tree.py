@@ -1,0 +1,302 @@
+"""A draft tree grown every step from the feature head's own confidence (EAGLE-2's dynamic draft tree), where
+the calibrated trees of runtime/heads_drafter.py are one static shape for every step; optionally merged with
+ANPD's n-gram chain of the live text (runtime/anpd.py), so one tree carries the best guesses of both.
+
+Expand: from the root, the head walks `beam` branches per level; every expanded node proposes its `beam` most
+likely tokens, each valued by the product of the head's probabilities along its path (a log-probability sum),
+and the `beam` most valuable proposals of a level are the ones expanded next. Growth stops at `depth` levels,
+or once no proposal of a level could still be among the tree's nodes (a child is never worth more than its
+parent). Merge: the chain's j-th token is worth rate^j, rate being how often a chain guess was right once its
+predecessors were (measured while decoding); where the head proposed the same path, the higher value counts.
+Rerank: the most valuable proposals become the tree; a parent is worth at least its children, so any prefix of
+them by value holds every chosen node's path. One forward verifies the tree like any other, so the output is
+the base model's whatever the head or the chain propose.
+
+Size: a proposal's value estimates how often it is kept, so a tree of the n best proposals is expected to yield
+1 + rho * (their values' sum) tokens, rho the running ratio of kept guesses to that estimate. Each step takes the
+n with the most expected tokens per second, a step's time being the drafting's plus the forward's for 1 + n rows
+(runtime/tree_sizer.py's latency line, seeded by the tree profile and refitted on every step's time): a
+confident step spends rows deep on one line, an unsure one spends few. Growth stops at the level below which no
+proposal could be among those n, whatever else is proposed (StepCost.floor), so no level is drafted for nothing.
+"""
+
+import math
+from abc import abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from ppdkit.models.draft_heads import draft_logits, feature_step
+
+from .anpd import AdaptiveNgram
+from .drafter import Drafter, Proposal, Verified
+from .kv_cache import KVCache
+from .tree_layout import shape_layout
+from .tree_sizer import LatencyModel
+
+BEAM, DEPTH = 2, 5  # beams 2-3 and depths 4-6 measured alike on SmolLM2 (MT-Bench, HumanEval, 10 prompts each)
+CHAIN_LENGTH = 7  # ANPD's K
+
+
+@dataclass
+class Proposals:
+    """Guesses after the root: each one's value (path log-probability), depth, token and parent (-1: the root)."""
+
+    values: list[float] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+    def add(self, value: float, depth: int, token: int, parent: int) -> int:
+        self.values.append(value)
+        self.depths.append(depth)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        return len(self.values) - 1
+
+
+@dataclass
+class Frontier:
+    """The nodes a level expands: their values [m] and proposal indices (-1: the root)."""
+
+    values: torch.Tensor
+    proposals: list[int]
+
+
+def level_logp(logits: torch.Tensor) -> torch.Tensor:
+    """A level's logits [m, V'] -> log-probabilities, float32; a draft gone bad (NaN, inf) proposes worthless
+    guesses, never an order in which a child outranks its parent."""
+    return torch.nan_to_num(torch.log_softmax(logits.float(), dim=-1), nan=-math.inf, posinf=0.0)
+
+
+def grow_level(found: Proposals, logp: torch.Tensor, frontier: Frontier, level: int, vocab: torch.Tensor, beam: int,
+               wanted: int, last: bool, cost: "StepCost | None" = None
+               ) -> tuple[torch.Tensor, torch.Tensor, Frontier] | None:
+    """Add the `beam` likeliest children of every expanded node (logp [m, V'] over the draft vocabulary `vocab`)
+    to the proposals, in place -> (for the `beam` most valuable of them, their parents' rows among the expanded
+    nodes [m'], their tokens [m'], the next frontier); None where growth stops: the last level, or nothing below
+    this level could displace a proposal already among the `wanted` best, or (`cost`: the step's size is chosen
+    by what rows cost) nothing below it could pay for its row."""
+    top = logp.topk(min(beam, logp.shape[-1]), dim=-1)  # [m, b]
+    level_values = (frontier.values[:, None] + top.values).flatten()  # [m b]
+    level_tokens = vocab[top.indices.flatten()]  # [m b]
+    first, b = len(found.values), top.values.shape[1]
+    for i, (value, token) in enumerate(zip(level_values.tolist(), level_tokens.tolist())):
+        found.add(value, level, token, frontier.proposals[i // b])
+    if last:
+        return None
+    best = level_values.topk(min(beam, len(level_values)))
+    # a child is never worth more than its parent: the level's best value bounds every deeper proposal's
+    if len(found.values) >= wanted and float(best.values[0]) < sorted(found.values, reverse=True)[wanted - 1]:
+        return None
+    if cost is not None and float(best.values[0]) < cost.floor(found.values):
+        return None
+    return best.indices // b, level_tokens[best.indices], Frontier(best.values, [first + int(i) for i in best.indices])
+
+
+def expand(model, heads, feature: torch.Tensor, root: int, wanted: int, beam: int, depth: int,
+           cost: "StepCost | None" = None) -> Proposals:
+    """The head's proposals under `root` (feature [H]: the hidden state that chose it), at least `wanted` when the
+    levels allow and (`cost`) their rows pay."""
+    found = Proposals()
+    state = feature_step(feature[None], model.embed_ids(torch.tensor([root])), *heads.layers)  # [1, H]
+    frontier = Frontier(torch.zeros(1), [-1])
+    for level in range(1, depth + 1):
+        logp = level_logp(draft_logits(state, heads.readout))  # [m, V']
+        grown = grow_level(found, logp, frontier, level, heads.vocab, beam, wanted, last=level == depth, cost=cost)
+        if grown is None:
+            break
+        parents, tokens, frontier = grown
+        state = feature_step(state[parents], model.embed_ids(tokens), *heads.layers)  # [m', H]
+    return found
+
+
+def add_chain(found: Proposals, chain: list[int], rate: float) -> None:
+    """Merge a chain of guesses under the root into the proposals, in place: its j-th token is worth rate^j, or
+    the head's value for the same path when higher (values stay log-probabilities; a parent stays worth at least
+    its children)."""
+    index = {(p, t): i for i, (p, t) in enumerate(zip(found.parents, found.tokens))}
+    parent, step = -1, math.log(min(max(rate, 1e-6), 1.0))
+    for j, token in enumerate(chain, start=1):
+        at = index.get((parent, token))
+        if at is None:
+            at = found.add(j * step, j, token, parent)
+        else:
+            found.values[at] = max(found.values[at], j * step)
+        parent = at
+
+
+def by_value(found: Proposals, count: int) -> list[int]:
+    """The `count` most valuable proposals (indices), parents before children: ordered by value, then depth, so
+    a parent (worth at least its child, and shallower) always comes first."""
+    order = sorted(range(len(found.values)), key=lambda i: (-found.values[i], found.depths[i], i))
+    return order[:count]
+
+
+def best_count(values: list[float], seconds: list[float], ratio: float, overhead: float = 0.0) -> int:
+    """values: the chosen proposals' log-values, best first; seconds [n]: a forward's time with n rows (seconds[0]
+    unused); ratio rho; overhead: a step's time besides its forward -> how many proposals to verify, the n
+    maximising (1 + rho sum_{i<n} e^v_i) / (seconds[n + 1] + overhead)."""
+    return best_rate(values, seconds, ratio, overhead)[0]
+
+
+def best_rate(values: list[float], seconds: list[float], ratio: float, overhead: float = 0.0) -> tuple[int, float]:
+    """best_count's n, and its expected tokens per second."""
+    best, rate, expected = 0, 1.0 / (seconds[1] + overhead), 1.0
+    for n, value in enumerate(values[:len(seconds) - 2], start=1):
+        expected += ratio * math.exp(value)
+        if expected / (seconds[n + 1] + overhead) > rate:
+            best, rate = n, expected / (seconds[n + 1] + overhead)
+    return best, rate
+
+
+@dataclass
+class StepCost:
+    """What a step of a grown tree costs, as best_count weighs it: a forward's seconds by rows (a line: each row
+    adds the same), the ratio rho, the drafting's seconds."""
+
+    seconds: list[float]
+    ratio: float
+    overhead: float
+
+    def count(self, values: list[float]) -> int:
+        return best_count(values, self.seconds, self.ratio, self.overhead)
+
+    def floor(self, values: list[float]) -> float:
+        """The log-value below which no further proposal can be verified, whatever else is proposed; values: the
+        proposals so far. A proposal worth v adds rho e^v tokens and one row's seconds b1 to any tree that takes
+        it, so the tree's tokens per second (a mediant of the two) beat the best tree R* of the proposals so far
+        only where rho e^v > b1 R*; more proposals only raise R*. Drafting the levels below that spends time on
+        guesses no step verifies (on SmolLM2 the grown trees' deepest verified node averaged depth 2.7 of 4.2
+        levels drafted)."""
+        row = self.seconds[2] - self.seconds[1] if len(self.seconds) > 2 else 0.0
+        if row <= 0 or self.ratio <= 0:
+            return -math.inf  # rows come free: any proposal may pay
+        rate = best_rate(sorted(values, reverse=True), self.seconds, self.ratio, self.overhead)[1]
+        return math.log(row * rate / self.ratio)
+
+
+def tree_shape(chosen: list[int], parents: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """chosen proposals (parents first) and every proposal's parent proposal (-1: the root) -> the tree's node
+    parents and ranks, node 0 the root, node i + 1 the i-th chosen; a node's rank counts its earlier siblings."""
+    node = {proposal: i + 1 for i, proposal in enumerate(chosen)}
+    tree_parents, ranks, siblings = [-1], [-1], {}
+    for proposal in chosen:
+        parent = 0 if parents[proposal] < 0 else node[parents[proposal]]
+        tree_parents.append(parent)
+        ranks.append(siblings.get(parent, 0))
+        siblings[parent] = ranks[-1] + 1
+    return tuple(tree_parents), tuple(ranks)
+
+
+class ChainSource:
+    """ANPD's n-gram chains of the live text, and how often a chain's guess is the base model's token once its
+    predecessors were (starts at 1/2)."""
+
+    def __init__(self, ids: list[int], length: int = CHAIN_LENGTH):
+        self.ngrams, self.length, self.right, self.tried = AdaptiveNgram(ids), length, 1.0, 2.0
+
+    @property
+    def rate(self) -> float:
+        return self.right / self.tried
+
+    def draft(self, root: int) -> list[int]:
+        self.ngrams.extend([root])
+        return self.ngrams.draft(self.length)
+
+    def update(self, chain: list[int], accepted: list[int], next_token: int) -> None:
+        """Score the chain against the base model's tokens of this step, whether or not the tree held it."""
+        known = accepted + [next_token]
+        agree = next((j for j, (a, b) in enumerate(zip(chain, known)) if a != b), min(len(chain), len(known)))
+        self.right += agree
+        self.tried += agree + (agree < min(len(chain), len(known)))
+        self.ngrams.extend(accepted)
+
+
+def latency_model(profile: dict | None, rows: int) -> LatencyModel:
+    """The forward's time by rows, seeded with the decoder's tree profile (one token and each tree size, drafting
+    excluded) and updated by every step; without a profile, seeded so that up to `rows` rows look cheap."""
+    model = LatencyModel()
+    if profile:
+        model.observe(1, profile["one_token_ms"] / 1000)
+        for row in profile["rows"]:
+            model.observe(int(row["size"]), (row["latency_ms"] - row["draft_ms"]) / 1000)
+    else:
+        model.observe(1, 0.010)
+        model.observe(rows, 0.010 * (1 + 0.02 * rows))
+    return model
+
+
+class GrownDrafter(Drafter):
+    """A tree grown each step from a draft's confidence (`grow`: the feature head's, EAGLE-3's), with ANPD's chain
+    merged in (`ngrams`), of at most `nodes` nodes, sized per step by what rows cost here (or fixed: tree_nodes);
+    `rate` weighs a step in the running figures (guesses kept, their estimate, drafting time)."""
+
+    def __init__(self, decoder, cache: KVCache, *, nodes: int, ngrams: bool = False, beam: int = BEAM,
+                 depth: int = DEPTH, rate: float = 0.1):
+        super().__init__(decoder, cache)
+        self.nodes, self.beam = tree_nodes(decoder, nodes, beam)
+        self.depth, self.rate, self.ngrams, self.chains = depth, rate, ngrams, None
+        self.fixed = decoder.grown_nodes is not None  # every tree takes the nodes - 1 best, whatever they cost
+        self.latency = latency_model(decoder.profile, self.nodes)
+        self.kept, self.estimated, self.drafting = 1.0, 1.0, 0.0  # running: guesses kept, their estimate, seconds
+        self.step: tuple[Proposals, list[int], list[int]] | None = None  # this step's proposals, chosen, chain
+
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
+        self.chains = ChainSource(ids.tolist()) if self.ngrams else None
+
+    @abstractmethod
+    def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
+        """The draft's proposals under `root`, at least `wanted` when the levels allow and (`cost`) their rows pay."""
+
+    def propose(self, root: int) -> Proposal:
+        b0, b1 = self.latency.coefficients()
+        cost = None if self.fixed else StepCost([b0 + b1 * rows for rows in range(self.nodes + 1)],
+                                                self.kept / max(self.estimated, 1e-9), self.drafting)
+        found = self.grow(root, self.nodes - 1, cost)
+        chain = self.chains.draft(root) if self.chains else []
+        add_chain(found, chain, self.chains.rate if self.chains else 0.0)
+        chosen = by_value(found, self.nodes - 1)
+        if cost is not None:
+            chosen = chosen[:cost.count([found.values[i] for i in chosen])]
+        self.step = found, chosen, chain
+        return Proposal(torch.tensor([root] + [found.tokens[i] for i in chosen]),  # [N]
+                        shape_layout(*tree_shape(chosen, found.parents)))
+
+    def accept(self, proposal: Proposal, verified: Verified) -> None:
+        found, chosen, chain = self.step
+        rate = self.rate
+        self.drafting = (1 - rate) * self.drafting + rate * verified.seconds["draft"]
+        self.latency.observe(proposal.layout.size, verified.seconds["verify"])
+        self.kept = (1 - rate) * self.kept + rate * len(verified.accepted)
+        self.estimated = (1 - rate) * self.estimated + rate * sum(math.exp(found.values[i]) for i in chosen)
+        if self.chains:
+            self.chains.update(chain, verified.accepted, verified.next_token)
+
+
+class FeatureDrafter(GrownDrafter):
+    """The feature head's grown tree: it drafts from the last verified token's final hidden state."""
+
+    def __init__(self, decoder, cache: KVCache, **grown):
+        super().__init__(decoder, cache, **grown)
+        self.heads, self.feature = decoder.heads, None
+
+    def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
+        super().prompt_read(ids, hidden, states)
+        self.feature = hidden[-1]
+
+    def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
+        return expand(self.model, self.heads, self.feature, root, wanted, self.beam, self.depth, cost)
+
+    def accept(self, proposal: Proposal, verified: Verified) -> None:
+        super().accept(proposal, verified)
+        self.feature = verified.hidden[verified.final]
+
+
+def tree_nodes(decoder, nodes: int, beam: int) -> tuple[int, int]:
+    """A grown tree's most nodes and proposals per level: the method's (the size then chosen per step), or
+    Decoder.grown_nodes (tree_size: every tree that many nodes), with sqrt(N) proposals per level so that a wide
+    tree can fill."""
+    if decoder.grown_nodes is None:
+        return nodes, beam
+    return decoder.grown_nodes, max(beam, round(decoder.grown_nodes ** 0.5))

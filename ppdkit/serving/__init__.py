@@ -1,0 +1,1 @@
+"""`ppdkit serve`: the OpenAI-compatible server over the bundled decoder."""
