@@ -66,12 +66,14 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# The generated docs: the pipeline picture, the job-spec reference, the results page and its plots, the corpus page.
+# The generated docs: the pipeline picture, the job-spec reference, the results page and its plots, the corpus page,
+# and the figures blocks of the hand-written pages (each from its committed report).
 docs: setup
 	$(BIN)/python docs/tools/pipeline_picture.py
 	$(BIN)/python docs/tools/spec_reference.py
 	$(BIN)/python docs/tools/results_page.py
 	$(BIN)/python docs/tools/corpus_page.py
+	$(BIN)/python docs/tools/figure_blocks.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,0 +1,218 @@
+"""Put a committed report's figures into the hand-written pages, and keep measured figures out of their prose.
+
+A page (README.md or docs/*.md) asks for a report's figures with a marked block; this tool writes what is between
+the marks from the report, with the date, machine and command it was measured with:
+
+    <!-- figures: results/epyc-eagle3-mt-bench-80 -->
+    (written by this tool: do not edit)
+    <!-- /figures -->
+
+The name is the report's path under docs/ without `.json`: a bench report (docs/results/NAME.json, what
+`ppdkit bench --out` writes), a step-cost report (docs/measurements/step-costs*.json, docs/tools/step_costs.py), a
+precision report (docs/measurements/precision*.json, `ppdkit precision`) or the history (docs/measurements/history.json,
+figures transcribed from the pages before they had reports).
+
+    .venv/bin/python docs/tools/figure_blocks.py           # rewrite every block from its report
+    .venv/bin/python docs/tools/figure_blocks.py --check   # exit 1 when a block differs from its report, or when a
+                                                            # page states a measured figure outside a block
+
+The lint (`measured_figures`) is why a figure cannot drift from its report: speeds, ratios to `ar`, tokens per step,
+acceptance rates, dated measurements and measurement tables are found outside blocks and code, and refused.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+COMMAND = "python docs/tools/figure_blocks.py"
+# Pages another tool writes whole from its own reports: results.md, job-spec.md, corpus.md.
+GENERATED_PAGES = {"results.md", "job-spec.md", "corpus.md"}
+
+BLOCK = re.compile(r"(?P<open><!-- figures: (?P<name>[\w./-]+) -->\n)(?P<body>.*?)(?P<close><!-- /figures -->)", re.S)
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+# What counts as a measured figure in prose. Each pattern names the kind of figure the issue means; sizes of models,
+# settings and line counts carry none of these units.
+MEASURED = {
+    "a speed": re.compile(r"\d[\d,.]*\s*(?:tok/s|tokens/s|tokens a second|tokens per second|positions/s|"
+                          r"positions per second|ms a token|ms a step|ms per step|GB/s|GMAC/s)"),
+    "a ratio": re.compile(r"\b\d+(?:\.\d+)?x\b(?![\d-])"),
+    "tokens per step": re.compile(r"\d+(?:\.\d+)?\s*(?:tok/step|tokens/step|tokens per step|tokens a step)"),
+    "an acceptance rate": re.compile(r"(?:acceptance|accepted|top-1|top-5|kept)\s+(?:of\s+)?\.\d{2}"
+                                     r"|\b\d+(?:\.\d+)?%\s+(?:of\s+(?:the\s+)?(?:steps|rows|positions|prompts)|"
+                                     r"less|more|fewer|faster|slower)"),
+    "a dated measurement": re.compile(r"\b20\d\d-\d\d-\d\d\b"),
+}
+# A table whose header names one of these columns is a table of measurements.
+MEASURED_COLUMN = re.compile(r"\|\s*(?:[^|]*\b)?(?:x ar|x `ar`|tok/s|tok/step|tokens/step|tokens per step|top-1|"
+                             r"latency|ms)\b[^|]*\|")
+
+
+# --- rendering a report ---------------------------------------------------------------------------------------------
+
+def describe_machine(machine: dict) -> str:
+    """`AMD EPYC, 2 cores (2 threads), avx512f+avx512_bf16`, as the bench's reports and results.md name a machine."""
+    flags = machine.get("isa")
+    isa = "ISA flags unknown" if flags is None else "+".join(flags) or "no AVX-512 or AMX"
+    gpu = f"{machine['gpu']} beside " if machine.get("gpu") else ""
+    return (f"{gpu}{machine.get('cpu', '?')}, {machine.get('logical_cores', '?')} cores "
+            f"({machine.get('torch_threads', '?')} threads), {isa}")
+
+
+def provenance(report: dict, tool: str) -> str:
+    """The line every block opens with: when, on what, by which command (the report's own, else the tool that
+    writes such reports, said to be only that)."""
+    machine = describe_machine(report["machine"]) if isinstance(report.get("machine"), dict) else "machine not recorded"
+    commit = (report.get("machine") or {}).get("ppdkit_commit") if isinstance(report.get("machine"), dict) else None
+    at = f", ppdkit commit {commit[:10]}" if commit else ""
+    command = f"`{report['command']}`" if report.get("command") else f"command not recorded; written by `{tool}`"
+    return f"Measured {report.get('date', '(date not recorded)')[:10]} on {machine}{at}; {command}."
+
+
+def _ratio(row: dict, key: str) -> str:
+    return f"{row[key]:.2f}" if row.get(key) is not None else "-"
+
+
+def bench_block(name: str, report: dict, docs_link: str) -> list[str]:
+    """A bench report as one table: its methods' speed, ratio to `ar`, tokens per step and identical outputs."""
+    prompts = report["results"][0]["prompts"] if report["results"] else 0
+    lines = [provenance(report, "ppdkit bench --out"), "",
+             f"{prompts} {report['prompts_source']} prompts, {report['max_new_tokens']} new tokens, weights "
+             f"{report.get('dtype', 'float32')}; the whole report: [{name}]({docs_link}results.md#{name}).", "",
+             "| method | tok/s | x ar | tok/step | identical (to) |", "|---|---:|---:|---:|---:|"]
+    for row in report["results"]:
+        same = round(row["identical_to_greedy"] * row["prompts"])
+        lines.append(f"| `{row['method']}` | {row['tokens_per_s']:.1f} | {_ratio(row, 'speedup_vs_ar')} | "
+                     f"{row['mean_accepted_per_step']:.2f} | {same}/{row['prompts']} "
+                     f"({row.get('compared_with', 'hf-greedy')}) |")
+    return lines
+
+
+def step_cost_block(name: str, report: dict, docs_link: str) -> list[str]:
+    """A step-cost report: ms of one forward by the rows it feeds, per weight format, and what reading the weights
+    once costs at the measured bandwidth."""
+    rows = list(next(iter(report["dtypes"].values()))["latency_ms"])
+    lines = [provenance(report, "python docs/tools/step_costs.py"), "",
+             f"{report['base']}, {report['context']} cached tokens, read bandwidth "
+             f"{report['read_bytes_per_s'] / 1e9:.1f} GB/s ([report]({docs_link}measurements/{name}.json)).", "",
+             "| rows | " + " | ".join(rows) + " |", "|---|" + "---:|" * len(rows)]
+    for dtype, costs in report["dtypes"].items():
+        lines.append(f"| {dtype} ms | " + " | ".join(f"{costs['latency_ms'][r]:.1f}" for r in rows) + " |")
+        lines.append(f"| {dtype} x one row | " + " | ".join(f"{costs['x_one_row'][r]:.2f}" for r in rows) + " |")
+    return lines
+
+
+def precision_block(name: str, report: dict, docs_link: str) -> list[str]:
+    """A precision report: how many greedy answers a format leaves unchanged, and its perplexity."""
+    reference, other = report["dtypes"]
+    perplexity = report["perplexity"]
+    return [provenance(report, "ppdkit precision"), "",
+            f"{report['equal']} of {report['prompts']} {report['prompts_source']} greedy answers "
+            f"({report['max_new_tokens']} tokens) in {other} equal {reference}'s; the others first differ at token "
+            f"{report['first_difference_min']} at the earliest, {report['first_difference_median']} at the median. "
+            f"Perplexity on {report['texts']} {report['texts_source']} texts ({report['text_tokens']:,} tokens): "
+            f"{reference} {perplexity[reference]:.3f}, {other} {perplexity[other]:.3f} "
+            f"([report]({docs_link}measurements/{name}.json))."]
+
+
+def history_block(name: str, report: dict, docs_link: str) -> list[str]:
+    """The transcribed history: one line per finding, in date order, each with its machine and command."""
+    lines = [f"Transcribed from {report['transcribed_from']} ([report]({docs_link}measurements/{name}.json)).", ""]
+    for entry in sorted(report["entries"], key=lambda e: e["date"]):
+        command = f" `{entry['command']}`." if entry.get("command") else " (command not recorded)"
+        lines.append(f"- **{entry['date']}**, {entry['machine']}: {entry['finding']}{command}")
+    return lines
+
+
+def report_kind(report: dict):
+    """The renderer for a report, by what it holds."""
+    if "entries" in report and "transcribed_from" in report:
+        return history_block
+    if "results" in report and "prompts_source" in report:
+        return bench_block
+    if "dtypes" in report and "read_bytes_per_s" in report:
+        return step_cost_block
+    if "perplexity" in report and "equal" in report:
+        return precision_block
+    raise ValueError("not a report this tool renders: a bench, step-cost, precision or history report")
+
+
+def render(name: str, page: Path, docs: Path = DOCS) -> str:
+    """A block's body for `page`: the report docs/NAME.json rendered, its links relative to the page."""
+    path = docs / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(f"{page.name}: no report docs/{name}.json for its figures block")
+    report = json.loads(path.read_text())
+    try:
+        block = report_kind(report)
+    except ValueError as e:
+        raise ValueError(f"{page.name}: docs/{name}.json is {e}") from e
+    docs_link = "" if page.parent == docs else "docs/"  # the README links into docs/, a docs page beside itself
+    return "\n".join(block(Path(name).name, report, docs_link)) + "\n"
+
+
+def rewrite(text: str, page: Path, docs: Path = DOCS) -> str:
+    """`text` with every figures block rewritten from its report."""
+    return BLOCK.sub(lambda m: m["open"] + render(m["name"], page, docs) + m["close"], text)
+
+
+# --- the lint -------------------------------------------------------------------------------------------------------
+
+def prose(text: str) -> str:
+    """What a reader reads as the page's own words: figures blocks and fenced code blanked, lines kept in place."""
+    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731 - keeps line numbers true
+    return FENCE.sub(blank, BLOCK.sub(blank, text))
+
+
+def measured_figures(text: str) -> list[str]:
+    """`line N: KIND: 'FIGURE'` for each measured figure the page states outside its blocks and code."""
+    found = []
+    lines = prose(text).splitlines()
+    for number, line in enumerate(lines, 1):
+        for kind, pattern in MEASURED.items():
+            found += [f"line {number}: {kind}: {m.group(0)!r}" for m in pattern.finditer(line)]
+        is_header = line.startswith("|") and number < len(lines) and lines[number].startswith("|---")
+        if is_header and MEASURED_COLUMN.search(line):
+            found.append(f"line {number}: a table of measurements: {line[:60]!r}")
+    return found
+
+
+# --- the command line -----------------------------------------------------------------------------------------------
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """The hand-written pages: the README and docs/*.md but those another tool writes whole."""
+    return [root / "README.md", *(p for p in sorted((root / "docs").glob("*.md")) if p.name not in GENERATED_PAGES)]
+
+
+def problems(page: Path, docs: Path = DOCS) -> list[str]:
+    """Why `page` fails the check: a stale block, or a measured figure outside a block."""
+    text = page.read_text()
+    stale = [f"its figures blocks differ from their reports: run {COMMAND}"] if rewrite(text, page, docs) != text else []
+    return stale + measured_figures(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a block is stale or a page states a measured figure outside a block")
+    args = parser.parse_args(argv)
+    failed = False
+    for page in pages():
+        if args.check:
+            for problem in problems(page):
+                print(f"{page.relative_to(ROOT)}: {problem}", file=sys.stderr)
+                failed = True
+            continue
+        text = page.read_text()
+        if rewrite(text, page) != text:
+            page.write_text(rewrite(text, page))
+            print(f"wrote {page.relative_to(ROOT)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

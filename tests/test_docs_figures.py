@@ -1,0 +1,93 @@
+"""Figures in the hand-written pages come from committed reports (docs/tools/figure_blocks.py): every figures block
+is what its report renders, and no page states a measured figure outside one."""
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "docs" / "tools" / "figure_blocks.py"
+
+BENCH = {"model": "ppdkit/models/components/some-draft", "prompts_source": "mt-bench", "max_new_tokens": 128,
+         "dtype": "bfloat16", "date": "2026-11-28T16:05:16+00:00", "command": "ppdkit bench --limit 3",
+         "machine": {"cpu": "Example CPU", "logical_cores": 2, "torch_threads": 2, "isa": ["avx512f"],
+                     "torch": "2.13.0+cpu", "ppdkit_commit": "0123456789abcdef"},
+         "results": [{"method": "ar", "prompts": 3, "tokens_per_s": 80.0, "speedup_vs_ar": 1.0,
+                      "mean_accepted_per_step": 1.0, "identical_to_greedy": 1.0, "compared_with": "ar"},
+                     {"method": "eagle3", "prompts": 3, "tokens_per_s": 100.0, "speedup_vs_ar": 1.25,
+                      "mean_accepted_per_step": 1.8, "identical_to_greedy": 1.0, "compared_with": "ar"}]}
+
+
+@pytest.fixture(scope="module")
+def tool():
+    return runpy.run_path(str(SCRIPT))
+
+
+@pytest.fixture
+def docs(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "run.json").write_text(json.dumps(BENCH))
+    return tmp_path
+
+
+def test_a_block_shows_the_reports_date_machine_command_and_figures(tool, docs):
+    page = docs / "page.md"
+    text = tool["rewrite"]("Intro.\n<!-- figures: results/run -->\nold\n<!-- /figures -->\nAfter.\n", page, docs)
+    assert text.startswith("Intro.\n<!-- figures: results/run -->\nMeasured 2026-11-28 on Example CPU, 2 cores "
+                           "(2 threads), avx512f, ppdkit commit 0123456789; `ppdkit bench --limit 3`.\n")
+    assert "| `eagle3` | 100.0 | 1.25 | 1.80 | 3/3 (ar) |" in text
+    assert "[run](results.md#run)" in text
+    assert text.endswith("<!-- /figures -->\nAfter.\n")
+    assert tool["rewrite"](text, page, docs) == text  # rendering is stable
+    assert "[run](docs/results.md#run)" in tool["rewrite"](text, docs.parent / "README.md", docs)  # the README's links
+
+
+def test_a_block_that_differs_from_its_report_fails_the_check(tool, docs):
+    page = docs / "page.md"
+    page.write_text(tool["rewrite"]("<!-- figures: results/run -->\n<!-- /figures -->\n", page, docs))
+    assert tool["problems"](page, docs) == []
+    page.write_text(page.read_text().replace("100.0", "120.0"))  # a figure edited by hand
+    assert tool["problems"](page, docs) == ["its figures blocks differ from their reports: run "
+                                            "python docs/tools/figure_blocks.py"]
+    (docs / "results" / "run.json").write_text(json.dumps({**BENCH, "date": "2026-11-29T10:00:00+00:00"}))
+    assert tool["problems"](page, docs)  # a re-measured report too
+
+
+def test_a_block_naming_a_missing_or_unknown_report_is_refused(tool, docs):
+    with pytest.raises(ValueError, match="no report docs/results/absent.json"):
+        tool["rewrite"]("<!-- figures: results/absent -->\n<!-- /figures -->\n", docs / "page.md", docs)
+    (docs / "results" / "notes.json").write_text(json.dumps({"what": "notes"}))
+    with pytest.raises(ValueError, match="notes.json is not a report this tool renders"):
+        tool["rewrite"]("<!-- figures: results/notes -->\n<!-- /figures -->\n", docs / "page.md", docs)
+
+
+@pytest.mark.parametrize("sentence, kind", [
+    ("`eagle3-anpd` ran 118.0 tok/s here.", "a speed"),
+    ("It is 1.36x `ar` on MT-Bench.", "a ratio"),
+    ("The draft keeps 2.18 tokens per step.", "tokens per step"),
+    ("Its acceptance .44 is the best.", "an acceptance rate"),
+    ("In 31% of the steps nothing is kept.", "an acceptance rate"),
+    ("Measured on 2026-11-28 alone.", "a dated measurement"),
+])
+def test_a_measured_figure_in_prose_fails_the_lint(tool, sentence, kind):
+    found = tool["measured_figures"](f"# A page\n\n{sentence}\n")
+    assert found and found[0].startswith(f"line 3: {kind}: "), found
+
+
+def test_a_table_of_measurements_fails_the_lint_and_a_block_or_code_passes_it(tool):
+    table = "| method | x ar | tok/step |\n|---|---|---|\n| eagle3 | 1.18 | 1.83 |\n"
+    assert tool["measured_figures"](table) == ["line 1: a table of measurements: '| method | x ar | tok/step |'"]
+    assert tool["measured_figures"](f"<!-- figures: results/run -->\n{table}118.0 tok/s\n<!-- /figures -->\n") == []
+    assert tool["measured_figures"]("```bash\nppdkit bench  # 118.0 tok/s, 1.36x ar\n```\n") == []
+
+
+@pytest.mark.parametrize("sentence", [
+    "`train.draft_vocab` (4096 by default) and `--tree-size 64`.",  # settings
+    "7.5M numbers for SmolLM2 (fc 1.0M, the layer 4.1M).",  # sizes of models
+    "The README stays under 150 lines; 35% of 60 sub-layers skipped.",  # line counts, a recipe's setting
+    "x86-64 CPUs with AVX-512; a 3 x 1 prompt-token grid.",
+])
+def test_settings_sizes_and_counts_pass_the_lint(tool, sentence):
+    assert tool["measured_figures"](sentence + "\n") == []
