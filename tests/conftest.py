@@ -118,7 +118,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
 def assert_gives_hf_greedy(decoder, model, method: str, ids: list[int], budget: int, case) -> None:
     """`method`'s output is transformers' greedy tokens, stopped only by the budget or an end token."""
     truth = hf_greedy(model, ids, budget)
-    out = decoder.generate(ids, budget, method).tokens
+    out = decoder.generate(ids, max_new_tokens=budget, method=method).tokens
     assert out == truth[:len(out)], case
     assert len(out) == budget or out[-1] in decoder.eos_ids(), case
 
@@ -184,7 +184,8 @@ def lossless_on_random_prompts(decoder, method: str, budget: int, cases: int = 1
     rng, pairs = random.Random(0), []
     for case in range(cases):
         ids = [rng.randrange(3, 30) for _ in range(rng.randint(1, 40))]
-        plain, out = decoder.generate(ids, budget, "ar"), decoder.generate(ids, budget, method)
+        plain, out = decoder.generate(ids, max_new_tokens=budget, method="ar"), decoder.generate(ids,
+                                      max_new_tokens=budget, method=method)
         assert out.tokens == plain.tokens, (method, case)
         pairs.append((plain, out))
     return pairs

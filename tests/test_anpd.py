@@ -49,7 +49,7 @@ def test_a_base_model_alone_decodes_with_anpd_and_refuses_component_methods(tmp_
     decoder = Decoder.from_base("tiny-llama")
     assert decoder.methods() == ["ar", "auto", "anpd", "self-draft"]
     with pytest.raises(ValueError, match="method ppd needs prompt tokens"):
-        decoder.generate([5, 6, 7], 4, "ppd")
+        decoder.generate([5, 6, 7], max_new_tokens=4, method="ppd")
     out = subprocess.run([sys.executable, "-m", "ppdkit.cli.main", "decode", "--base", "tiny-llama", "--method",
                           "anpd", "--prompt", "hello hello hello", "--max-new-tokens", "12"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)

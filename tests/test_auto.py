@@ -32,12 +32,13 @@ def test_auto_measures_once_per_machine_then_decodes_like_ar(tmp_path, monkeypat
     monkeypatch.setattr(auto_module, "measure", counted)
     decoder = _decoder(model, tok, heads, None)
     ids = [5, 17, 42, 5, 17, 42, 5]
-    out = decoder.generate(ids, 20, "auto")
+    out = decoder.generate(ids, max_new_tokens=20, method="auto")
     assert measured == [["ar", "anpd", "self-draft", "feature-grown", "feature-grown-anpd"]]
-    assert out.method in measured[0] and out.tokens == decoder.generate(ids, 20, "ar").tokens
+    assert out.method in measured[0] and out.tokens == decoder.generate(ids, max_new_tokens=20, method="ar").tokens
     again = _decoder(model, tok, heads, None)  # another process on this machine: the cached choice
-    assert again.generate(ids, 20, "auto").method == out.method and len(measured) == 1
+    assert again.generate(ids, max_new_tokens=20, method="auto").method == out.method and len(measured) == 1
     saved = next((tmp_path / "profiles").glob("auto-*.json")).read_text()
     assert '"chosen": "%s"' % out.method in saved and "tokens_per_s" in saved
     with pytest.raises(ValueError, match="needs"):
-        decoder.generate(ids, 4, "ppd")  # auto does not lend other methods what the component lacks
+        decoder.generate(ids, max_new_tokens=4,
+                         method="ppd")  # auto does not lend other methods what the component lacks

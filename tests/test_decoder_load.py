@@ -48,10 +48,10 @@ def test_five_hundred_calls_keep_memory_flat_and_outputs_identical(decoder, caps
     plan = [(i % len(prompts), methods[i % 3], 8 + (i * 7) % 41) for i in range(500)]  # mixed lengths 8..48
     first: dict[tuple[int, int], list[int]] = {}
     for p, method, n in plan[:30]:  # warm-up: allocator pools, lazily built lookup layouts
-        decoder.generate(prompts[p], n, method)
+        decoder.generate(prompts[p], max_new_tokens=n, method=method)
     start = _rss_mb()
     for p, method, n in plan:
-        tokens = decoder.generate(prompts[p], n, method).tokens
+        tokens = decoder.generate(prompts[p], max_new_tokens=n, method=method).tokens
         reference = first.setdefault((p, n), tokens)  # every method, every repeat: the same tokens
         assert tokens == reference, (p, method, n)
     end = _rss_mb()
@@ -62,7 +62,7 @@ def test_five_hundred_calls_keep_memory_flat_and_outputs_identical(decoder, caps
 
 def test_threads_take_turns_and_get_what_sequential_calls_get(decoder, monkeypatch):
     jobs = [(ids, method, 24) for ids in _prompts(6) for method in ("ar", "ppd", "ppd-lookup")]
-    expected = [decoder.generate(ids, n, method).tokens for ids, method, n in jobs]
+    expected = [decoder.generate(ids, max_new_tokens=n, method=method).tokens for ids, method, n in jobs]
     active, most = [0], [0]
     forward = decoder.model.forward
 
@@ -80,7 +80,7 @@ def test_threads_take_turns_and_get_what_sequential_calls_get(decoder, monkeypat
     def worker(offset: int) -> None:
         for i in range(offset, len(jobs), 4):
             ids, method, n = jobs[i]
-            results[i] = decoder.generate(ids, n, method).tokens
+            results[i] = decoder.generate(ids, max_new_tokens=n, method=method).tokens
 
     threads = [threading.Thread(target=worker, args=(offset,)) for offset in range(4)]
     for thread in threads:
@@ -94,18 +94,18 @@ def test_threads_take_turns_and_get_what_sequential_calls_get(decoder, monkeypat
 def test_a_prompt_beyond_the_context_is_refused_or_cut_from_the_left(decoder, caplog):
     long = [7 + i % 50 for i in range(300)]  # max_length is 256
     with pytest.raises(ValueError, match=r"the prompt has 300 tokens.*max_length=256.*truncate='left'"):
-        decoder.generate(long, 16, "ppd")
+        decoder.generate(long, max_new_tokens=16, method="ppd")
     with caplog.at_level(logging.WARNING):
-        cut = decoder.generate(long, 16, "ppd", truncate="left")
+        cut = decoder.generate(long, max_new_tokens=16, method="ppd", truncate="left")
     assert "keeping its last" in caplog.text
     room = 256 - 16 - decoder._tree_size("ppd")
-    assert cut.tokens == decoder.generate(long[-room:], 16, "ar").tokens
+    assert cut.tokens == decoder.generate(long[-room:], max_new_tokens=16, method="ar").tokens
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        decoder.generate([5, 10_000], 4, "ar")
+        decoder.generate([5, 10_000], max_new_tokens=4, method="ar")
     with pytest.raises(ValueError, match="empty"):
-        decoder.generate([], 4, "ar")
+        decoder.generate([], max_new_tokens=4, method="ar")
     with pytest.raises(ValueError, match="max_new_tokens"):
-        decoder.generate([5], 0, "ar")
+        decoder.generate([5], max_new_tokens=0, method="ar")
 
 
 @pytest.fixture
@@ -134,7 +134,8 @@ def _rewrite(directory: Path, **changes) -> None:
 def test_a_well_formed_component_decodes(tiny_component):
     decoder = Decoder.from_pretrained(tiny_component, tree_size=12)
     ids = [5, 6, 7, 8, 5, 6]
-    assert decoder.generate(ids, 12, "ppd-lookup").tokens == decoder.generate(ids, 12, "ar").tokens
+    assert decoder.generate(ids, max_new_tokens=12, method="ppd-lookup").tokens == decoder.generate(ids,
+                            max_new_tokens=12, method="ar").tokens
 
 
 def test_a_component_with_a_head_decodes_with_ppd_head(tiny_component):
@@ -142,7 +143,8 @@ def test_a_component_with_a_head_decodes_with_ppd_head(tiny_component):
     decoder = Decoder.from_pretrained(tiny_component, tree_size=12)
     assert decoder.methods() == ["ar", "auto", "anpd", "self-draft", "ppd", "ppd-lookup", "ppd-head"]
     ids = [5, 6, 7, 8, 5, 6]
-    assert decoder.generate(ids, 12, "ppd-head").tokens == decoder.generate(ids, 12, "ar").tokens
+    assert decoder.generate(ids, max_new_tokens=12, method="ppd-head").tokens == decoder.generate(ids,
+                            max_new_tokens=12, method="ar").tokens
 
 
 @pytest.mark.parametrize("damage", ["embedding-shape", "tree-parent", "tree-states", "tree-rank", "ngram-id",
@@ -182,9 +184,9 @@ def test_streamed_tokens_are_the_answers_tokens_and_should_stop_ends_it(tiny_com
         for budget in (1, 5, 9, 23):
             ids = [5, 6, 7, 8] * rng.randint(1, 4)
             streamed: list[int] = []
-            result = decoder.generate(ids, budget, method, stream=streamed.extend)
+            result = decoder.generate(ids, max_new_tokens=budget, method=method, stream=streamed.extend)
             assert streamed == result.tokens, (method, budget)
         steps = []
-        stopped = decoder.generate([5, 6, 7, 8] * 3, 40, method, stream=steps.append,
+        stopped = decoder.generate([5, 6, 7, 8] * 3, max_new_tokens=40, method=method, stream=steps.append,
                                    should_stop=lambda: len(steps) == 2)
         assert len(steps) == 2 and stopped.tokens == [t for step in steps for t in step], method

@@ -133,7 +133,8 @@ def test_every_tensor_a_decoder_holds_is_on_its_device(components, kind):
 def _decode_everything(decoder: Decoder, prompts: list[list[int]]) -> dict:
     """Every method's tokens, greedy and sampled with a seed (a grown tree's size follows measured step times, which
     changes what its sampling draws: those methods are compared greedy only)."""
-    return {(method, i, t): decoder.generate(ids, 10, method, temperature=t, seed=7 if t else None).tokens
+    return {(method, i, t): decoder.generate(ids, max_new_tokens=10, method=method, temperature=t,
+                                             seed=7 if t else None).tokens
             for method in decoder.methods() if method != "auto"
             for i, ids in enumerate(prompts) for t in ((0.0,) if "grown" in method else (0.0, 0.8))}
 

@@ -222,13 +222,15 @@ def test_two_steps_on_two_ray_workers_match_the_recorded_losses(method, teacher_
     grown = ["feature-grown", "feature-grown-anpd"] if method == "feature-head" else []
     assert decoder.methods() == ["ar", "auto", "anpd", "self-draft", method, *grown] and decoder.head_tree.layout.size == len(trees["trees"]["8"]["parents"])
     for prompt in ("Hello there", "Name three colors."):
-        assert decoder.generate(prompt, 16, method).tokens == decoder.generate(prompt, 16, "ar").tokens
+        assert decoder.generate(prompt, max_new_tokens=16, method=method).tokens == decoder.generate(prompt,
+                                max_new_tokens=16, method="ar").tokens
         for name in grown:  # tree_size fixes the grown trees too: every step that many nodes
-            out = decoder.generate(prompt, 16, name)
-            assert out.tokens == decoder.generate(prompt, 16, "ar").tokens and set(out.rows_per_step) <= {8, 9}
+            out = decoder.generate(prompt, max_new_tokens=16, method=name)
+            assert out.tokens == decoder.generate(prompt, max_new_tokens=16,
+                                                  method="ar").tokens and set(out.rows_per_step) <= {8, 9}
     assert all(decoder._tree_size(name) == 8 for name in grown)
     with pytest.raises(ValueError, match="method ppd needs prompt tokens"):
-        decoder.generate("Hi", 4, "ppd")
+        decoder.generate("Hi", max_new_tokens=4, method="ppd")
 
 
 @pytest.mark.parametrize("method", ["feature-head", "medusa", "early-head"])
@@ -278,7 +280,8 @@ def test_poisoned_heads_cannot_change_greedy_output(path, monkeypatch):
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))]
             method = "feature-head" if kind == "feature" else "medusa"
-            assert decoder.generate(ids, 20, method).tokens == decoder.generate(ids, 20, "ar").tokens, (case, seed)
+            assert decoder.generate(ids, max_new_tokens=20, method=method).tokens == decoder.generate(ids,
+                                    max_new_tokens=20, method="ar").tokens, (case, seed)
 
 
 def test_random_heads_and_trees_never_change_greedy_output(tiny_f64):
@@ -294,7 +297,7 @@ def test_random_heads_and_trees_never_change_greedy_output(tiny_f64):
         ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))]
         budget = rng.randint(1, 40)
         truth = hf_greedy(model, ids, budget)
-        out = decoder.generate(ids, budget, "feature-head" if kind == "feature" else "medusa")
+        out = decoder.generate(ids, max_new_tokens=budget, method="feature-head" if kind == "feature" else "medusa")
         assert out.tokens == truth[:len(out.tokens)] and len(out.tokens) in (budget, len(truth)), case
 
 
@@ -337,7 +340,8 @@ def test_guesses_that_are_often_right_keep_the_output_exact(tiny_f64, monkeypatc
         decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([8, 16, 32])))
         ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))]
         oracle.start(ids, hf_greedy(model, ids, 60))
-        out = decoder.generate(ids, 30, "feature-head" if kind == "feature" else "medusa", stream=oracle.follow)
+        out = decoder.generate(ids, max_new_tokens=30, method="feature-head" if kind == "feature" else "medusa",
+                               stream=oracle.follow)
         assert out.tokens == oracle.truth[:30], case
         steps, emitted = steps + out.steps, emitted + len(out.tokens)
     print("tokens per step", emitted / steps)
@@ -389,8 +393,8 @@ def test_early_pruning_never_changes_greedy_output(path, monkeypatch):
         method = ("feature-head" if kind == "feature" else "medusa") + "-prune"
         for _ in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))]
-            out = decoder.generate(ids, 20, method)
-            assert out.tokens == decoder.generate(ids, 20, "ar").tokens, (case, method)
+            out = decoder.generate(ids, max_new_tokens=20, method=method)
+            assert out.tokens == decoder.generate(ids, max_new_tokens=20, method="ar").tokens, (case, method)
             dropped, kept = dropped + sum(out.pruned_rows), kept + len(out.pruned_rows)
     assert dropped > 0 and kept > 0
 
@@ -410,7 +414,7 @@ def test_early_pruning_keeps_accepted_paths_exact(tiny_f64, monkeypatch):  # noq
         ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))]
         oracle.start(ids, hf_greedy(model, ids, 60))
         method = ("feature-head" if kind == "feature" else "medusa") + "-prune"
-        out = decoder.generate(ids, 30, method, stream=oracle.follow)
+        out = decoder.generate(ids, max_new_tokens=30, method=method, stream=oracle.follow)
         assert out.tokens == oracle.truth[:30], case
         steps, emitted, dropped = steps + out.steps, emitted + len(out.tokens), dropped + sum(out.pruned_rows)
     assert emitted / steps > 1.3 and dropped > 0  # accepted paths and pruned rows in the same steps

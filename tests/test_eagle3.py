@@ -234,9 +234,9 @@ def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatc
             assert decoder.eagle3.native_weights
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])
-            plain = decoder.generate(ids, 24, "ar").tokens
+            plain = decoder.generate(ids, max_new_tokens=24, method="ar").tokens
             for method in EAGLE3:
-                assert decoder.generate(ids, 24, method).tokens == plain, (case, seed, method)
+                assert decoder.generate(ids, max_new_tokens=24, method=method).tokens == plain, (case, seed, method)
 
 
 def test_eagle3_reproduces_transformers_greedy_in_float64(tiny_f64):
@@ -253,7 +253,7 @@ def test_eagle3_reproduces_transformers_greedy_in_float64(tiny_f64):
         budget = rng.randint(1, 40)
         truth = hf_greedy(model, ids, budget)
         for method in EAGLE3:
-            out = decoder.generate(ids, budget, method)
+            out = decoder.generate(ids, max_new_tokens=budget, method=method)
             assert out.tokens == truth[:len(out.tokens)] and len(out.tokens) in (budget, len(truth)), (case, method)
             emitted, steps = emitted + len(out.tokens), steps + out.steps
     assert emitted > steps  # some steps kept more than one token: the draft cache was refilled from long paths
@@ -304,10 +304,12 @@ def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir,
     decoder = Decoder.from_pretrained(tmp_path / "train" / "component", dtype="float32", tree_size=None)
     assert set(EAGLE3) <= set(decoder.methods()) and decoder.profile["sizes"] == [2, 4, 8]  # the latency profile
     ids = [5, 17, 99, 5, 17, 99, 5, 17]
-    assert decoder.generate(ids, 16, "eagle3-anpd").tokens == decoder.generate(ids, 16, "ar").tokens
+    assert decoder.generate(ids, max_new_tokens=16, method="eagle3-anpd").tokens == decoder.generate(ids,
+                            max_new_tokens=16, method="ar").tokens
     fixed = Decoder.from_pretrained(tmp_path / "train" / "component", dtype="float32", tree_size=24)
-    out = fixed.generate(ids, 16, "eagle3")
-    assert out.tokens == decoder.generate(ids, 16, "ar").tokens and set(out.rows_per_step) == {24}  # every tree full
+    out = fixed.generate(ids, max_new_tokens=16, method="eagle3")
+    assert out.tokens == decoder.generate(ids, max_new_tokens=16,
+                                          method="ar").tokens and set(out.rows_per_step) == {24}  # every tree full
     broken = tmp_path / "broken"
     import shutil
 

@@ -168,9 +168,9 @@ def test_smollm2_decodes_on_its_own_blocks_losslessly():
     assert decoder.model.layers[0].qkv.weight is None  # no float copy of the matmuls' weights
     assert decoder._hf_model is None  # transformers' float32 copy released: nothing of the runtime reads it
     for prompt in load_prompts("mt-bench", 4) + load_prompts("humaneval", 2):
-        plain = decoder.generate(prompt, 48, "ar").tokens
+        plain = decoder.generate(prompt, max_new_tokens=48, method="ar").tokens
         for method in ("anpd", "self-draft"):
-            assert decoder.generate(prompt, 48, method).tokens == plain, (method, prompt[:40])
+            assert decoder.generate(prompt, max_new_tokens=48, method=method).tokens == plain, (method, prompt[:40])
     assert isinstance(decoder.hf_model, LlamaForCausalLM)  # loaded again for a baseline that asks
 
 

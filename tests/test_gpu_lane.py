@@ -61,7 +61,8 @@ def test_the_gpu_lane_runs_without_ray_deepspeed_mlflow_and_its_results_come_hom
     assert len(read_rows(open_corpus(corpus))) == before + sum(s["rows"] for s in added)
     decoder = Decoder.from_pretrained(out / "component", dtype="float32", tree_size=None)
     ids = [5, 17, 99, 5, 17, 99, 5, 17]
-    assert decoder.generate(ids, 16, "eagle3-anpd").tokens == decoder.generate(ids, 16, "ar").tokens
+    assert decoder.generate(ids, max_new_tokens=16, method="eagle3-anpd").tokens == decoder.generate(ids,
+                            max_new_tokens=16, method="ar").tokens
 
 
 def test_a_corpus_of_another_model_does_not_merge(tmp_path):

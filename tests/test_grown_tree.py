@@ -86,9 +86,9 @@ def test_poisoned_and_random_heads_cannot_change_greedy_output(path, monkeypatch
         assert (decoder.model.native is not None) == (path == "native")  # the path under test really runs
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])
-            plain = decoder.generate(ids, 24, "ar").tokens
+            plain = decoder.generate(ids, max_new_tokens=24, method="ar").tokens
             for method in GROWN:
-                assert decoder.generate(ids, 24, method).tokens == plain, (case, seed, method)
+                assert decoder.generate(ids, max_new_tokens=24, method=method).tokens == plain, (case, seed, method)
 
 
 def test_grown_trees_reproduce_transformers_greedy_in_float64(tiny_f64):
@@ -105,7 +105,7 @@ def test_grown_trees_reproduce_transformers_greedy_in_float64(tiny_f64):
         budget = rng.randint(1, 40)
         truth = hf_greedy(model, ids, budget)
         for method in GROWN:
-            out = decoder.generate(ids, budget, method)
+            out = decoder.generate(ids, max_new_tokens=budget, method=method)
             assert out.tokens == truth[:len(out.tokens)] and len(out.tokens) in (budget, len(truth)), (case, method)
             if method == "feature-grown-anpd":
                 emitted, steps = emitted + len(out.tokens), steps + out.steps

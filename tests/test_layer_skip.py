@@ -26,8 +26,8 @@ def test_a_draft_that_skips_nothing_has_every_token_accepted(path, monkeypatch):
     monkeypatch.setattr(layer_skip, "DraftExit", lambda: DraftExit(gamma=0.0, epsilon=0.0))  # never exit early
     decoder.skip_map = (0,) * len(decoder.model.layers)
     ids = [5, 17, 42, 9]
-    out = decoder.generate(ids, 40, "skip")
-    assert out.tokens == decoder.generate(ids, 40, "ar").tokens
+    out = decoder.generate(ids, max_new_tokens=40, method="skip")
+    assert out.tokens == decoder.generate(ids, max_new_tokens=40, method="ar").tokens
     assert out.accepted_per_step[1:-1] == [13] * (len(out.accepted_per_step) - 2)  # 12 drafted + 1, every stage
 
 
@@ -40,7 +40,8 @@ def test_random_skip_maps_never_change_greedy_output(path, monkeypatch):
         gamma = rng.choice([0.0, 0.6, 1.0])  # long chains, the paper's start, one guess per stage
         monkeypatch.setattr(layer_skip, "DraftExit", lambda: DraftExit(gamma=gamma))
         ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 30))]
-        assert decoder.generate(ids, 30, "skip").tokens == decoder.generate(ids, 30, "ar").tokens, case
+        assert decoder.generate(ids, max_new_tokens=30, method="skip").tokens == decoder.generate(ids,
+                                max_new_tokens=30, method="ar").tokens, case
 
 
 def test_random_skip_maps_reproduce_transformers_greedy_in_float64(tiny_f64, monkeypatch):
@@ -74,7 +75,7 @@ def test_skip_maps_are_checked():
     decoder = Decoder.from_base("tiny-llama")
     assert "skip" not in decoder.methods()
     with pytest.raises(ValueError, match="needs a layer-skip map .--base NAME --skip-map"):
-        decoder.generate([5, 6], 4, "skip")
+        decoder.generate([5, 6], max_new_tokens=4, method="skip")
     assert "skip" in Decoder.from_base("tiny-llama", skip_map=(1,) * len(decoder.model.layers)).methods()
 
 

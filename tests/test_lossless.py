@@ -91,9 +91,9 @@ def test_poisoned_prompt_tokens_cannot_change_greedy_output(path, monkeypatch):
         assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
         for seed in range(4):
             ids = [rng.randrange(3, 40) for _ in range(rng.randint(2, 16))]  # frequent keys: lookup chains happen
-            ar = decoder.generate(ids, 24, "ar").tokens
+            ar = decoder.generate(ids, max_new_tokens=24, method="ar").tokens
             for method in ("ppd", "ppd-lookup", "ppd-head", "ppd-prune"):
-                assert decoder.generate(ids, 24, method).tokens == ar, (name, method, seed)
+                assert decoder.generate(ids, max_new_tokens=24, method=method).tokens == ar, (name, method, seed)
 
 
 def test_random_drafts_never_change_greedy_output(tiny_f64):
@@ -122,7 +122,7 @@ def test_random_drafts_never_change_greedy_output(tiny_f64):
         decoder.early_head = _random_early_head(g, model, rng.choice([1, 8, 128, VOCAB]), torch.float64)
         eos = decoder.eos_ids()
         for method in ("ar", "ppd", "ppd-lookup", "ppd-head", "ppd-prune"):
-            out = decoder.generate(ids, budget, method)
+            out = decoder.generate(ids, max_new_tokens=budget, method=method)
             assert out.tokens == truth[:len(out.tokens)], (case, method)
             assert len(out.tokens) == budget or out.tokens[-1] in eos, (case, method)
             if method == "ppd-lookup":

@@ -69,7 +69,8 @@ def test_ppdkit_run_trains_and_registers_a_component_for_each_family(family, fam
     registered = json.loads((out / "register" / "summary.json").read_text())
     decoder = Decoder.from_pretrained(registered["uri"])
     for ids in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
-        assert decoder.generate(ids, 12, "ppd").tokens == decoder.generate(ids, 12, "ar").tokens
+        assert decoder.generate(ids, max_new_tokens=12, method="ppd").tokens == decoder.generate(ids,
+                                max_new_tokens=12, method="ar").tokens
 
 
 def test_other_architectures_are_refused_naming_the_supported_ones(tmp_path, spec_file, tracking_uri, capsys):

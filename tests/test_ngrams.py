@@ -77,4 +77,4 @@ def test_ppd_with_corpus_chains_is_plain_greedy(tiny_f64):
     for seed in range(12):
         ids = torch.randint(3, 384, (8,), generator=torch.Generator().manual_seed(100 + seed)).tolist()
         ids = ids + corpus[seed][:3]  # an ending the table knows: its chains are verified, and dropped
-        assert with_table.generate(ids, 40, "ppd-lookup").tokens == hf_greedy(model, ids, 40)
+        assert with_table.generate(ids, max_new_tokens=40, method="ppd-lookup").tokens == hf_greedy(model, ids, 40)

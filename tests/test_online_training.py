@@ -56,7 +56,8 @@ def test_eagle3_trains_online_on_two_ray_workers_and_decodes_losslessly(teacher_
     assert set(result["best"]) >= {"acc_top1_d1", "acc_top1_d3"}
     decoder = Decoder.from_pretrained(tmp_path / "train" / "component", dtype="float32", tree_size=None)
     ids = [5, 17, 99, 5, 17, 99, 5, 17]
-    assert decoder.generate(ids, 16, "eagle3-anpd").tokens == decoder.generate(ids, 16, "ar").tokens
+    assert decoder.generate(ids, max_new_tokens=16, method="eagle3-anpd").tokens == decoder.generate(ids,
+                            max_new_tokens=16, method="ar").tokens
 
 
 def test_a_feature_head_trains_online_and_calibrates_on_the_data_stages_held_out_rows(teacher_dir, tmp_path):  # noqa: F811
@@ -79,7 +80,8 @@ def test_a_feature_head_trains_online_and_calibrates_on_the_data_stages_held_out
     add_files(component, json_files={"trees": trees})
     decoder = Decoder.from_pretrained(component, dtype="float32", tree_size=8)
     ids = [5, 17, 99, 5, 17, 99, 5, 17]
-    assert decoder.generate(ids, 16, "feature-head").tokens == decoder.generate(ids, 16, "ar").tokens
+    assert decoder.generate(ids, max_new_tokens=16, method="feature-head").tokens == decoder.generate(ids,
+                            max_new_tokens=16, method="ar").tokens
 
 
 def test_online_trains_the_heads_over_the_bases_states_and_computes_in_a_float_dtype():

@@ -221,9 +221,9 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
 
     decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@champion")
     assert decoder.ngrams is not None and decoder.ngrams.entries  # the registered version carries its table
-    reference = decoder.generate([5, 6, 7, 8], 6, "ar").tokens
-    assert decoder.generate([5, 6, 7, 8], 6, "ppd").tokens == reference
-    assert decoder.generate([5, 6, 7, 8], 6, "ppd-lookup").tokens == reference
+    reference = decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ar").tokens
+    assert decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ppd").tokens == reference
+    assert decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ppd-lookup").tokens == reference
     # More workers change how the stage runs, not what it wrote: the finished stage is kept.
     assert main(["run", str(spec_file), "--output", str(out), "teacher.workers=2", "--stages", "data,teacher"]) == 0
     assert json.loads((out / "teacher" / "summary.json").read_text())["compute_seconds"] == teacher["compute_seconds"]
@@ -257,7 +257,8 @@ def test_a_feature_head_runs_through_every_stage_and_decodes_from_the_registry(r
 
     decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@challenger")
     for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
-        assert decoder.generate(prompt, 12, "feature-head").tokens == decoder.generate(prompt, 12, "ar").tokens
+        assert decoder.generate(prompt, max_new_tokens=12, method="feature-head").tokens == decoder.generate(prompt,
+                                max_new_tokens=12, method="ar").tokens
 
 
 def test_eagle3_runs_through_every_stage_and_its_export_is_registered_beside_it(ray_local, tracking_uri, spec_file,
@@ -287,7 +288,8 @@ def test_eagle3_runs_through_every_stage_and_its_export_is_registered_beside_it(
 
     decoder = Decoder.from_pretrained(uri, dtype="float32")
     for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
-        assert decoder.generate(prompt, 12, "eagle3").tokens == decoder.generate(prompt, 12, "ar").tokens
+        assert decoder.generate(prompt, max_new_tokens=12, method="eagle3").tokens == decoder.generate(prompt,
+                                max_new_tokens=12, method="ar").tokens
     # train.init_from: another run on the same teacher cache starts from the registered draft, whose held-out
     # figures are the new run's at step 0
     again = tmp_path / "again"

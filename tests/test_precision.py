@@ -252,12 +252,12 @@ def test_every_method_gives_ars_tokens_on_narrow_weights(weights, monkeypatch):
         assert plain.model.native is not None and plain.model.weight_format == weights.split("-")[0]
         assert plain.model.kernel == (weights.split("-")[1] if "-" in weights else None)
         ids = [rng.randrange(3, 40) for _ in range(rng.randint(2, 30))]
-        truth = plain.generate(ids, 32, "ar").tokens
+        truth = plain.generate(ids, max_new_tokens=32, method="ar").tokens
         table = build_ngram_table([ids + truth] * 2, max_n=3, branches=3, length=6)
         decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 2), **narrow)
         decoder.early_head = _random_early_head(g, model, rng.choice([1, 8, 384]))
         for method in ("ar", "ppd", "ppd-lookup", "ppd-head", "ppd-prune", "anpd", "self-draft"):
-            out = decoder.generate(ids, 32, method)
+            out = decoder.generate(ids, max_new_tokens=32, method=method)
             assert out.tokens == truth, (case, method)
             if method == "ppd-lookup":
                 steps, emitted = steps + out.steps, emitted + len(out.tokens)
@@ -279,10 +279,10 @@ def test_draft_heads_give_ars_tokens_on_narrow_weights(weights, monkeypatch):
         assert all((layer.weight is None) == (matrices == QUANTIZED) for layer in layers)  # None: Q8_0 blocks
         decoder = _decoder(model, tok, heads, _random_tree(rng, depth, rng.choice([8, 32, 64])), **narrow)
         ids = [rng.randrange(3, 384) for _ in range(rng.randint(1, 20))]
-        ar = decoder.generate(ids, 24, "ar").tokens
+        ar = decoder.generate(ids, max_new_tokens=24, method="ar").tokens
         methods = ("feature-head", "feature-grown", "feature-grown-anpd") if kind == "feature" else ("medusa",)
         for method in methods:
-            assert decoder.generate(ids, 24, method).tokens == ar, (case, method)
+            assert decoder.generate(ids, max_new_tokens=24, method=method).tokens == ar, (case, method)
 
 
 def test_auto_picks_bfloat16_only_where_its_kernels_run(monkeypatch, caplog):

@@ -3,12 +3,14 @@
 import random
 
 import pytest
+from pydantic import ValidationError
 import torch
 from conftest import hf_greedy, kernels_or_skip
 
 from ppdkit.models.tiny import build_tiny_llama
 import ppdkit.runtime.linear as linear_module
 from ppdkit.runtime.causal_attention import causal_attention
+from ppdkit.runtime.generate_options import GenerateOptions
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.kv_cache import cache_width
 from ppdkit.runtime.decoding_methods import LOOKUP_LENGTHS
@@ -86,8 +88,9 @@ def test_ppd_with_random_prompt_tokens_is_plain_greedy(tiny_f64, k, n, mask, wei
     decoder = Decoder(model, tok, prompts, best_tree_for_size(P[:k], 8 + 8 * n, epts=n))
     for seed in range(12):
         ids = _prompt(seed)
-        ppd = decoder.generate(ids, 32, "ppd")
-        assert ppd.tokens == decoder.generate(ids, 32, "ar").tokens == hf_greedy(model, ids, 32)[:len(ppd.tokens)]
+        ppd = decoder.generate(ids, max_new_tokens=32, method="ppd")
+        assert ppd.tokens == decoder.generate(ids, max_new_tokens=32, method="ar").tokens == hf_greedy(model, ids,
+                                              32)[:len(ppd.tokens)]
 
 
 def test_accepted_guesses_stay_lossless(tiny_f64):
@@ -120,17 +123,37 @@ def test_accepted_guesses_stay_lossless(tiny_f64):
     assert total_tokens / total_steps > 1.5  # guesses really were accepted
 
 
+def test_generate_takes_one_typed_options_object_or_keyword_overrides(tiny_f64):
+    model, tok = tiny_f64
+    decoder = Decoder(model, tok, None, None)
+    options = GenerateOptions(max_new_tokens=6, method="ar")
+    by_object = decoder.generate([5, 6, 7], options)
+    assert len(by_object.tokens) == 6 and by_object.method == "ar"
+    assert decoder.generate([5, 6, 7], max_new_tokens=6, method="ar").tokens == by_object.tokens
+    shorter = decoder.generate([5, 6, 7], options, max_new_tokens=3)  # a keyword overrides the object's value
+    assert shorter.tokens == by_object.tokens[:3]
+    with pytest.raises(ValueError, match="unknown generate option.s. temprature; the options are max_new_tokens"):
+        decoder.generate([5, 6, 7], options, temprature=0.5)
+    with pytest.raises(ValueError, match="max_new_tokens: Input should be greater than or equal to 1"):
+        decoder.generate([5, 6, 7], options, max_new_tokens=0)
+    with pytest.raises(TypeError, match="pass max_new_tokens and method by name"):
+        decoder.generate([5, 6, 7], 6)
+    with pytest.raises(ValidationError, match="frozen"):
+        options.method = "anpd"  # an options object is a value: with_overrides makes another
+    assert options.with_overrides(temperature=0.7).sampling.temperature == 0.7
+
+
 def test_unknown_method_and_missing_trees_are_clear(tiny_f64):
     model, tok = tiny_f64
     decoder = Decoder(model, tok, None, None)
     with pytest.raises(ValueError, match="method ppd needs prompt tokens and calibrated trees, which this decoder's "
                                          "component does not carry; its methods: ar"):
-        decoder.generate([5, 6, 7], 4, "ppd")
+        decoder.generate([5, 6, 7], max_new_tokens=4, method="ppd")
     with pytest.raises(ValueError, match="unknown decoding method 'eagle'; use one of ar, auto, anpd, self-draft, skip, "
                                          "skip-ft, ppd, ppd-lookup"):
-        decoder.generate([5, 6, 7], 4, "eagle")
+        decoder.generate([5, 6, 7], max_new_tokens=4, method="eagle")
     with pytest.raises(ValueError, match="method medusa needs Medusa heads and a calibrated head tree"):
-        decoder.generate([5, 6, 7], 4, "medusa")
+        decoder.generate([5, 6, 7], max_new_tokens=4, method="medusa")
 
 
 def test_runtime_imports_no_ray_deepspeed_or_mlflow(tmp_path, tiny_dir):
@@ -223,7 +246,7 @@ def test_float32_forward_agrees_with_transformers():
     decoder = Decoder(model, tok, prompts, best_tree_for_size(P, 16))
     for seed in range(4):
         ids = _prompt(seed)
-        ppd = decoder.generate(ids, 24, "ppd").tokens
+        ppd = decoder.generate(ids, max_new_tokens=24, method="ppd").tokens
         assert ppd == hf_greedy(model, ids, 24)[:len(ppd)]
 
 
@@ -270,8 +293,8 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
     plain_steps = lookup_steps = longest = 0
     for seed in range(12):
         ids = _prompt(seed, 6) * 4  # a pattern the model's greedy output tends to continue
-        with_lookup = decoder.generate(ids, 40, "ppd-lookup")
-        plain = decoder.generate(ids, 40, "ppd")
+        with_lookup = decoder.generate(ids, max_new_tokens=40, method="ppd-lookup")
+        plain = decoder.generate(ids, max_new_tokens=40, method="ppd")
         assert with_lookup.tokens == plain.tokens == hf_greedy(model, ids, 40)[:len(plain.tokens)]
         plain_steps += plain.steps
         lookup_steps += with_lookup.steps
@@ -283,7 +306,8 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
     widest = max(decoder.layouts, key=lambda state: decoder.layouts[state].size)
     assert decoder.lookup_layout(widest, 1, LOOKUP_LENGTHS[-1]).size == bound  # reachable, so not loose
     for acceptance in ("speculative", "typical"):  # sampled: a chain that ends a step leaves no guesses (state 0)
-        sampled = decoder.generate(_prompt(1, 6) * 4, 40, "ppd-lookup", temperature=0.8, acceptance=acceptance, seed=3)
+        sampled = decoder.generate(_prompt(1, 6) * 4, max_new_tokens=40, method="ppd-lookup", temperature=0.8,
+                                   acceptance=acceptance, seed=3)
         assert 0 < len(sampled.tokens) <= 40 and sampled.steps <= len(sampled.tokens)
 
 

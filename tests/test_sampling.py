@@ -147,7 +147,7 @@ def first_two_tokens_follow_the_model(decoder, ids: list[int], method: str, draw
     p2 = p1_going_on @ p2_given_x1  # the second token's marginal, through the step's own choice
     first, second = torch.zeros(len(p1)), torch.zeros(len(p1))
     for seed in range(draws):
-        tokens = decoder.generate(ids, 2, method, temperature=0.7, seed=seed).tokens
+        tokens = decoder.generate(ids, max_new_tokens=2, method=method, temperature=0.7, seed=seed).tokens
         first[tokens[0]] += 1
         if len(tokens) > 1:
             second[tokens[1]] += 1
@@ -159,5 +159,5 @@ def test_sampled_ppd_draws_the_base_models_first_tokens(tiny_decoder):
     """Sampled PPD on the tiny model: the first two new tokens follow the model's own distribution."""
     decoder, ids = tiny_decoder, [5, 17, 42, 9, 100, 7]
     first_two_tokens_follow_the_model(decoder, ids, "ppd")
-    typical = decoder.generate(ids, 8, "ppd", temperature=0.7, acceptance="typical", seed=0)
+    typical = decoder.generate(ids, max_new_tokens=8, method="ppd", temperature=0.7, acceptance="typical", seed=0)
     assert len(typical.tokens) == 8

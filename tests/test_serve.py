@@ -76,7 +76,7 @@ def _client(url: str):
 
 def test_chat_answers_are_generates_text_streamed_or_not(server, decoder):
     url, log = server
-    expected = decoder.generate(PROMPT, 20, "ar")
+    expected = decoder.generate(PROMPT, max_new_tokens=20, method="ar")
     client = _client(url)
     answer = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}],
                                             max_tokens=20)
@@ -97,7 +97,7 @@ def test_chat_answers_are_generates_text_streamed_or_not(server, decoder):
 def test_completions_read_the_prompt_as_it_is(server, decoder):
     url, _ = server
     ids = decoder.tokenizer("def add(a, b):", add_special_tokens=False)["input_ids"]
-    expected = decoder.generate(ids, 16, "ar").text
+    expected = decoder.generate(ids, max_new_tokens=16, method="ar").text
     client = _client(url)
     assert client.completions.create(model="tiny-llama", prompt="def add(a, b):", max_tokens=16).choices[0].text \
         == expected
@@ -143,7 +143,7 @@ def test_bad_requests_get_clear_errors(server, body, status, says):
 
 def test_stop_sequences_end_the_answer_before_them_streamed_or_not(server, decoder):
     url, _ = server
-    full = decoder.generate(PROMPT, 32, "ar").text
+    full = decoder.generate(PROMPT, max_new_tokens=32, method="ar").text
     stop = full[12:15]  # a few characters from inside the answer; the answer ends before their first occurrence
     expected = full[:full.find(stop)]
     client = _client(url)
@@ -152,7 +152,8 @@ def test_stop_sequences_end_the_answer_before_them_streamed_or_not(server, decod
                                                 max_tokens=32, stop=["never in this text", stop],
                                                 extra_body={"method": method})
         assert answer.choices[0].message.content == expected and answer.choices[0].finish_reason == "stop"
-        assert answer.usage.completion_tokens < len(decoder.generate(PROMPT, 32, "ar").tokens)  # decoding ended too
+        assert answer.usage.completion_tokens < len(decoder.generate(PROMPT, max_new_tokens=32,
+                                                                     method="ar").tokens)  # decoding ended too
         chunks = list(client.chat.completions.create(model="tiny-llama", max_tokens=32, stream=True, stop=stop,
                                                      messages=[{"role": "user", "content": PROMPT}],
                                                      extra_body={"method": method}))
@@ -162,7 +163,7 @@ def test_stop_sequences_end_the_answer_before_them_streamed_or_not(server, decod
     kept = client.completions.create(model="tiny-llama", prompt="def add(a, b):", max_tokens=16, stream=True,
                                      stop="\u2603never")
     ids = decoder.tokenizer("def add(a, b):", add_special_tokens=False)["input_ids"]
-    assert "".join(c.choices[0].text for c in kept) == decoder.generate(ids, 16, "ar").text
+    assert "".join(c.choices[0].text for c in kept) == decoder.generate(ids, max_new_tokens=16, method="ar").text
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -199,7 +200,7 @@ def test_a_registered_component_streams_its_answer_to_an_openai_client(tmp_path,
     client.log_artifacts(run_id, str(save_pyfunc(component, tmp_path / "model")), "model")
     assert register_component(client, "ppdkit-served", run_id, {"method": "ept"}, artifact="model") == "1"
     model = "models:/ppdkit-served@challenger"
-    expected = Decoder.from_pretrained(model, tree_size=8).generate(PROMPT, 24, "ppd")
+    expected = Decoder.from_pretrained(model, tree_size=8).generate(PROMPT, max_new_tokens=24, method="ppd")
     with _serving(tmp_path / "server.log", "--model", model, "--tree-size", "8", "--method", "ppd",
                   env={**os.environ, "MLFLOW_TRACKING_URI": uri}) as (url, _):
         chunks = list(_client(url).chat.completions.create(model=model, max_tokens=24, stream=True,

@@ -131,7 +131,8 @@ def test_a_fine_tuned_draft_with_the_base_norms_and_vocabulary_drafts_as_skip(mo
     decoder.skip_draft = SkipDraft.fine_tuned(decoder.model, model.get_output_embeddings().weight.detach(), skip,
                                               *DraftNorms(model)(), torch.arange(model.config.vocab_size))
     for ids in ([5, 6, 7], [9, 3, 9, 3, 9]):
-        a, b = decoder.generate(ids, 20, "skip"), decoder.generate(ids, 20, "skip-ft")
+        a, b = decoder.generate(ids, max_new_tokens=20, method="skip"), decoder.generate(ids, max_new_tokens=20,
+                                method="skip-ft")
         assert a.tokens == b.tokens and a.accepted_per_step == b.accepted_per_step and a.rows_per_step == b.rows_per_step
 
 
@@ -150,7 +151,8 @@ def test_a_skip_finetune_component_loads_and_a_damaged_one_is_refused(tmp_path, 
     directory, _ = _component(tmp_path / "good", tiny_dir, good)
     decoder = Decoder.from_pretrained(directory)
     assert {"skip", "skip-ft"} <= set(decoder.methods()) and decoder.skip_map == (1, 2)
-    assert decoder.generate([5, 6, 7], 10, "skip-ft").tokens == decoder.generate([5, 6, 7], 10, "ar").tokens
+    assert decoder.generate([5, 6, 7], max_new_tokens=10, method="skip-ft").tokens == decoder.generate([5, 6, 7],
+                            max_new_tokens=10, method="ar").tokens
     for name, bad, match in (("nan", {**good, "skip_norm": torch.full_like(good["skip_norm"], float("nan"))},
                               "non-finite"),
                              ("shape", {**good, "skip_ln1": good["skip_ln1"][:1]}, "needs"),

@@ -105,7 +105,8 @@ def test_layer_skip_and_its_fine_tune_run_through_the_pipeline_and_decode_from_t
     decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@challenger")
     assert decoder.skip_map == tuple(component["hyperparameters"]["skip_map"]) and "skip" in decoder.methods()
     for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
-        assert decoder.generate(prompt, 12, "skip").tokens == decoder.generate(prompt, 12, "ar").tokens
+        assert decoder.generate(prompt, max_new_tokens=12, method="skip").tokens == decoder.generate(prompt,
+                                max_new_tokens=12, method="ar").tokens
 
     # the aggressive skip on top of the search, from its registered version: half the sub-layers, norms fine-tuned
     tuned = tmp_path / "tuned"
@@ -127,7 +128,8 @@ def test_layer_skip_and_its_fine_tune_run_through_the_pipeline_and_decode_from_t
     decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@challenger")
     assert decoder.skip_draft is not None and "skip-ft" in decoder.methods()
     for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
-        assert decoder.generate(prompt, 12, "skip-ft").tokens == decoder.generate(prompt, 12, "ar").tokens
+        assert decoder.generate(prompt, max_new_tokens=12, method="skip-ft").tokens == decoder.generate(prompt,
+                                max_new_tokens=12, method="ar").tokens
     # the registered version is an MLflow pyfunc model too, decoding with the same component
     import mlflow
     import pandas as pd
@@ -135,7 +137,8 @@ def test_layer_skip_and_its_fine_tune_run_through_the_pipeline_and_decode_from_t
     model = mlflow.pyfunc.load_model("models:/ppdkit-tiny-llama@challenger")
     answers = model.predict(pd.DataFrame({"prompt": ["Hello there", "Write code"]}),
                             params={"max_tokens": 10, "method": "skip-ft"})
-    assert answers["text"].tolist() == [decoder.generate(p, 10, "ar").text for p in ("Hello there", "Write code")]
+    assert answers["text"].tolist() == [decoder.generate(p, max_new_tokens=10,
+                                                         method="ar").text for p in ("Hello there", "Write code")]
     assert set(answers["method"]) == {"skip-ft"}
 
 

@@ -95,9 +95,9 @@ def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
     # cache kept draft rows finite, ppd answered this prompt with sixteen copies of token 0.
     decoder.prompts.embeddings[1, 5] = float("nan")
     ids = decoder.encode_chat("Name three colors.")
-    plain = decoder.generate(ids, 16, "ar")
+    plain = decoder.generate(ids, max_new_tokens=16, method="ar")
     for method in ("ppd", "ppd-lookup"):
-        assert decoder.generate(ids, 16, method).tokens == plain.tokens, method
+        assert decoder.generate(ids, max_new_tokens=16, method=method).tokens == plain.tokens, method
 
 
 def test_the_committed_feature_head_decodes_mt_bench_losslessly_in_fewer_steps():
@@ -150,7 +150,7 @@ def lossless_tokens_per_step(decoder, method: str, prompts: int = 3, new_tokens:
     tokens = steps = 0
     for prompt in load_prompts("mt-bench", prompts):
         ids = decoder.encode_chat(prompt)
-        out = decoder.generate(ids, new_tokens, method)
+        out = decoder.generate(ids, max_new_tokens=new_tokens, method=method)
         greedy = run_method(decoder, "hf-greedy", ids, new_tokens)[0]
         if out.tokens != greedy:
             assert divergence(decoder, ids, out.tokens, greedy)["near_tie"], (method, prompt)

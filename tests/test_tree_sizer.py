@@ -82,7 +82,7 @@ def test_dynamic_size_decoding_is_still_greedy_decoding(tiny_f64):
         truth = hf_greedy(model, ids, 40)
         for decoder, method in ((ppd, "ppd"), (ppd, "ppd-lookup"), (heads, "feature-head" if kind == "feature"
                                                                      else "medusa")):
-            out = decoder.generate(ids, 40, method)
+            out = decoder.generate(ids, max_new_tokens=40, method=method)
             assert out.tokens == truth[:len(out.tokens)], (case, method)
             assert len(out.tree_sizes) == out.steps - 1  # every step but the prefill verifies a tree
             assert set(out.tree_sizes) <= set(decoder.size_taus)

@@ -70,7 +70,7 @@ def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: in
         tokens = _hf_generate(decoder, ids, max_new_tokens, pld=method == "hf-pld")
         return tokens, len(tokens), [], 0.0, []
     decoder.dynamic_size = method.endswith(DYNAMIC)
-    result = decoder.generate(ids, max_new_tokens, method.removesuffix(DYNAMIC))
+    result = decoder.generate(ids, max_new_tokens=max_new_tokens, method=method.removesuffix(DYNAMIC))
     tree_method = get_method(method.removesuffix(DYNAMIC)).sized
     fixed = [decoder.size] * (result.steps - 1) if tree_method else []  # a tree method, one size
     return result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows), result.rows_per_step

@@ -39,7 +39,7 @@ def run_precision(base: str, prompts_source: str, limit: int, max_new_tokens: in
     answers = []
     for prompt in tqdm(load_prompts(prompts_source, limit), desc="greedy answers", unit="prompt"):
         ids = reference.encode_chat(prompt)
-        a, b = (d.generate(ids, max_new_tokens, "ar").tokens for d in (reference, other))
+        a, b = (d.generate(ids, max_new_tokens=max_new_tokens, method="ar").tokens for d in (reference, other))
         answers.append({"tokens": len(a), "equal": a == b, "first_difference": first_difference(a, b)})
     conversations, _ = read_conversations(texts_source, texts_limit, require_assistant=True)
     nll = dict.fromkeys(dtypes, 0.0)

@@ -25,7 +25,8 @@ def show_sample(output: Path, spec, evaluate: dict) -> None:
     decoder = Decoder.from_pretrained(output / "calibrate" / "component")
     question = load_prompts("mt-bench", 1)[0]
     print(f"\nMT-Bench question 1: {question}\n")
-    result = decoder.generate(question, spec.evaluate.max_new_tokens, "ppd", stream=text_streamer(decoder.tokenizer))
+    result = decoder.generate(question, max_new_tokens=spec.evaluate.max_new_tokens, method="ppd",
+                              stream=text_streamer(decoder.tokenizer))
     print(f"\n\nppd: {len(result.tokens)} tokens in {result.seconds:.2f} s, {result.mean_accepted_per_step:.2f} "
           f"tokens per step (tree size {result.tree_size}); on {spec.evaluate.limit} {spec.evaluate.prompts} prompts "
           f"ppd ran at {evaluate.get('ppd_speedup', float('nan')):.2f}x and ar at "

@@ -39,7 +39,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from .console import text_streamer
 
     decoder = _decoder(args)
-    result = decoder.generate(args.prompt, args.max_new_tokens, args.method, stream=text_streamer(decoder.tokenizer),
+    result = decoder.generate(args.prompt, max_new_tokens=args.max_new_tokens, method=args.method,
+                              stream=text_streamer(decoder.tokenizer),
                               temperature=args.temperature, acceptance=args.acceptance, epsilon=args.epsilon,
                               delta=args.delta, seed=args.seed)
     rows = result.rows_per_step

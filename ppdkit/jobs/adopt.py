@@ -36,7 +36,8 @@ def tokens_per_step(component: Path, prompts: list[str], measure: dict = MEASURE
     decoder = Decoder.from_pretrained(component, dtype=measure["dtype"], tree_size=measure["tree_size"])
     tokens, steps, outputs = 0, 0, []
     for prompt in tqdm(prompts, desc=f"measure {component.name}", unit="prompt"):
-        result = decoder.generate(decoder.encode_chat(prompt), measure["max_new_tokens"], measure["method"])
+        result = decoder.generate(decoder.encode_chat(prompt), max_new_tokens=measure["max_new_tokens"],
+                                  method=measure["method"])
         tokens, steps = tokens + len(result.tokens), steps + result.steps
         outputs.append(result.tokens)
     return tokens / max(steps, 1), outputs

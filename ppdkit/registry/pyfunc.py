@@ -30,7 +30,8 @@ class DecoderModel:
         settings = {**PARAMS, **(params or {})}
         rows = []
         for prompt in model_input["prompt"].tolist():  # MLflow enforced the signature: a `prompt` column of strings
-            result = self.decoder.generate(str(prompt), int(settings["max_tokens"]), str(settings["method"]),
+            result = self.decoder.generate(str(prompt), max_new_tokens=int(settings["max_tokens"]),
+                                           method=str(settings["method"]),
                                            temperature=float(settings["temperature"]),
                                            seed=None if int(settings["seed"]) < 0 else int(settings["seed"]))
             rows.append({"text": result.text, "tokens": len(result.tokens), "method": result.method,

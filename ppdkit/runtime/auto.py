@@ -55,11 +55,11 @@ def measure(decoder, methods: list[str], prompts: tuple[str, ...] = TRIAL_PROMPT
     """Tokens per second of each method on the prompts, interleaved prompt by prompt (greedy)."""
     seconds, made = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0)
     for method in methods:  # warm-up: first-call allocations are not measured
-        decoder.generate(prompts[0], 4, method)
+        decoder.generate(prompts[0], max_new_tokens=4, method=method)
     for prompt in tqdm(prompts, desc=f"auto: timing {len(methods)} methods", unit="prompt", leave=False):
         for method in methods:
             started = time.perf_counter()
-            made[method] += len(decoder.generate(prompt, tokens, method).tokens)
+            made[method] += len(decoder.generate(prompt, max_new_tokens=tokens, method=method).tokens)
             seconds[method] += time.perf_counter() - started
     return {m: made[m] / seconds[m] for m in methods}
 

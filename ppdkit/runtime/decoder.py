@@ -22,6 +22,7 @@ from .devices import on_device
 from .heads_drafter import DraftHeadSet, HeadTree, draft_seconds
 from .eagle3_drafter import Eagle3Set
 from .fixed_shapes import ROWS as FIXED_ROWS
+from .generate_options import GenerateOptions, merged
 from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight
 from .llama import LeanLlama, end_tokens
@@ -211,36 +212,28 @@ class Decoder:
         return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
                                                   add_generation_prompt=True, return_dict=False)
 
-    def generate(self, prompt: str | list[int], max_new_tokens: int = 128, method: str = "ppd",
-                 stream: Callable[[list[int]], None] | None = None, temperature: float = 0.0,
-                 acceptance: str = "speculative", epsilon: float = 0.09, delta: float = 0.3,
-                 seed: int | None = None, truncate: str | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> GenerateResult:
-        """Decode `prompt` (text is wrapped in the chat template; ids are used as they are).
+    def generate(self, prompt: str | list[int], options: GenerateOptions | None = None, *,
+                 stream: Callable[[list[int]], None] | None = None, should_stop: Callable[[], bool] | None = None,
+                 **overrides) -> GenerateResult:
+        """Decode `prompt` (text is wrapped in the chat template; ids are used as they are) as `options` ask
+        (runtime/generate_options.py), with any option overridden by keyword: generate(prompt, max_new_tokens=64).
 
-        temperature 0 is greedy decoding, token for token the base model's own. Above 0 tokens are
-        sampled; `acceptance` "speculative" keeps the base model's distribution exactly, "typical"
-        (epsilon, delta) accepts more guesses at the cost of that guarantee. `seed` fixes the draws.
-        A prompt that leaves no room for `max_new_tokens` within `max_length` is refused, or with
-        truncate="left" cut to its last tokens that fit. Calls from several threads take turns.
-        `should_stop`, asked after every step (after `stream`), ends the answer early when it returns True (a
-        server's stop sequence found in the text, a client gone).
-        """
-        sampling = Sampling(temperature, acceptance, epsilon, delta)
-        method = self.fastest_method() if method == AUTO else method
+        `stream` receives each step's new tokens as they are verified; `should_stop`, asked after every step (after
+        `stream`), ends the answer early when it returns True (a server's stop sequence found in the text, a client
+        gone). Calls from several threads take turns."""
+        options = merged(options, overrides)
+        method = self.fastest_method() if options.method == AUTO else options.method
         carried = self.carries()
         missing = [need.value for need in get_method(method).needs if need not in carried]
         if missing:
             raise ValueError(f"method {method} needs {' and '.join(missing)}, which this decoder's component does "
                              f"not carry; its methods: {', '.join(self.methods())}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
         ids = self.fit_prompt(self.encode_chat(prompt) if isinstance(prompt, str) else list(prompt),
-                               max_new_tokens, method, truncate)
+                              options.max_new_tokens, method, options.truncate)
+        generator = torch.Generator(self.device).manual_seed(options.seed) if options.seed is not None else None
         with self._lock, torch.inference_mode(), on_device(self.device):
-            return self._generate(torch.tensor(ids, dtype=torch.long), max_new_tokens, method, stream, sampling,
-                                  torch.Generator(self.device).manual_seed(seed) if seed is not None else None,
-                                  should_stop)
+            return self._generate(torch.tensor(ids, dtype=torch.long), options.max_new_tokens, method, stream,
+                                  options.sampling, generator, should_stop)
 
     def fit_prompt(self, ids: list[int], max_new_tokens: int, method: str, truncate: str | None) -> list[int]:
         """The prompt's ids if they leave room for the answer within max_length, else its last ids that do

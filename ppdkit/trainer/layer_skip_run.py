@@ -44,14 +44,14 @@ def compare_with_ar(timer: DevSetTimer, skip: tuple[int, ...]) -> dict:
 
     decoder, prompts = timer.loaded()
     decoder.skip_map = skip
-    decoder.generate(prompts[0][:16], 4, "skip")  # this process's first skip step: not timed
+    decoder.generate(prompts[0][:16], max_new_tokens=4, method="skip")  # this process's first skip step: not timed
     seconds, tokens, same = {"ar": 0.0, "skip": 0.0}, {"ar": 0, "skip": 0}, 0
     for ids in prompts:
         out = {}
         for method in ("ar", "skip"):
             decoder.skip_map = skip if method == "skip" else None
             started = time.perf_counter()
-            out[method] = decoder.generate(ids, timer.new_tokens, method).tokens
+            out[method] = decoder.generate(ids, max_new_tokens=timer.new_tokens, method=method).tokens
             seconds[method] += time.perf_counter() - started
             tokens[method] += len(out[method])
         same += out["ar"] == out["skip"]

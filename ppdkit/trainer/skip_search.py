@@ -178,7 +178,7 @@ class DevSetTimer:
         seconds = tokens = steps = 0
         for prompt in ids:
             started = time.perf_counter()
-            result = decoder.generate(prompt, self.new_tokens, "skip")
+            result = decoder.generate(prompt, max_new_tokens=self.new_tokens, method="skip")
             seconds += time.perf_counter() - started
             tokens, steps = tokens + len(result.tokens), steps + result.steps
         return {METRIC: 1000 * seconds / tokens, "tokens_per_step": tokens / steps}
@@ -193,7 +193,8 @@ class DevSetTimer:
             torch.set_num_threads(self.threads)
             decoder = Decoder.from_base(self.base, self.dtype)
             ids = [decoder.encode_chat(p) for p in self.prompts]
-            decoder.generate(ids[0][:16], 4, "ar")  # first-call allocations and the kernels' load: not timed
+            decoder.generate(ids[0][:16], max_new_tokens=4,
+                             method="ar")  # first-call allocations and the kernels' load: not timed
             _LOADED.clear()
             _LOADED[key] = decoder, ids
         return _LOADED[key]
