@@ -18,7 +18,8 @@ case "${1:-}" in
 start)
     if running; then echo "already running: pid $(cat "$PIDFILE")"; exit 0; fi
     mkdir -p "$CACHE"
-    setsid nohup .venv/bin/ppdkit corpus grow rows_per_shard=256 "${@:2}" >"$LOG" 2>&1 &
+    # niced: it takes the cores nothing else wants, so tests and builds beside it run at their own speed
+    setsid nohup nice -n 19 .venv/bin/ppdkit corpus grow rows_per_shard=256 "${@:2}" >"$LOG" 2>&1 &
     echo $! >"$PIDFILE"
     echo "corpus job: pid $(cat "$PIDFILE"), log $LOG" ;;
 pause) signal STOP ;;
