@@ -120,11 +120,16 @@ def precision_block(name: str, report: dict, docs_link: str) -> list[str]:
 
 
 def history_block(name: str, report: dict, docs_link: str) -> list[str]:
-    """The transcribed history: one line per finding, in date order, each with its machine and command."""
+    """The transcribed history: a heading per day, in date order, then one line per finding with its machine and
+    command."""
     lines = [f"Transcribed from {report['transcribed_from']} ([report]({docs_link}measurements/{name}.json)).", ""]
-    for entry in sorted(report["entries"], key=lambda e: e["date"]):
-        command = f" `{entry['command']}`." if entry.get("command") else " (command not recorded)"
-        lines.append(f"- **{entry['date']}**, {entry['machine']}: {entry['finding']}{command}")
+    day = None
+    for entry in sorted(report["entries"], key=lambda e: e["date"]):  # sorted() is stable: a day keeps its order
+        if entry["date"] != day:
+            day = entry["date"]
+            lines += [f"### {day}", ""] if len(lines) == 2 else ["", f"### {day}", ""]
+        command = f"`{entry['command']}`" if entry.get("command") else "command not recorded"
+        lines.append(f"- {entry['finding']} ({entry['machine']}; {command})")
     return lines
 
 
