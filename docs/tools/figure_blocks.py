@@ -156,7 +156,7 @@ def render(name: str, page: Path, docs: Path = DOCS) -> str:
         block = report_kind(report)
     except ValueError as e:
         raise ValueError(f"{page.name}: docs/{name}.json is {e}") from e
-    docs_link = "" if page.parent == docs else "docs/"  # the README links into docs/, a docs page beside itself
+    docs_link = "" if page.resolve().parent == docs.resolve() else "docs/"  # the README links into docs/
     return "\n".join(block(Path(name).name, report, docs_link)) + "\n"
 
 
