@@ -93,8 +93,8 @@ def bench_block(name: str, report: dict, docs_link: str) -> list[str]:
 
 
 def step_cost_block(name: str, report: dict, docs_link: str) -> list[str]:
-    """A step-cost report: ms of one forward by the rows it feeds, per weight format, and what reading the weights
-    once costs at the measured bandwidth."""
+    """A step-cost report: ms of one forward by the rows it feeds, per weight format and kernel, and the machine's
+    read bandwidth (reading the weights once is the one-row step's floor)."""
     rows = list(next(iter(report["dtypes"].values()))["latency_ms"])
     lines = [provenance(report, "python docs/tools/step_costs.py"), "",
              f"{report['base']}, {report['context']} cached tokens, read bandwidth "
@@ -102,7 +102,6 @@ def step_cost_block(name: str, report: dict, docs_link: str) -> list[str]:
              "| rows | " + " | ".join(rows) + " |", "|---|" + "---:|" * len(rows)]
     for dtype, costs in report["dtypes"].items():
         lines.append(f"| {dtype} ms | " + " | ".join(f"{costs['latency_ms'][r]:.1f}" for r in rows) + " |")
-        lines.append(f"| {dtype} x one row | " + " | ".join(f"{costs['x_one_row'][r]:.2f}" for r in rows) + " |")
     return lines
 
 
