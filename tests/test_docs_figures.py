@@ -32,6 +32,10 @@ def docs(tmp_path):
     return tmp_path
 
 
+def test_every_committed_block_matches_its_report_and_no_page_states_a_figure_outside_one(tool):
+    assert tool["main"](["--check"]) == 0, "run python docs/tools/figure_blocks.py, and move figures into reports"
+
+
 def test_a_block_shows_the_reports_date_machine_command_and_figures(tool, docs):
     page = docs / "page.md"
     text = tool["rewrite"]("Intro.\n<!-- figures: results/run -->\nold\n<!-- /figures -->\nAfter.\n", page, docs)
