@@ -368,14 +368,24 @@ def test_a_head_method_evaluated_without_a_head_is_refused(job):
     assert load_spec(job, ["evaluate.methods=[ar,ppd-head]", "train.method=ept-head"]).train.method == "ept-head"
     with pytest.raises(SpecError, match=r"evaluate.methods \['ppd'\] cannot decode with what train.method=medusa"):
         load_spec(job, ["evaluate.methods=[ar,ppd,medusa]", "train.method=medusa"])
-    with pytest.raises(SpecError, match="head_start_step only apply to ept-head, not ept"):
+    # each method's train section takes its own keys only: another method's fails, naming the methods it is a key of
+    with pytest.raises(SpecError, match="'train.head_start_step' does not apply to train.method ept: it is a key of "
+                                        "ept-head. ept takes: aggregation, alpha,"):
         load_spec(job, ["train.head_start_step=5"])
-    with pytest.raises(SpecError, match="draft_vocab only apply to feature-head, medusa, early-head and skip-finetune, not ept-head"):
+    with pytest.raises(SpecError, match="'train.draft_vocab' does not apply to train.method ept-head: it is a key of "
+                                        "feature-head, medusa, eagle3, early-head, skip-finetune"):
         load_spec(job, ["train.method=ept-head", "train.draft_vocab=100"])
-    with pytest.raises(SpecError, match="feature_weight only apply to feature-head, not medusa"):
+    with pytest.raises(SpecError, match="'train.feature_weight' does not apply to train.method medusa: it is a key of "
+                                        "feature-head."):
         load_spec(job, ["train.method=medusa", "train.feature_weight=0.5"])
-    with pytest.raises(SpecError, match="features_on_disk only apply to feature-head, medusa and eagle3, not ept"):
+    with pytest.raises(SpecError, match="'train.features_on_disk' does not apply to train.method ept: it is a key of "
+                                        "feature-head, medusa, eagle3."):
         load_spec(job, ["train.features_on_disk=true"])
+    with pytest.raises(SpecError, match="'train.lr' does not apply to train.method layer-skip"):  # it trains no weights
+        load_spec(job, ["train.method=layer-skip", "train.lr=0.1"])
+    with pytest.raises(SpecError, match="'train.lrr' does not apply to train.method ept: no training method takes it"):
+        load_spec(job, ["train.lrr=0.1"])
+    assert load_spec(job, ["train.features_on_disk=true", "train.method=feature-head"]).train.features_on_disk
 
 
 def test_a_block_format_teacher_needs_the_unquantized_model_and_a_gguf():

@@ -4,6 +4,7 @@ committed page is what the script writes now, it names every key, and the ranges
 import re
 import runpy
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from pydantic import BaseModel
@@ -28,12 +29,15 @@ def rows(script) -> dict[str, tuple[str, str, str]]:
 
 
 def leaf_keys(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:
-    """Every key a user can set, walked from the models without the script."""
+    """Every key a user can set, walked from the models without the script; a section that is a union of models
+    (train, one per method) holds the keys of each."""
     keys = {}
     for name, field in model.model_fields.items():
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            keys.update(leaf_keys(field.annotation, f"{prefix}{name}."))
-        else:
+        members = get_args(field.annotation) if field.discriminator else (field.annotation,)
+        sections = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        for section in sections:
+            keys.update(leaf_keys(section, f"{prefix}{name}."))
+        if not sections:
             keys[f"{prefix}{name}"] = field
     return keys
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import hf_greedy, tiny_model_on
 from test_lossless import _random_early_head
-from test_training import BASE, DATA, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
+from test_training import BASE, DATA, teacher_dir, train_as  # noqa: F401  (the module's teacher cache fixture)
 
 import ppdkit.runtime.heads_drafter as draft_heads_module
 from ppdkit.data_pipeline.config import TeacherConfig
@@ -30,11 +30,20 @@ from ppdkit.runtime.tree import candidate_tree
 from ppdkit.bench.head_features import features_benchmark
 from ppdkit.trainer.calibrate import calibrate
 from ppdkit.trainer.launch import run_training
+from ppdkit.trainer.config import TrainConfig, methods_taking
 from ppdkit.trainer.training_methods import TRAINING_METHODS
 
 HIDDEN, VOCAB = 64, 384
-HEAD_TRAIN = TRAIN.model_copy(update={"head_depth": 3, "draft_vocab": 128, "head_inner": 32, "lr": 0.001})
-# Losses of the first two steps of HEAD_TRAIN on the fixture (tiny-llama, fp32 base, 2 ranks), recorded once.
+# The head methods' keys on top of test_training's TRAIN; each method takes those its section has (head_inner: the
+# feature head's alone, head_depth: not the early head's).
+HEAD_KEYS = {"groups_per_sequence": 4, "head_depth": 3, "draft_vocab": 128, "head_inner": 32, "lr": 0.001}
+
+
+def head_train(method: str, **keys) -> TrainConfig:
+    return train_as(method, **{**{k: v for k, v in HEAD_KEYS.items() if method in methods_taking(k)}, **keys})
+
+
+# Losses of the first two steps of head_train(method) on the fixture (tiny-llama, fp32 base, 2 ranks), recorded once.
 RECORDED_LOSSES = {"feature-head": [3.56157947, 3.50688004], "medusa": [3.15794349, 3.14140189]}
 RECORDED_EARLY_LOSSES = [4.33858395, 4.25632381]
 
@@ -57,7 +66,7 @@ def test_heads_train_on_the_features_the_teacher_kept(teacher_dir, tmp_path):  #
 
     features_dir = teacher_dir.parent / "features"  # test_training's fixture made it beside the plain cache
     assert TeacherCache(features_dir).has_features and not TeacherCache(teacher_dir).has_features
-    cfg = HEAD_TRAIN.model_copy(update={"method": "feature-head"})
+    cfg = head_train("feature-head")
     result = run_training(BASE, cfg, features_dir, tmp_path / "train", TrackerRef())
     assert [loss for _, loss in result["history"]] == pytest.approx(RECORDED_LOSSES["feature-head"], rel=1e-3)
     zeroed = shutil.copytree(features_dir, tmp_path / "zeroed")
@@ -83,7 +92,7 @@ def test_features_computed_in_training_are_the_teachers(teacher_dir, tmp_path): 
     # on the runtime where its native kernels run bfloat16 (both passes), else through transformers (both too)
     assert computed.teacher_engine == ("runtime" if native_kernels() and native_kernels().bf16_available()
                                        else "transformers")
-    cfg = HEAD_TRAIN.model_copy(update={"method": "feature-head"})
+    cfg = head_train("feature-head")
     losses = {name: [loss for _, loss in run_training(BASE, cfg, tmp_path / name / "teacher", tmp_path / name / "train",
                                                       TrackerRef())["history"]] for name in ("computed", "kept")}
     # measured: 3e-6 apart (the teacher's padded batches); float32 features instead of the teacher's were 1.3e-4
@@ -170,7 +179,7 @@ def test_features_on_disk_are_written_once_read_by_a_later_run_and_never_trusted
 
 def test_the_features_benchmark_times_kept_against_computed_features(teacher_dir):  # noqa: F811
     features_dir = teacher_dir.parent / "features"
-    cfg = HEAD_TRAIN.model_copy(update={"method": "feature-head", "micro_batch": 2})
+    cfg = head_train("feature-head", micro_batch=2)
     report = features_benchmark(BASE, cfg, features_dir, batches=2, threads=1)
     kept, computed = report["results"]
     assert report["batches"] == 2 and kept["positions"] == computed["positions"] > 0  # the same paths in both modes
@@ -180,7 +189,7 @@ def test_the_features_benchmark_times_kept_against_computed_features(teacher_dir
     with pytest.raises(TeacherCacheError, match="keeps no features to compare with"):
         features_benchmark(BASE, cfg, teacher_dir)
     with pytest.raises(ValueError, match="train.method ept trains no head"):
-        features_benchmark(BASE, cfg.model_copy(update={"method": "ept"}), features_dir)
+        features_benchmark(BASE, TrainConfig(method="ept", micro_batch=2), features_dir)
     with pytest.raises(ValueError, match="the benchmark needs a warm-up batch"):
         features_benchmark(BASE, cfg.model_copy(update={"micro_batch": 8}), features_dir)
 
@@ -199,7 +208,7 @@ def _decoder(model, tok, heads: DraftHeadSet, tree, **weights) -> Decoder:
 
 @pytest.mark.parametrize("method", ["feature-head", "medusa"])
 def test_two_steps_on_two_ray_workers_match_the_recorded_losses(method, teacher_dir, tmp_path):  # noqa: F811
-    cfg = HEAD_TRAIN.model_copy(update={"method": method})
+    cfg = head_train(method)
     result = run_training(BASE, cfg, teacher_dir, tmp_path / "train", TrackerRef())
     losses = [loss for _, loss in result["history"]]
     print(method, "losses:", losses)
@@ -239,7 +248,7 @@ def test_a_head_step_changes_only_the_heads(method, teacher_dir):  # noqa: F811
     base = load_base_model("tiny-llama", quantization="nf4", for_training=True)
     before = {k: v.clone() for k, v in base.model.state_dict().items()}
     seqs = list(TeacherCache(teacher_dir).sequences("train"))[:2]
-    cfg = HEAD_TRAIN.model_copy(update={"method": method, "early_layer": 1})
+    cfg = head_train(method, **({"early_layer": 1} if method == "early-head" else {}))
     run = TRAINING_METHODS[cfg.method].start(cfg, base, seqs)
     start = {k: v.detach().clone() for k, v in run.module.state_dict().items()}
     groups, _ = run.param_groups(total_steps=10)
@@ -351,8 +360,7 @@ def test_guesses_that_are_often_right_keep_the_output_exact(tiny_f64, monkeypatc
 def test_the_early_head_trains_on_the_layer_it_is_given(teacher_dir, tmp_path):  # noqa: F811
     """ProPD's early prediction head on 2 Ray workers (recorded losses): recall at K = 1..16 reported, and
     only the head moves; a layer the base model does not have is refused before any work."""
-    cfg = HEAD_TRAIN.model_copy(update={"method": "early-head", "early_layer": 1, "head_depth": 4,
-                                        "head_inner": 1024})
+    cfg = head_train("early-head", early_layer=1)
     result = run_training(BASE, cfg, teacher_dir, tmp_path / "train", TrackerRef())
     losses = [loss for _, loss in result["history"]]
     print("early-head losses:", losses)

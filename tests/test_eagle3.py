@@ -12,7 +12,7 @@ import torch
 from conftest import hf_greedy, q4_weights_or_skip, tiny_model_on
 from test_draft_heads import VOCAB
 from test_sampling import first_two_tokens_follow_the_model
-from test_training import BASE, TRAIN, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
+from test_training import BASE, teacher_dir, train_as  # noqa: F401  (the module's teacher cache fixture)
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.artifact import ArtifactError, read_component
@@ -37,8 +37,7 @@ from ppdkit.trainer.launch import run_training
 from ppdkit.trainer.training_methods import TRAINING_METHODS
 
 EAGLE3 = ("eagle3", "eagle3-anpd")
-EAGLE3_TRAIN = TRAIN.model_copy(update={"method": "eagle3", "head_depth": 3, "draft_vocab": 128, "lr": 0.001,
-                                         "precision": "auto"})
+EAGLE3_TRAIN = train_as("eagle3", head_depth=3, draft_vocab=128, lr=0.001, precision="auto")
 
 
 def _draft_tensors(model, vocab: torch.Tensor, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:

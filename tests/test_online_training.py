@@ -63,14 +63,13 @@ def test_eagle3_trains_online_on_two_ray_workers_and_decodes_losslessly(teacher_
 def test_a_feature_head_trains_online_and_calibrates_on_the_data_stages_held_out_rows(teacher_dir, tmp_path):  # noqa: F811
     """The feature head, online: trained on two Ray workers, then its trees calibrated on the held-out rows of the
     data stage (no teacher cache anywhere), loadable and lossless."""
-    from test_training import TRAIN
+    from test_training import train_as
 
     from ppdkit.models.artifact import add_files
     from ppdkit.trainer.calibrate import calibrate
 
     online = {"data_dir": str(teacher_dir.parent / "data"), "compute_dtype": "float32", "top_k": 16}
-    cfg = TRAIN.model_copy(update={"method": "feature-head", "head_depth": 3, "draft_vocab": 128, "lr": 0.001,
-                                   "online": True})
+    cfg = train_as("feature-head", groups_per_sequence=4, head_depth=3, draft_vocab=128, lr=0.001, online=True)
     result = run_training(BASE, cfg, tmp_path / "no-teacher", tmp_path / "train", TrackerRef(), online=online)
     assert all(math.isfinite(loss) for _, loss in result["history"]) and "acc_top1_d1" in result["best"]
     component = tmp_path / "train" / "component"
@@ -86,7 +85,7 @@ def test_a_feature_head_trains_online_and_calibrates_on_the_data_stages_held_out
 
 def test_online_trains_the_heads_over_the_bases_states_and_computes_in_a_float_dtype():
     assert TrainConfig(method="medusa", online=True).online
-    with pytest.raises(ValueError, match="train.online trains the drafts over the base's hidden states"):
+    with pytest.raises(ValueError, match="ept.online\n  Extra inputs are not permitted"):  # only drafts over the states
         TrainConfig(method="ept", online=True)
     with pytest.raises(ValueError, match="keeps none on disk"):
         TrainConfig(method="eagle3", online=True, features_on_disk=True)

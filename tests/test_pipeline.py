@@ -15,17 +15,38 @@ from ppdkit.cli.main import main, write_problem
 from ppdkit.jobs.pipeline import PipelineError, select_stages
 
 
+# The tiny job's train keys of every method that trains weights; each method's section takes only its own keys, so
+# the specs below add those of the methods they run.
+TINY_TRAIN = {"num_workers": 1, "max_steps": 2, "micro_batch": 2, "eval_every": 1, "checkpoint_every": 1,
+              "eval_sequences": 2}
+
+
 @pytest.fixture
 def spec_file(tmp_path):
-    path = tmp_path / "job.yaml"
+    """The tiny job, train.method ept (and the head methods, which read insertion points too: 4 a sequence)."""
+    return write_tiny_spec(tmp_path / "job.yaml", {**TINY_TRAIN, "groups_per_sequence": 4})
+
+
+@pytest.fixture
+def sequence_spec_file(tmp_path):
+    """The tiny job for the methods that train on every position of whole sequences (eagle3, skip-finetune)."""
+    return write_tiny_spec(tmp_path / "sequence-job.yaml", TINY_TRAIN)
+
+
+@pytest.fixture
+def search_spec_file(tmp_path):
+    """The tiny job for train.method layer-skip, which trains no weights: only the cluster's train keys."""
+    return write_tiny_spec(tmp_path / "search-job.yaml", {"method": "layer-skip", "num_workers": 1})
+
+
+def write_tiny_spec(path, train: dict):
     path.write_text(yaml.safe_dump({
         "name": "tiny-job",
         "base_model": {"name": "tiny-llama", "quantization": "nf4"},
         "data": {"source": str(FIXTURES / "conversations.jsonl"), "limit": None, "max_length": 64,
                  "holdout": 0.3, "shards": 2, "check_sequences": 2},
         "teacher": {"workers": 1, "top_k": 8, "rows_per_shard": 4},
-        "train": {"num_workers": 1, "max_steps": 2, "micro_batch": 2, "groups_per_sequence": 4,
-                  "eval_every": 1, "checkpoint_every": 1, "eval_sequences": 2},
+        "train": train,
         "calibrate": {"sizes": [6, 12], "sequences": 4, "max_rank": 3},
         "evaluate": {"prompts": "mt-bench", "limit": 2, "max_new_tokens": 8},
         "tracking": {"experiment": "tests"},
@@ -220,7 +241,7 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@champion")
-    assert decoder.ngrams is not None and decoder.ngrams.entries  # the registered version carries its table
+    assert decoder.draft.ngrams is not None and decoder.draft.ngrams.entries  # the registered version carries its table
     reference = decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ar").tokens
     assert decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ppd").tokens == reference
     assert decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ppd-lookup").tokens == reference
@@ -261,8 +282,8 @@ def test_a_feature_head_runs_through_every_stage_and_decodes_from_the_registry(r
                                 max_new_tokens=12, method="ar").tokens
 
 
-def test_eagle3_runs_through_every_stage_and_its_export_is_registered_beside_it(ray_local, tracking_uri, spec_file,
-                                                                               tmp_path):
+def test_eagle3_runs_through_every_stage_and_its_export_is_registered_beside_it(ray_local, tracking_uri,
+                                                                               sequence_spec_file, tmp_path):
     """train.method=eagle3 on a tiny base of 8 layers (distinct hidden states 2, 4, 5, which vLLM needs): trained,
     passed through calibration, benchmarked, registered with its speculators layout, exported from the registry."""
     from ppdkit.models.tiny import write_tiny_family
@@ -270,7 +291,7 @@ def test_eagle3_runs_through_every_stage_and_its_export_is_registered_beside_it(
     base = tmp_path / "tiny-llama3-8-layers"
     write_tiny_family(base, "llama3", layers=8)
     out = tmp_path / "out"
-    assert main(["run", str(spec_file), "--output", str(out), "train.method=eagle3", "train.head_depth=2",
+    assert main(["run", str(sequence_spec_file), "--output", str(out), "train.method=eagle3", "train.head_depth=2",
                  "train.draft_vocab=128", "train.lr=0.001", f"base_model.name={base}", "base_model.quantization=none",
                  "train.precision=bf16-autocast"]) == 0
     bench = json.loads((out / "evaluate" / "bench.json").read_text())

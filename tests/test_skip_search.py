@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 from ray import cloudpickle
-from test_pipeline import spec_file  # noqa: F401 (the tiny job's spec, a fixture)
+from test_pipeline import search_spec_file, sequence_spec_file, spec_file  # noqa: F401 (the tiny job's specs, fixtures)
 
 from ppdkit.cli.main import main
 from ppdkit.registry.tracking import TrackerRef
@@ -75,9 +75,9 @@ def test_a_failed_trial_is_resumed_and_finished_trials_are_kept(ray_local, tmp_p
 
 
 def test_layer_skip_and_its_fine_tune_run_through_the_pipeline_and_decode_from_the_registry(
-        ray_local, tracking_uri, spec_file, tmp_path):
+        ray_local, tracking_uri, search_spec_file, sequence_spec_file, tmp_path):
     out = tmp_path / "out"
-    assert main(["run", str(spec_file), "--output", str(out), "train.method=layer-skip", "train.search_trials=6",
+    assert main(["run", str(search_spec_file), "--output", str(out), "train.method=layer-skip", "train.search_trials=6",
                  "train.search_prompts=2", "train.search_new_tokens=8", "evaluate.limit=2"]) == 0
     assert not (out / "teacher").exists()  # a search reads no teacher cache
     result = json.loads((out / "train" / "summary.json").read_text())
@@ -110,7 +110,7 @@ def test_layer_skip_and_its_fine_tune_run_through_the_pipeline_and_decode_from_t
 
     # the aggressive skip on top of the search, from its registered version: half the sub-layers, norms fine-tuned
     tuned = tmp_path / "tuned"
-    assert main(["run", str(spec_file), "--output", str(tuned), "train.method=skip-finetune",
+    assert main(["run", str(sequence_spec_file), "--output", str(tuned), "train.method=skip-finetune",
                  "train.skip_from=models:/ppdkit-tiny-llama@challenger", "train.skip_ratio=0.5",
                  "train.draft_vocab=64", "evaluate.limit=2"]) == 0
     summary = json.loads((tuned / "train" / "summary.json").read_text())
@@ -142,12 +142,12 @@ def test_layer_skip_and_its_fine_tune_run_through_the_pipeline_and_decode_from_t
     assert set(answers["method"]) == {"skip-ft"}
 
 
-def test_skip_finetune_needs_a_layer_skip_component(tracking_uri, spec_file, tmp_path, capsys):
-    assert main(["run", str(spec_file), "--output", str(tmp_path / "a"), "train.method=skip-finetune"]) != 0
+def test_skip_finetune_needs_a_layer_skip_component(tracking_uri, spec_file, sequence_spec_file, tmp_path, capsys):
+    assert main(["run", str(sequence_spec_file), "--output", str(tmp_path / "a"), "train.method=skip-finetune"]) != 0
     assert "set train.skip_from" in capsys.readouterr().err
-    assert main(["run", str(spec_file), "--output", str(tmp_path / "b"), "train.method=skip-finetune",
+    assert main(["run", str(sequence_spec_file), "--output", str(tmp_path / "b"), "train.method=skip-finetune",
                  f"train.skip_from={tmp_path / 'nowhere'}"]) != 0
     err = capsys.readouterr().err
     assert "no component there" in err and not (tmp_path / "b" / "data").exists()  # refused before any stage
     assert main(["run", str(spec_file), "--output", str(tmp_path / "c"), "train.skip_ratio=0.3"]) != 0
-    assert "only apply to skip-finetune" in capsys.readouterr().err
+    assert "'train.skip_ratio' does not apply to train.method ept: it is a key of skip-finetune" in capsys.readouterr().err

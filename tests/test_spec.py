@@ -17,6 +17,36 @@ def test_committed_specs_load(name):
     assert spec.base_model.quantization == ("none" if spec.train.method in ("layer-skip", "skip-finetune") else "nf4")
 
 
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_recipe_sets_only_keys_its_training_method_takes(path):
+    from ppdkit.trainer.config import CLASS_OF_METHOD
+
+    spec = load_spec(path)  # a key of another method would fail here
+    assert type(spec.train) is CLASS_OF_METHOD[spec.train.method]
+
+
+def test_the_train_section_is_its_methods_class_and_takes_its_keys_only():
+    from ppdkit.trainer.config import (Eagle3Config, LayerSkipConfig, PromptHeadConfig, PromptTokenConfig, TrainConfig,
+                                       WeightTrainingConfig)
+
+    assert type(spec_from_dict({"name": "x"}).train) is PromptTokenConfig  # no method named: ept
+    assert type(spec_from_dict({"name": "x", "train": {"lr": 0.5}}).train) is PromptTokenConfig
+    head = spec_from_dict({"name": "x", "train": {"method": "ept-head", "head_start_step": 3}}).train
+    assert type(head) is PromptHeadConfig and head.head_start_step == 3
+    search = spec_from_dict({"name": "x", "train": {"method": "layer-skip", "search_trials": 3}}).train
+    assert type(search) is LayerSkipConfig and not isinstance(search, WeightTrainingConfig)
+    # built directly, the base class gives the method's class, as the spec does
+    assert type(TrainConfig(method="eagle3", head_depth=2)) is Eagle3Config and type(TrainConfig()) is PromptTokenConfig
+    with pytest.raises(SpecError) as err:
+        spec_from_dict({"name": "x", "train": {"method": "layer-skip", "init_from": "c", "search_trials": 0}})
+    message = str(err.value)
+    assert ("'train.init_from' does not apply to train.method layer-skip: it is a key of ept, ept-head, feature-head, "
+            "medusa, eagle3, early-head, skip-finetune. layer-skip takes: cpus_per_worker,") in message
+    assert "'train.search_trials' = 0 is out of range: allowed 1 <= train.search_trials" in message
+    with pytest.raises(SpecError, match="'train.method' = 'eagle' is not a training method; allowed: 'ept', 'ept-head'"):
+        spec_from_dict({"name": "x", "train": {"method": "eagle"}})
+
+
 def test_misspelled_key_is_named_with_the_allowed_ones(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("name: x\ndata:\n  limt: 10\n")

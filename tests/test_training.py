@@ -25,8 +25,16 @@ from ppdkit.trainer.student import student_logprobs
 BASE = BaseModelConfig(name="tiny-llama", quantization="none")
 DATA = DataConfig(source=str(FIXTURES / "conversations.jsonl"), limit=None, max_length=64, holdout=0.3, shards=1,
                   check_sequences=0)
-TRAIN = TrainConfig(num_workers=2, micro_batch=1, epochs=1, max_steps=2, groups_per_sequence=4, lr=0.01,
-                    eval_every=1, checkpoint_every=1, log_every=1, eval_sequences=2)
+# How every method's tests train here: keys of every method that trains weights (WeightTrainingConfig).
+RUN = {"num_workers": 2, "micro_batch": 1, "epochs": 1, "max_steps": 2, "lr": 0.01, "eval_every": 1,
+       "checkpoint_every": 1, "log_every": 1, "eval_sequences": 2}
+TRAIN = TrainConfig(**RUN, groups_per_sequence=4)
+
+
+def train_as(method: str, **keys) -> TrainConfig:
+    """RUN for `method`, with `keys` (the method's own, or RUN's changed): a model_copy cannot change the method,
+    since each method's section is its own class."""
+    return TrainConfig(method=method, **{**RUN, **keys})
 # Losses of the first two steps of TRAIN on the fixture (tiny-llama, fp32 base, 2 ranks), recorded once.
 RECORDED_LOSSES = [0.00433059, 0.00363564]
 
@@ -127,8 +135,7 @@ def test_a_hundred_epts_per_prompt_token(teacher_dir):
 def test_ept_head_two_stage_trains_the_head_from_its_start_step_only(teacher_dir, tmp_path):
     """2-stage ept-head: the prompt tokens alone first (the head is left out, so those steps are exactly
     ept's: the recorded losses), then both at the lower lr; the base model stays bit-identical."""
-    cfg = TRAIN.model_copy(update={"method": "ept-head", "epochs": 2, "max_steps": 3, "head_start_step": 2,
-                                   "head_lr_scale": 0.5})
+    cfg = train_as("ept-head", groups_per_sequence=4, epochs=2, max_steps=3, head_start_step=2, head_lr_scale=0.5)
     result = run_training(BASE, cfg, teacher_dir, tmp_path / "train", TrackerRef())
     losses = [loss for _, loss in result["history"]]
     assert losses[:2] == pytest.approx(RECORDED_LOSSES, rel=1e-4) and len(losses) == 3
@@ -212,7 +219,7 @@ def test_a_run_starts_from_a_trained_components_weights_and_vocabulary(teacher_d
             starting = cfg.model_copy(update={"draft_vocab": 64})
             TRAINING_METHODS[method].start(starting, base, seqs, starting_component(starting, base.fingerprint))
     with pytest.raises(ArtifactError, match=f"is a {method} component; a run of train.method medusa"):
-        starting_component(cfg.model_copy(update={"method": "medusa"}), base.fingerprint)
+        starting_component(TrainConfig(method="medusa", init_from=cfg.init_from), base.fingerprint)
     with pytest.raises(ArtifactError, match="trained for base model tiny-llama"):
         starting_component(cfg, "sha256:" + "1" * 64)
     if method == "ept":

@@ -5,7 +5,9 @@
 
 Each key's type, bounds, choices, default and description are read from the models (`model_fields`, their
 annotations, `field.metadata`, `Field(description=...)`), so nothing here is written per key: a new key or a
-changed bound reaches the page by rerunning this, and tests/test_docs_spec.py fails until someone does.
+changed bound reaches the page by rerunning this, and tests/test_docs_spec.py fails until someone does. A section
+that is a union of models told apart by a key (train, by `method`) gets one table per class of its hierarchy: the
+keys that class adds, under the values of the key whose sections have them.
 """
 
 import json
@@ -92,7 +94,14 @@ def _cell(text: str) -> str:
 
 
 def _is_section(field: FieldInfo) -> bool:
-    return isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+    return isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel) or bool(union_members(field))
+
+
+def union_members(field: FieldInfo) -> list[type[BaseModel]]:
+    """The models of a section that is a discriminated union of them (train: one per method), else []."""
+    if field.discriminator is None or get_origin(field.annotation) not in (Union, UnionType):
+        return []
+    return list(get_args(field.annotation))
 
 
 def _anchor(key: str) -> str:  # as a code host makes it from a heading: dots dropped, underscores kept
@@ -124,17 +133,60 @@ def _reruns(section: str) -> str:
             f"(use another `--output`, or `--stages {','.join([first, *later])} --force`).")
 
 
+def _table(key: str, model: type[BaseModel], names) -> list[str]:
+    return ["", *_HEADER, *(_row(f"{key}.{name}", model.model_fields[name], name in getattr(model, "execution_only", ()))
+                            for name in names), ""]
+
+
+def _tag(model: type[BaseModel], discriminator: str) -> str:
+    return get_args(model.model_fields[discriminator].annotation)[0]
+
+
+def _own_keys(model: type[BaseModel], discriminator: str) -> list[str]:
+    """The keys `model` adds to (or redeclares from) its parent; the discriminator's row is the root's alone."""
+    declared = model.__dict__.get("__annotations__", {})
+    return [name for name in model.model_fields if name in declared and name != discriminator]
+
+
+def _first_paragraph(doc: str | None) -> str:
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
+def _union_tables(key: str, field: FieldInfo, level: int) -> list[str]:
+    """One table per class of the union's hierarchy, from the root every member shares down: the keys that class
+    adds, headed by the tags (methods) whose sections have them."""
+    members, tag = union_members(field), field.discriminator
+    root = next(c for c in members[0].__mro__ if all(issubclass(m, c) for m in members))
+    lines = [f"`{key}.{tag}` picks the section's keys: each table below holds the keys of the `{tag}` values it "
+             f"names, and a key of no table naming the chosen one fails at load, naming the values that take it.", ""]
+
+    def walk(model: type[BaseModel]) -> None:
+        tags = [_tag(m, tag) for m in members if issubclass(m, model)]
+        names = [n for n in model.model_fields] if model is root else _own_keys(model, tag)
+        if names:
+            title = f"every {tag}" if model is root else ", ".join(tags)
+            lines.extend([f"{'#' * (level + 1)} {key}: {title}", "", _first_paragraph(model.__doc__),
+                          *_table(key, model, names)])
+        children = {c for m in members if issubclass(m, model) for c in m.__mro__ if c.__bases__[:1] == (model,)}
+        for child in sorted(children, key=lambda c: min(i for i, m in enumerate(members) if issubclass(m, c))):
+            walk(child)
+
+    walk(root)
+    return lines
+
+
 def _section(key: str, field: FieldInfo, level: int) -> list[str]:
     """A heading, the field's description, and a table: of the section's keys, or of the one top-level value.
     Sections inside a section follow under their own, deeper headings."""
     if not _is_section(field):
         return [f"{'#' * level} {key}", "", *_HEADER, _row(key, field), ""]
     lines = [f"{'#' * level} {key}", "", f"{field.description[0].upper()}{field.description[1:]}."]
-    model = field.annotation
     if level == 2:
         lines.append(_reruns(key))
-    lines += ["", *_HEADER, *(_row(f"{key}.{name}", sub, name in getattr(model, "execution_only", ()))
-                              for name, sub in model.model_fields.items()), ""]
+    if union_members(field):
+        return [*lines, "", *_union_tables(key, field, level)]
+    model = field.annotation
+    lines += _table(key, model, model.model_fields)
     for name, sub in model.model_fields.items():
         if _is_section(sub):
             lines += _section(f"{key}.{name}", sub, level + 1)
@@ -161,8 +213,8 @@ def _intro() -> list[str]:
         "- Only `name` is required; every other key has the default below.",
         "- Every section refuses unknown keys: a misspelled key fails at load, and the message lists the keys "
         "allowed there. A value out of range fails with the range allowed.",
-        "- Some keys apply to some `train.method` values only (the description says which, e.g. `feature-head:`); "
-        "giving one a value other than its default for another method fails, naming the methods it applies to.",
+        "- The train section takes the keys of its `train.method` only (each method's are listed under "
+        "[train](#train)): a key of another method fails at load, naming the methods that take it.",
         "- Each stage's output records the sections it was made from. Run the same spec on the same output with a "
         "key changed and the first stage made from it is refused, naming what changed (`OUTPUT/data was made from "
         "other inputs (data.limit: 64 -> 16)`): use another `--output`, or `--stages` that stage and the later ones "

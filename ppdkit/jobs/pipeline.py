@@ -25,6 +25,7 @@ import yaml
 from ppdkit.data_pipeline.corpus import corpus_digest
 from ppdkit.models.paths import write_json_atomic
 from ppdkit.registry.tracking import DatasetRecord, Tracker, numeric_leaves
+from ppdkit.trainer.config import trains_online
 
 from ppdkit.cli.console import key_figure
 from .key_figures import figure_prefix, registry_tags
@@ -86,7 +87,7 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
     cfg = ctx.spec.train.model_copy(update={key: str(local_component(key, ctx.spec.train, ctx.tracker))
                                             for key in components_named(ctx.spec.train)})
     result = run_training(ctx.spec.base_model, cfg, ctx.output / "teacher", ctx.stage_dir, ctx.tracker.ref(),
-                          online=_online(ctx) if cfg.online else None)
+                          online=_online(ctx) if trains_online(cfg) else None)
     for folder in ("component", "plots"):
         ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
     figures = {"steps": result["steps"], "first_loss": result["first_loss"], "final_loss": result["final_loss"],
@@ -103,8 +104,8 @@ COMPONENT_KEYS = {  # train keys that name a component, and what to give there
 
 
 def components_named(cfg) -> list[str]:
-    """The train keys of COMPONENT_KEYS set in `cfg`."""
-    return [key for key in COMPONENT_KEYS if getattr(cfg, key)]
+    """The train keys of COMPONENT_KEYS that train.method's section has and `cfg` sets."""
+    return [key for key in COMPONENT_KEYS if key in type(cfg).model_fields and getattr(cfg, key)]
 
 
 def local_component(key: str, cfg, tracker: Tracker) -> Path:
@@ -146,7 +147,7 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     cfg = ctx.spec.calibrate
     result = calibrate(ctx.spec.base_model.name, ctx.output / "train" / "component", ctx.output / "teacher", cfg.sizes,
                        cfg.max_rank, cfg.sequences, cfg.groups_per_sequence, cfg.micro_batch,
-                       online=_online(ctx) if ctx.spec.train.online else None)
+                       online=_online(ctx) if trains_online(ctx.spec.train) else None)
     add_files(component, json_files={"trees": result})
     ngram_figures = _write_ngram_table(ctx, component) if cfg.ngram_branches and result["kind"] == "ppd" else {}
     # the whole directory again: component.json now lists (and checksums) the trees and the n-gram table
@@ -300,7 +301,7 @@ def _unneeded_stages(spec: JobSpec) -> dict[str, str]:
     from ppdkit.trainer.training_methods import TRAINING_METHODS
 
     method = TRAINING_METHODS[spec.train.method]
-    if spec.train.online:
+    if trains_online(spec.train):
         return {"teacher": "train.online: the base computes the targets in the training step"}
     return {} if method.needs_teacher else {"teacher": f"train.method {method.name} reads no teacher cache"}
 
@@ -322,14 +323,32 @@ def _digest(inputs: dict[str, Any]) -> str:
 
 def made_from(summary: dict[str, Any] | None, spec: JobSpec, stage: Stage) -> bool:
     """A stage's summary says it was made from this spec's inputs. A setting ppdkit gained after the stage ran,
-    left at its default, changed nothing it made: it is not counted."""
+    left at its default, changed nothing it made: it is not counted; nor is one its section no longer has (before
+    issue 55 every method's train section recorded every method's keys, those of others at their defaults)."""
     if summary is None:
         return False
     inputs, recorded = stage_inputs(spec, stage), summary.get("inputs", {})
-    as_then = {name: {key: value for key, value in values.items()
-                      if key in recorded.get(name, {}) or value != _default(spec, name, key)}
+    as_then = {name: {**_keys_dropped_since(spec, name, recorded.get(name, {})),
+                      **{key: value for key, value in values.items()
+                         if key in recorded.get(name, {}) or value != _default(spec, name, key)}}
                for name, values in inputs.items()}
     return summary.get("inputs_digest") in (_digest(inputs), _digest(as_then))
+
+def _keys_dropped_since(spec: JobSpec, section: str, recorded: dict[str, Any]) -> dict[str, Any]:
+    """The recorded keys of `section` that its class in this spec does not have: only train's lost keys, when each
+    method's section became its own class (issue 55)."""
+    if section != "train":
+        return {}
+    fields = type(spec.train).model_fields
+    return {key: value for key, value in recorded.items() if key not in fields}
+
+
+def _recorded_changes(spec: JobSpec, recorded: dict[str, Any], inputs: dict[str, Any]) -> str:
+    """What differs between a stage's recorded inputs and this spec's, keys its sections no longer have left out."""
+    still = {name: {k: v for k, v in values.items() if k not in _keys_dropped_since(spec, name, values)}
+             for name, values in recorded.items()}
+    return "; ".join(_changes(still, inputs)) or "unknown"
+
 
 
 def _default(spec: JobSpec, section: str, key: str) -> Any:
@@ -360,7 +379,7 @@ def _is_done(spec: JobSpec, stage: Stage, stage_dir: Path, force: bool) -> bool:
     if made_from(summary, spec, stage) and not force:
         return True
     if not force:
-        changed = "; ".join(_changes(summary.get("inputs", {}), stage_inputs(spec, stage))) or "unknown"
+        changed = _recorded_changes(spec, summary.get("inputs", {}), stage_inputs(spec, stage))
         raise PipelineError(f"{stage_dir} was made from other inputs ({changed}). Use another --output, "
                             f"or --force to redo the stage(s) in place")
     return False
@@ -382,7 +401,7 @@ def link_reused_stages(spec: JobSpec, output: Path, source: Path) -> list[str]:
             continue
         if not made_from(made, spec, STAGES[name]):
             inputs = stage_inputs(spec, STAGES[name])
-            refused.append(f"{name} ({'; '.join(_changes(made.get('inputs', {}), inputs)) or 'unknown'})")
+            refused.append(f"{name} ({_recorded_changes(spec, made.get('inputs', {}), inputs)})")
             continue
         target.symlink_to((source / name).resolve(), target_is_directory=True)
         linked.append(name)

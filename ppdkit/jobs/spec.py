@@ -19,7 +19,8 @@ from ppdkit.runtime.dtypes import DTYPES
 from ppdkit.runtime.decoding_methods import COMPONENT_FREE, METHODS as DECODING_METHODS
 
 from ppdkit.bench.llama_cpp import LLAMA_METHODS
-from ppdkit.trainer.config import CalibrateConfig, TrainConfig
+from ppdkit.trainer.config import (CLASS_OF_METHOD, CalibrateConfig, PromptTokenConfig, TrainSection, methods_taking,
+                                   trains_online, with_default_method)
 
 
 # The decoding methods `ppdkit bench` runs: transformers' two (bench/decoding.py) and the runtime's registry.
@@ -67,14 +68,22 @@ class JobSpec(Section):
     data: DataConfig = Field(DataConfig(), description="the conversations: source, held-out split, tokenization")
     teacher: TeacherConfig = Field(TeacherConfig(), description="the teacher pass: the base model's next-token "
                                                                 "distributions over the data, on Ray actors")
-    train: TrainConfig = Field(TrainConfig(), description="the training method and its hyperparameters (DeepSpeed on "
-                                                          "Ray Train workers)")
+    train: TrainSection = Field(PromptTokenConfig(), description="the training method and its hyperparameters "
+                                "(DeepSpeed on Ray Train workers): the keys of train.method's own section")
     calibrate: CalibrateConfig = Field(CalibrateConfig(), description="per-distance acceptance on held-out data, the "
                                                                       "trees built from it, the n-gram table")
     evaluate: EvaluateConfig = Field(EvaluateConfig(), description="the decoding benchmark of the trained component")
     tracking: TrackingConfig = Field(TrackingConfig(), description="MLflow: the run, and the registered model the "
                                                                    "component becomes a version of")
     ray: RayConfig = Field(RayConfig(), description="the Ray cluster the stages run on")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _train_method_defaults_to_ept(cls, raw: Any) -> Any:
+        # the train union picks its class by `method`, so a section that names none gets the default before
+        if isinstance(raw, dict) and isinstance(raw.get("train"), dict):
+            return {**raw, "train": with_default_method(raw["train"])}
+        return raw
 
     @model_validator(mode="after")
     def _name_is_a_folder_name(self) -> "JobSpec":
@@ -100,7 +109,8 @@ class JobSpec(Section):
 
     @model_validator(mode="after")
     def _trees_fit_the_prompt_tokens(self) -> "JobSpec":
-        self.calibrate.check_epts(self.train.num_epts)
+        if isinstance(self.train, PromptTokenConfig):  # the trees of the other methods hold no EPTs
+            self.calibrate.check_epts(self.train.num_epts)
         return self
 
     @model_validator(mode="after")
@@ -126,7 +136,7 @@ class JobSpec(Section):
     def _online_teacher_is_a_float_model(self) -> "JobSpec":
         from ppdkit.runtime.dtypes import BLOCK_FORMATS
 
-        if self.train.online and self.teacher.compute_dtype in BLOCK_FORMATS:
+        if trains_online(self.train) and self.teacher.compute_dtype in BLOCK_FORMATS:
             raise ValueError(f"train.online computes the targets with the base model the trainer holds, in a float "
                              f"dtype, not on {self.teacher.compute_dtype} blocks: set teacher.compute_dtype auto, "
                              "bfloat16 or float32")
@@ -154,14 +164,37 @@ class SpecError(ValueError):
     """A spec that cannot be used; the message says what is wrong and what is allowed."""
 
 
-def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+def _section_model(field: Any, method: str | None) -> type[BaseModel] | None:
+    """The model of a spec field that is a section: its class, or for train the class of the method named."""
+    annotation = getattr(field, "annotation", None)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return CLASS_OF_METHOD.get(method) if field is JobSpec.model_fields["train"] else None
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    model: type[BaseModel] | None = JobSpec
     for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        model = _section_model(model.model_fields.get(str(part)), None)
+        if model is None:
             return []
-        model = annotation
     return sorted(model.model_fields)
+
+
+def _user_loc(loc: tuple) -> tuple[tuple, str | None]:
+    """(the key's place as a user writes it, the train method whose class pydantic validated it in): pydantic puts
+    the union's tag after 'train', ('train', 'ept', 'lr'), where the spec has train.lr."""
+    if len(loc) > 1 and loc[0] == "train" and loc[1] in CLASS_OF_METHOD:
+        return ("train", *loc[2:]), loc[1]
+    return tuple(loc), None
+
+
+def _not_taken(key: str, method: str) -> str:
+    """A train key that train.method's section does not have: which methods take it, and what this one takes."""
+    owners = methods_taking(key.rsplit(".", 1)[-1])
+    where = f"it is a key of {', '.join(owners)}" if owners else "no training method takes it"
+    return (f"'{key}' does not apply to train.method {method}: {where}. {method} takes: "
+            f"{', '.join(sorted(CLASS_OF_METHOD[method].model_fields))}")
 
 
 def _key(loc: tuple) -> str:
@@ -175,9 +208,9 @@ def _non_null(annotation: Any) -> Any:
     return args[0] if get_origin(annotation) in (Union, UnionType) and len(args) == 1 else annotation
 
 
-def _constraints(loc: tuple) -> tuple[list, str | None]:
-    """The bounds and description of the spec value at `loc`; a list index steps into the list's item
-    type, whose own bounds apply to each item."""
+def _constraints(loc: tuple, method: str | None) -> tuple[list, str | None]:
+    """The bounds and description of the spec value at `loc` (in train: of `method`'s key); a list index steps
+    into the list's item type, whose own bounds apply to each item."""
     model, annotation, metadata, description = JobSpec, None, [], None
     for part in loc:
         if isinstance(part, int):
@@ -189,7 +222,7 @@ def _constraints(loc: tuple) -> tuple[list, str | None]:
         if field is None:
             return [], None
         annotation, metadata, description = field.annotation, field.metadata, field.description
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        model = _section_model(field, method)
     return metadata, description
 
 
@@ -211,15 +244,20 @@ _BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_e
 
 
 def _explain_one(e: dict) -> str:
-    key = _key(e["loc"])
+    loc, method = _user_loc(e["loc"])
+    key = _key(loc)
+    if e["type"] == "extra_forbidden" and method is not None:
+        return _not_taken(key, method)
     if e["type"] == "extra_forbidden":
-        return f"unknown key '{key}'; allowed here: {', '.join(_allowed_keys(JobSpec, e['loc']))}"
+        return f"unknown key '{key}'; allowed here: {', '.join(_allowed_keys(loc))}"
+    if e["type"] == "union_tag_invalid":  # the train section's method
+        return f"'{key}.method' = {e['ctx']['tag']!r} is not a training method; allowed: {e['ctx']['expected_tags']}"
     if e["type"] == "missing":
         return f"'{key}' is required"
     if e["type"] == "value_error":  # our validators' messages name their keys and say what to do
         message = e["msg"].removeprefix("Value error, ")
         return f"'{key}' {message} (got {e.get('input')!r})" if key else message
-    metadata, description = _constraints(e["loc"])
+    metadata, description = _constraints(loc, method)
     allowed = _allowed_range(key, metadata)
     if e["type"] in _BOUND_ERRORS and allowed:
         line = f"'{key}' = {e.get('input')!r} is out of range: allowed {allowed}"

@@ -65,9 +65,6 @@ class Eagle3Run(TrainingRun):
     DRAFT_VOCAB_ROWS = ("lm_head.weight",)  # a tensor [V', ...] by draft token: warm_start grows it with the vocabulary
 
     def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
-        if cfg.loss != "kd":
-            raise ValueError("train.method eagle3 learns the teacher's distributions (train.loss kd); the hard-label "
-                             "ablation (ce) is the feature head's and Medusa's")
         super().__init__(method, cfg, base)
         self.distances = cfg.head_depth  # the training-time test's steps: distances 1 .. D after the root
         config = base.model.config

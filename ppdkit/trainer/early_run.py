@@ -25,7 +25,7 @@ from .warm_start import draft_vocabulary
 from .training_run import TrainingRun
 
 RECALL_AT = (1, 2, 4, 8, 16)
-HYPERPARAMETERS = ("early_layer", "draft_vocab", "loss", "groups_per_sequence", "lr", "epochs", "seed")
+HYPERPARAMETERS = ("early_layer", "draft_vocab", "groups_per_sequence", "lr", "epochs", "seed")  # always KD
 
 
 class EarlyHeadRun(TrainingRun):

@@ -11,6 +11,7 @@ from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.draft_heads import TENSORS, DraftHeads, draft_logits, inverse_index, path_states
 
 from .evaluate import TOPS, by_distance
+from .config import FeatureHeadConfig
 from .features import FeatureCache
 from .head_batch import HeadBatch, head_batch, path_starts
 from .losses import decay_mean, soft_cross_entropy, topk_hits
@@ -31,7 +32,8 @@ class HeadRun(TrainingRun):
         self.vocab_index = inverse_index(vocab, vocab_size)
         # [V', H] the frozen readout: the base model's own LM-head rows (tied to the embeddings in SmolLM2)
         self.vocab_rows = base.model.get_output_embeddings().weight.detach().float()[vocab]
-        self.module = DraftHeads(self.kind, hidden, cfg.head_depth, cfg.head_inner, cfg.seed)
+        inner = cfg.head_inner if isinstance(cfg, FeatureHeadConfig) else 0  # Medusa's heads have no MLP
+        self.module = DraftHeads(self.kind, hidden, cfg.head_depth, inner, cfg.seed)
         self.module.register_buffer("draft_vocab", vocab)  # saved with every checkpoint and exported
         self.features = FeatureCache(base.model)  # final hidden states, computed once per sequence
 
@@ -86,4 +88,5 @@ class HeadRun(TrainingRun):
         return {"draft_vocab": state["draft_vocab"], **{name: state[name] for name in TENSORS[self.kind]}}
 
     def hyperparameters(self) -> dict:
-        return {"head_kind": self.kind, **{key: getattr(self.cfg, key) for key in HYPERPARAMETERS}}
+        taken = type(self.cfg).model_fields  # Medusa takes neither head_inner nor feature_weight
+        return {"head_kind": self.kind, **{key: getattr(self.cfg, key) for key in HYPERPARAMETERS if key in taken}}

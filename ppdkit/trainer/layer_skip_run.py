@@ -14,7 +14,7 @@ from ppdkit.models.paths import write_json_atomic
 from ppdkit.runtime.llama import SKIP_ATTENTION, SKIP_MLP
 
 from .checkpoint import replace_dir
-from .config import TrainConfig
+from .config import LayerSkipConfig
 from .plots import plot_search, plot_skip_map
 from .skip_search import METRIC, DevSetTimer, SearchSettings, search_skip_maps, sublayer_ranking
 
@@ -60,7 +60,7 @@ def compare_with_ar(timer: DevSetTimer, skip: tuple[int, ...]) -> dict:
             "identical_to_ar": same / len(prompts), "fingerprint": decoder.fingerprint}
 
 
-def run_search(base: BaseModelConfig, cfg: TrainConfig, data_dir: Path, out_dir: Path, tracker_ref) -> dict:
+def run_search(base: BaseModelConfig, cfg: LayerSkipConfig, data_dir: Path, out_dir: Path, tracker_ref) -> dict:
     """Search (resuming a stopped search), compare, export OUT/component and OUT/plots; returns the figures."""
     import ray
     from transformers import AutoConfig
