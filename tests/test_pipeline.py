@@ -149,6 +149,26 @@ def test_a_setting_added_since_a_stage_ran_left_at_its_default_changes_nothing(s
     assert not made_from(summary, load_spec(spec_file, ["train.lr=0.5"]), STAGES["train"])
 
 
+def test_a_stage_recorded_with_every_methods_train_keys_is_still_complete(spec_file, capsys):
+    """Before issue 55 one train class held every method's keys, so a summary recorded those of other methods at
+    their defaults: its stage stays complete, and a real change is reported without the keys no longer read."""
+    from ppdkit.jobs.pipeline import STAGES, _digest, _is_done, made_from, stage_inputs
+    from ppdkit.jobs.spec import load_spec
+
+    spec = load_spec(spec_file)
+    inputs = stage_inputs(spec, STAGES["train"])
+    inputs["train"].update(head_depth=4, draft_vocab=4096, online=False, search_trials=40)  # as it was recorded
+    summary = {"inputs": inputs, "inputs_digest": _digest(inputs)}
+    assert made_from(summary, spec, STAGES["train"])
+    changed = load_spec(spec_file, ["train.lr=0.5"])
+    assert not made_from(summary, changed, STAGES["train"])
+    stage_dir = spec_file.parent / "train"
+    stage_dir.mkdir()
+    (stage_dir / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(PipelineError, match=r"made from other inputs \(train.lr: 0.01 -> 0.5\)"):
+        _is_done(changed, STAGES["train"], stage_dir, force=False)
+
+
 def test_changed_inputs_message_names_the_key(ray_local, tracking_uri, spec_file, tmp_path, capsys):
     out = tmp_path / "out"
     main(["run", str(spec_file), "--stages", "data", "--output", str(out), "tracking.enabled=false"])
@@ -241,7 +261,7 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@champion")
-    assert decoder.draft.ngrams is not None and decoder.draft.ngrams.entries  # the registered version carries its table
+    assert decoder.ngrams is not None and decoder.ngrams.entries  # the registered version carries its table
     reference = decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ar").tokens
     assert decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ppd").tokens == reference
     assert decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ppd-lookup").tokens == reference
@@ -314,7 +334,7 @@ def test_eagle3_runs_through_every_stage_and_its_export_is_registered_beside_it(
     # train.init_from: another run on the same teacher cache starts from the registered draft, whose held-out
     # figures are the new run's at step 0
     again = tmp_path / "again"
-    assert main(["run", str(spec_file), "--output", str(again), "--reuse", str(out), "--stages", "train",
+    assert main(["run", str(sequence_spec_file), "--output", str(again), "--reuse", str(out), "--stages", "train",
                  "train.method=eagle3", "train.head_depth=2", "train.draft_vocab=128", "train.lr=0.001",
                  f"base_model.name={base}", "base_model.quantization=none", "train.precision=bf16-autocast",
                  f"train.init_from={uri}", "train.max_steps=1"]) == 0
