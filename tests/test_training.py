@@ -1,7 +1,9 @@
 """Prompt-token training: frozen base, DeepSpeed ranks on Ray Train, recorded losses, resume after a kill."""
 
 import json
+import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,12 +89,33 @@ def test_two_steps_on_two_ray_workers_match_the_recorded_losses(teacher_dir, tmp
     assert (tmp_path / "train" / "plots" / "accuracy_by_distance.png").stat().st_size > 0
 
 
-def test_killed_worker_resumes_on_the_same_loss_curve(teacher_dir, tmp_path):
+def dying_once_at_step(step: int, marker: Path):
+    """The worker loop, with rank 0 dying (as a killed process does, no cleanup) right after optimizer step `step`,
+    once: `marker` records it, so the group Ray Train restarts trains through. Defined here, the closure is pickled
+    by value into the workers, where it patches the loop's step in the worker's own module."""
+    def loop(config: dict) -> None:
+        import ppdkit.trainer.worker as worker
+
+        optimizer_step = worker._optimizer_step
+
+        def step_then_die(t):
+            result = optimizer_step(t)
+            if t.ranks.rank == 0 and t.progress.step == step and not marker.exists():
+                marker.write_text(str(step))
+                os._exit(1)
+            return result
+
+        worker._optimizer_step = step_then_die
+        worker.train_loop_per_worker(config)
+    return loop
+
+
+def test_killed_worker_resumes_on_the_same_loss_curve(teacher_dir, tmp_path, monkeypatch):
     cfg = TRAIN.model_copy(update={"max_steps": None, "epochs": 3, "checkpoint_every": 2, "eval_every": 2})
     undisturbed = run_training(BASE, cfg, teacher_dir, tmp_path / "a", TrackerRef())
     marker = tmp_path / "died"
-    resumed = run_training(BASE, cfg, teacher_dir, tmp_path / "b", TrackerRef(),
-                           fault={"at_step": 3, "marker": str(marker)})
+    monkeypatch.setattr("ppdkit.trainer.launch.train_loop_per_worker", dying_once_at_step(3, marker))
+    resumed = run_training(BASE, cfg, teacher_dir, tmp_path / "b", TrackerRef())
     assert marker.read_text() == "3"  # rank 0 really died at step 3, after the step-2 checkpoint
     assert len(undisturbed["history"]) == len(resumed["history"]) == 6
     for (s1, l1), (s2, l2) in zip(undisturbed["history"], resumed["history"]):

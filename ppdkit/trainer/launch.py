@@ -10,19 +10,16 @@ import torch
 
 from ppdkit.models.config import BaseModelConfig
 
-from .config import TrainConfig
+from .config import WeightTrainingConfig
 from .worker import PROGRESS_FILE, train_loop_per_worker
 
 log = logging.getLogger(__name__)
 
 
-def run_training(base: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, out_dir: Path, tracker_ref,
-                 fault: dict | None = None, online: dict | None = None) -> dict:
+def run_training(base: BaseModelConfig, cfg: WeightTrainingConfig, teacher_dir: Path, out_dir: Path, tracker_ref,
+                 online: dict | None = None) -> dict:
     """Train (resuming from OUT/checkpoints if present); returns OUT/result.json. `online` (train.online): the data
-    stage's directory, the teacher's compute_dtype and top_k, in place of the teacher cache in `teacher_dir`.
-
-    `fault` is for tests: {"at_step": N, "marker": path} makes rank 0 die once at step N.
-    """
+    stage's directory, the teacher's compute_dtype and top_k, in place of the teacher cache in `teacher_dir`."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -31,7 +28,7 @@ def run_training(base: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, out
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg.model_dump(), "base_model": base.model_dump(), "teacher_dir": str(teacher_dir),
-                           "output": str(out_dir), "tracker": tracker_ref, "fault": fault, "online": online},
+                           "output": str(out_dir), "tracker": tracker_ref, "online": online},
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=gpu,
                                      resources_per_worker={"CPU": cfg.cpus_per_worker}),
