@@ -1,10 +1,10 @@
 """train.precision auto (eagle3): the draft's training matmuls in bfloat16 under torch.autocast, or in float32,
 whichever this worker runs faster, timed once per process on the draft layer's shapes.
 
-Neither flag of a CPU says which wins. On the 2-core AMD EPYC (AVX512-BF16, no AMX) bfloat16 autocast trained the
-draft 2.8x faster per step (2026-11-26); on the 2-core Intel Xeon without AMX, whose VDPBF16PS issues at about a
-third of its FMAs' rate (docs/devices.md#the-bfloat16-kernel), float32 runs its forward and backward 1.5x faster
-(SmolLM2's draft, 4 sequences of 1,813 tokens, one thread: 3.3 against 5.0 s, 2026-11-28). On a GPU autocast wins.
+Neither flag of a CPU says which wins: AVX512-BF16 gives a bfloat16 dot product (VDPBF16PS), but on a CPU without
+AMX it may issue at a fraction of the rate of float32 FMAs (docs/devices.md#the-bfloat16-kernel), so the same draft
+trains markedly faster under autocast on one such CPU and slower on another. Timing the draft layer's own product
+where the worker runs settles it for that machine; on a GPU autocast always wins, so nothing is timed there.
 """
 
 import logging
@@ -19,7 +19,7 @@ ROWS, WIDTH, INNER = 1024, 576, 1536  # tokens of a micro-batch, and SmolLM2's l
 
 
 def use_autocast(precision: str, device: torch.device) -> bool:
-    """Whether a run of `precision` (TrainConfig.precision) trains the draft under bfloat16 autocast on `device`."""
+    """Whether a run of `precision` (Eagle3Config.precision) trains the draft under bfloat16 autocast on `device`."""
     if precision != "auto":
         return precision == "bf16-autocast"
     return device.type == "cuda" or _autocast_is_faster()
