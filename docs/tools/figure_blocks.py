@@ -26,6 +26,8 @@ import re
 import sys
 from pathlib import Path
 
+from ppdkit.bench.decoding import describe_machine
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 COMMAND = "python docs/tools/figure_blocks.py"
@@ -53,15 +55,6 @@ MEASURED_COLUMN = re.compile(r"\|\s*(?:[^|]*\b)?(?:x ar|x `ar`|tok/s|tok/step|to
 
 
 # --- rendering a report ---------------------------------------------------------------------------------------------
-
-def describe_machine(machine: dict) -> str:
-    """`AMD EPYC, 2 cores (2 threads), avx512f+avx512_bf16`, as the bench's reports and results.md name a machine."""
-    flags = machine.get("isa")
-    isa = "ISA flags unknown" if flags is None else "+".join(flags) or "no AVX-512 or AMX"
-    gpu = f"{machine['gpu']} beside " if machine.get("gpu") else ""
-    return (f"{gpu}{machine.get('cpu', '?')}, {machine.get('logical_cores', '?')} cores "
-            f"({machine.get('torch_threads', '?')} threads), {isa}")
-
 
 def provenance(report: dict, tool: str) -> str:
     """The line every block opens with: when, on what, by which command (the report's own, else the tool that
