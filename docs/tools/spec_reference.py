@@ -125,10 +125,10 @@ def _row(key: str, field: FieldInfo, execution_only: bool = False) -> str:
 def _reruns(section: str) -> str:
     """Which stage a change of this section makes stale: the first whose recorded inputs hold it; the pipeline
     refuses it (and every later stage) on an existing output until it is redone with --force (ppdkit/jobs/pipeline.py)."""
-    first = next((name for name in STAGE_ORDER if name in STAGES and section in STAGES[name].sections), None)
+    first = next((name for name in STAGE_ORDER if section in STAGES[name].sections), None)
     if first is None:
         return "No stage's output depends on it: a change needs no stage redone."
-    later = [name for name in STAGE_ORDER[STAGE_ORDER.index(first) + 1:] if name in STAGES]
+    later = STAGE_ORDER[STAGE_ORDER.index(first) + 1:]
     return (f"The {first} stage is made from it: on an existing output, a change is refused from that stage on "
             f"(use another `--output`, or `--stages {','.join([first, *later])} --force`).")
 

@@ -33,9 +33,6 @@ from .spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-STAGE_ORDER = ("data", "teacher", "train", "calibrate", "evaluate", "register")
-
-
 @dataclass(frozen=True)
 class StageContext:
     spec: JobSpec
@@ -269,8 +266,7 @@ def calibrate_fingerprint(ctx: StageContext) -> str:
     return json.loads((ctx.output / "calibrate" / "component" / "component.json").read_text())["base_model"]["fingerprint"]
 
 
-# Stages that exist in this version, in STAGE_ORDER; later stages plug in here.
-STAGES: dict[str, Stage] = {
+STAGES: dict[str, Stage] = {  # every stage, in the order they run
     "data": Stage("data", ("base_model", "data"), _run_data, uses_ray=True, after=_log_data_sets),
     "teacher": Stage("teacher", ("teacher",), _run_teacher, uses_ray=True),
     "train": Stage("train", ("train",), _run_train, uses_ray=True),
@@ -278,6 +274,7 @@ STAGES: dict[str, Stage] = {
     "evaluate": Stage("evaluate", ("evaluate",), _run_evaluate, after=_log_key_figures),
     "register": Stage("register", ("tracking",), _run_register),
 }
+STAGE_ORDER: tuple[str, ...] = tuple(STAGES)
 
 
 class PipelineError(RuntimeError):
@@ -286,14 +283,11 @@ class PipelineError(RuntimeError):
 
 def select_stages(names: list[str] | None) -> list[Stage]:
     if names is None:
-        return [STAGES[n] for n in STAGE_ORDER if n in STAGES]
-    unknown = [n for n in names if n not in STAGE_ORDER]
+        return list(STAGES.values())
+    unknown = [n for n in names if n not in STAGES]
     if unknown:
         raise PipelineError(f"unknown stage(s) {unknown}; the stages, in order: {', '.join(STAGE_ORDER)}")
-    missing = [n for n in names if n not in STAGES]
-    if missing:
-        raise PipelineError(f"stage(s) {missing} are not available in this version; available: {', '.join(STAGES)}")
-    return [STAGES[n] for n in STAGE_ORDER if n in names]
+    return [stage for name, stage in STAGES.items() if name in names]
 
 
 def _unneeded_stages(spec: JobSpec) -> dict[str, str]:
@@ -309,7 +303,7 @@ def _unneeded_stages(spec: JobSpec) -> dict[str, str]:
 def stage_inputs(spec: JobSpec, stage: Stage) -> dict[str, Any]:
     """What a stage's output is made from: its sections and those of every stage before it."""
     upto = STAGE_ORDER[: STAGE_ORDER.index(stage.name) + 1]
-    sections = sorted({s for name in upto if name in STAGES for s in STAGES[name].sections})
+    sections = sorted({s for name in upto for s in STAGES[name].sections})
     inputs = {name: (section := getattr(spec, name)).model_dump(mode="json", exclude=set(section.execution_only))
               for name in sections}
     if "data" in inputs and (digest := corpus_digest(spec.data.source, spec.base_model.name)):
@@ -334,6 +328,12 @@ def made_from(summary: dict[str, Any] | None, spec: JobSpec, stage: Stage) -> bo
                for name, values in inputs.items()}
     return summary.get("inputs_digest") in (_digest(inputs), _digest(as_then))
 
+
+def _default(spec: JobSpec, section: str, key: str) -> Any:
+    field = type(getattr(spec, section)).model_fields.get(key)
+    return None if field is None else field.get_default(call_default_factory=True)
+
+
 def _keys_dropped_since(spec: JobSpec, section: str, recorded: dict[str, Any]) -> dict[str, Any]:
     """The recorded keys of `section` that its class in this spec does not have: only train's lost keys, when each
     method's section became its own class (issue 55)."""
@@ -348,12 +348,6 @@ def _recorded_changes(spec: JobSpec, recorded: dict[str, Any], inputs: dict[str,
     still = {name: {k: v for k, v in values.items() if k not in _keys_dropped_since(spec, name, values)}
              for name, values in recorded.items()}
     return "; ".join(_changes(still, inputs)) or "unknown"
-
-
-
-def _default(spec: JobSpec, section: str, key: str) -> Any:
-    field = type(getattr(spec, section)).model_fields.get(key)
-    return None if field is None else field.get_default(call_default_factory=True)
 
 
 def _changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -397,7 +391,7 @@ def link_reused_stages(spec: JobSpec, output: Path, source: Path) -> list[str]:
         if made is not None and target.is_symlink() and target.resolve() == (source / name).resolve():
             linked.append(name)  # linked by an earlier start of the same command: rerunning it resumes
             continue
-        if made is None or name not in STAGES or target.exists() or target.is_symlink():
+        if made is None or target.exists() or target.is_symlink():
             continue
         if not made_from(made, spec, STAGES[name]):
             inputs = stage_inputs(spec, STAGES[name])
@@ -467,7 +461,7 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
             log.info("stage %s: complete in %s, skipped", stage.name, stage_dir)
             results[stage.name] = read_summary(stage_dir)
             continue
-        earlier = [s for s in STAGE_ORDER[: STAGE_ORDER.index(stage.name)] if s in STAGES and s not in unneeded]
+        earlier = [s for s in STAGE_ORDER[: STAGE_ORDER.index(stage.name)] if s not in unneeded]
         for name in earlier:
             if not made_from(read_summary(output / name), spec, STAGES[name]):
                 raise PipelineError(f"stage {stage.name} needs stage {name} done for this spec first: "
@@ -494,7 +488,4 @@ def run_pipeline(spec: JobSpec, output: Path, tracker: Tracker, stages: list[str
         figure = key_figure(stage.name, summary)
         log.info("stage %s: done in %.1f s%s", stage.name, summary["seconds"], f": {figure}" if figure else "")
         results[stage.name] = summary
-    absent = [n for n in STAGE_ORDER if n not in STAGES]
-    if stages is None and absent:
-        log.info("stages not in this version yet: %s", ", ".join(absent))
     return results
