@@ -33,6 +33,7 @@ from .spec import JobSpec
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class StageContext:
     spec: JobSpec
