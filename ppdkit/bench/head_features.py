@@ -21,7 +21,7 @@ from ppdkit.models.draft_heads import HEAD_KINDS
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.devices import torch_threads
 
-from ppdkit.trainer.config import TrainConfig
+from ppdkit.trainer.config import HeadConfig
 from ppdkit.trainer.training_methods import TRAINING_METHODS
 
 MODES = ("features read from the cache", "features computed by the base")
@@ -44,7 +44,7 @@ def train_step(run, optimizer, chunk: list, seed: int) -> int:
     return positions
 
 
-def features_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, batches: int = 4,
+def features_benchmark(base_cfg: BaseModelConfig, cfg: HeadConfig, teacher_dir: Path, batches: int = 4,
                        threads: int | None = None) -> dict:
     """Both modes on `batches` micro-batches (after one of warm-up), on `threads` CPU threads (None: as they are)
     -> the report."""
@@ -52,7 +52,7 @@ def features_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir:
         return _features_benchmark(base_cfg, cfg, teacher_dir, batches)
 
 
-def _features_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, batches: int) -> dict:
+def _features_benchmark(base_cfg: BaseModelConfig, cfg: HeadConfig, teacher_dir: Path, batches: int) -> dict:
     method = TRAINING_METHODS[cfg.method]
     if method.head_kind not in HEAD_KINDS:
         raise ValueError(f"train.method {cfg.method} trains no head over the base's features: use one of "

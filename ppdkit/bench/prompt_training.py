@@ -19,19 +19,19 @@ from ppdkit.models.prompt_tokens import PromptTokens, init_from_token_embeddings
 from ppdkit.runtime.devices import torch_threads
 
 from ppdkit.trainer.prompt_batch import collate
-from ppdkit.trainer.config import TrainConfig
+from ppdkit.trainer.config import PromptTokenConfig
 from ppdkit.trainer.losses import prompt_token_loss
 from ppdkit.trainer.student import student_logprobs
 
 
-def _train_step(base_model, prompt: PromptTokens, batch, cfg: TrainConfig) -> None:
+def _train_step(base_model, prompt: PromptTokens, batch, cfg: PromptTokenConfig) -> None:
     emb, weights = prompt()
     logp = student_logprobs(base_model, emb, weights, cfg.num_prompt_tokens, cfg.num_epts, batch)
     prompt_token_loss(logp, batch, cfg.loss, cfg.alpha).backward()
     prompt.zero_grad(set_to_none=True)
 
 
-def insertion_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, batches: int = 4,
+def insertion_benchmark(base_cfg: BaseModelConfig, cfg: PromptTokenConfig, teacher_dir: Path, batches: int = 4,
                         threads: int | None = None) -> dict:
     """Both modes on `batches` micro-batches of the cache's training sequences, on `threads` CPU threads (None: as
     they are) -> the report."""
@@ -39,7 +39,7 @@ def insertion_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir
         return _insertion_benchmark(base_cfg, cfg, teacher_dir, batches)
 
 
-def _insertion_benchmark(base_cfg: BaseModelConfig, cfg: TrainConfig, teacher_dir: Path, batches: int) -> dict:
+def _insertion_benchmark(base_cfg: BaseModelConfig, cfg: PromptTokenConfig, teacher_dir: Path, batches: int) -> dict:
     base = load_base_model(base_cfg.name, base_cfg.quantization, base_cfg.dtype, for_training=True)
     cache = TeacherCache(teacher_dir, expect_fingerprint=base.fingerprint)
     seqs = [s for s in cache.sequences("train") if len(s.positions) > 1][: batches * cfg.micro_batch]
