@@ -29,7 +29,7 @@ from ppdkit.models.paths import file_sha256, write_json_atomic
 FORMAT = "ppdkit-corpus/1"
 MANIFEST = "corpus.json"
 SHARDS = "shards"
-_ZSTD_LEVEL = 19  # shards are written once and read many times: the slowest level costs ~1 s a shard
+_ZSTD_LEVEL = 19  # shards are written once and read many times: the slowest level's extra time is paid once
 
 
 class CorpusError(ValueError):

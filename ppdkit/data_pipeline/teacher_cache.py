@@ -52,8 +52,8 @@ def compress_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 
 
 # The runtime's LM head and its compression run this many positions at a time: a [16, V] block of logits stays in
-# cache while it is read back (a [300, 49152] Q8_0 product at once, written out and then read, took 1.9x as long on
-# one core). transformers' head is not cut up: MKL's float32 product lost 11% of the teacher's speed in blocks of 16.
+# cache while it is read back, where the whole product would be written out to memory and read again.
+# transformers' head is not cut up: MKL's float32 product runs best on all the rows at once (docs/history.md).
 HEAD_ROWS = 16
 
 

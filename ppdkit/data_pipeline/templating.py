@@ -5,8 +5,8 @@ stop), never the template's role headers or the user's words. Assistant spans ar
 rendered text by rendering growing prefixes of the conversation, which works for any template whose
 rendering of a prefix is a prefix of the whole rendering (ChatML, Llama, Mistral, ...).
 
-Only the first max_length tokens are kept, so only as much text as holds them is tokenized: a 1 MB
-message tokenized whole took 1.3 s and 160 MB with SmolLM2's tokenizer for 512 kept tokens; 12 ms now.
+Only the first max_length tokens are kept, so only as much text as holds them is tokenized: a long message
+tokenized whole costs time and memory by its length, however few of its tokens are kept (docs/history.md).
 """
 
 from dataclasses import dataclass

@@ -1,14 +1,13 @@
 """Keeping a long-lived worker's memory flat (teacher actors, training ranks) while the shapes of its tensors
 change with every sequence length.
 
-Two things grow there, neither of them a live tensor (measured on the AMX Xeon, one eagle3 training process on the
-large cache: about 15 MB a step, 5 GB after 160 steps, without leveling off; Ray's OOM killer stopped such runs
-every ~600 steps):
-- oneDNN's and ideep's caches of compiled kernels, one per shape met, up to 1024 each by default: capped here, the
-  growth falls to about 4 MB a step at the same speed (the kernels of one step's shapes are reused within it);
+Two things grow there without leveling off, neither of them a live tensor, until an OOM killer stops the worker
+(what was measured: docs/history.md):
+- oneDNN's and ideep's caches of compiled kernels, one per shape met, up to 1024 each by default: capped here at no
+  cost in speed (the kernels of one step's shapes are reused within it);
 - the freed memory that glibc's allocator keeps in its heaps, fragmented by tensors of ever new sizes:
-  `release_freed_memory` every few steps hands it back (growth about 0.1 MB a step, under 2% slower at every
-  tenth step). A lower mmap threshold would too, but made every step 1.7x slower.
+  `release_freed_memory` every few steps hands it back, at little cost. A lower mmap threshold would too, but every
+  step would pay for fresh pages.
 """
 
 import ctypes

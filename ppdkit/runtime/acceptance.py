@@ -67,8 +67,8 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """[..., V] logits -> [...] the most likely token of each row, the first one on ties: argmax's choice (both are
-    documented so), through max's kernel, which reads bfloat16 logits faster on a CPU (SmolLM2's 49152 on the AMX
-    Xeon's 2 cores: 0.05 against 0.18 ms for one row, 0.10 against 0.27 for eight; a step is 12-20 ms)."""
+    documented so), through max's kernel, which reads bfloat16 logits faster on a CPU: the same token for less of
+    every step (docs/history.md)."""
     return logits.max(-1).indices
 
 

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 # Prose, explanation, code and editing in equal parts: the drafters part ways most between prose (where few
 # guesses land) and code or rewritten text (where the text repeats itself). 4 prompts of 64 tokens left choices
-# within this machine's noise (a method 5% better lost to one 3% better, measured); 8 of 96 cost ~1 min once.
+# within a machine's noise (docs/history.md); 8 of 96 cost more, but once per machine.
 TRIAL_PROMPTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain how a hash table works and when it is a poor choice.",

@@ -1,9 +1,10 @@
 """A prompt's causal attention in blocks of query rows, each block multiplied only against the keys its rows can
 see: the masked upper triangle, half of a long prompt's attention, is never computed. (One bias over every key
-costs twice the multiplications and a [g T, S] bias; at 512 tokens attention was 45% of a prefill on one core.)"""
+costs twice the multiplications and a [g T, S] bias, and on a long prompt attention is much of a prefill.)"""
 import torch
 
-QUERY_BLOCK = 64  # rows per block: 32-64 measured fastest at 512 tokens on one core (half the full product's time)
+QUERY_BLOCK = 64  # rows per block: smaller blocks skip more of the triangle, larger ones multiply more
+# efficiently; chosen by timing (docs/history.md)
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, length: int, scale: float,

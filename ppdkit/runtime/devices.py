@@ -25,7 +25,7 @@ def check_device(device: str | torch.device) -> torch.device:
 def on_device(device: torch.device):
     """A context in which tensors made without a device land on `device` (the layouts and per-step inputs the
     decoding loops build), or nothing where that is the default already: the context intercepts every torch
-    call, about 1 us each, which a CPU decoding step need not pay."""
+    call, an overhead a CPU decoding step need not pay."""
     return contextlib.nullcontext() if torch.get_default_device() == device else torch.device(device)
 
 

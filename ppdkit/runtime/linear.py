@@ -1,11 +1,10 @@
 """Linear layers for decoding steps, where a few rows meet large weights and reading the weights is the cost.
 
-Three paths, fastest first where each applies (measured on 2 cores with AVX-512, SmolLM2-135M's 30
-layers of weights, float32):
-- the native few-rows matmul (runtime/kernels/skinny_linear.cpp, AVX-512 or AVX2, built on first use):
-  1 to 8 rows in 12-17 ms, about 30 GB/s read, where oneDNN takes 17-27 ms; 9 to 12 rows in 18-23 ms
-  against 25-28; from about 13 rows two cores are compute bound (7.5 us per row of a 1536 x 576 weight
-  on one core). 16 to 64 rows go through it in balanced passes of at most 15 (weights read per pass).
+Three paths, fastest first where each applies (their costs as measured: docs/history.md):
+- the native few-rows matmul (runtime/kernels/skinny_linear.cpp, AVX-512 or AVX2, built on first use): it
+  reads each weight once for all of a step's rows, so a few rows cost about one weight read, where oneDNN's
+  general kernel spends more; with more rows the arithmetic becomes the limit. 16 to 64 rows go through it in
+  balanced passes of at most 15 (weights read per pass).
 - oneDNN on weights reordered once into its blocked layout, where the native kernel cannot be built;
 - PyTorch's default matmul (MKL) for more rows than the native kernel takes (a prompt on the PyTorch layers;
   with the native decoder layers a prompt goes in blocks of SKINNY_MAX_ROWS, runtime/llama.native_blocks), and
@@ -14,10 +13,10 @@ The results differ only in summation order (about 1e-6 relative in float32).
 
 bfloat16 weights (the runtime's `dtype`, runtime/precision.py) take the same native kernel with AVX512-BF16 dot
 products: half the bytes to read, two products per lane and instruction; or, where the CPU has them, AMX tiles
-(runtime/native.bf16_kernel), on which 1 to 16 rows cost about the same and 32 rows 1.5x one (SmolLM2's 30
-layers, 2 cores: 7-10 ms a row, 21-30 GB/s read; AVX512-BF16 takes 6x as long for 32 rows as for one). From the
-rows where it is faster (timed once per process, runtime/native.bf16_fma_rows) the AVX512-BF16 path runs the same
-panels on float32 FMAs, which give VDPBF16PS's bits (docs/devices.md#the-bfloat16-kernel). Its
+(runtime/native.bf16_kernel), which multiply many rows at once: a tree's rows cost little more than one, where
+AVX512-BF16's dot products grow with every row. From the rows where it is faster (timed once per process,
+runtime/native.bf16_fma_rows) the AVX512-BF16 path runs the same panels on float32 FMAs, which give VDPBF16PS's
+bits (docs/devices.md#the-bfloat16-kernel). Its
 activations stay float32 and are rounded to bfloat16 as the kernel reads them; beyond SKINNY_MAX_ROWS rows
 oneDNN's bfloat16 matmul runs on the same weights.
 
@@ -110,8 +109,8 @@ def draft_layers(blocks: bool) -> Callable[[torch.Tensor], Linear]:
     """How a draft's matrices become the runtime's layers: in Q8_0 blocks where `blocks` (the int8 kernel, CPU
     code), cut from float32 copies, else as they are. A draft's states and logits only choose and rank its guesses
     (the verification decides what is kept, so the output stays the base model's whatever they are), and drafting
-    reads its weights from memory each level: Q8_0 reads about half bfloat16's bytes and a quarter of float32's
-    (4096 x 576 readout rows, 4 at a time, on the AMX Xeon: 0.05 ms against bfloat16's 0.14; docs/methods.md)."""
+    reads its weights from memory each level: Q8_0 reads about half bfloat16's bytes and a quarter of float32's,
+    so a level takes less time (docs/history.md)."""
     if blocks:
         return lambda weight: Linear(quantize_q8_0(weight.float()))
     return Linear

@@ -2,11 +2,11 @@
 the context itself or in a corpus (the component's n-gram table, models/ngram_table.py).
 
 The training-free drafters ppdkit draws on (Self-Draft's context cache, ANPD's
-n-grams of the live context) rest on one fact: text, above all code, repeats itself. Measured on
-SmolLM2-135M's own greedy answers, the continuation of the longest earlier match of the last 1-3
-tokens gives the next 1/2/3 tokens after the root in 27/20/17% of steps on MT-Bench and 64/56/51% on
-HumanEval. A PPD step adds such chains as more branches under its root, so the guesses of every
-source are verified in the same forward; acceptance stays exact, so decoding stays lossless.
+n-grams of the live context) rest on one fact: text, above all code, repeats itself. On a model's own
+greedy answers the continuation of the longest earlier match of the last 1-3 tokens often gives the next
+tokens after the root, on code most often (docs/history.md). A PPD step adds such chains as more
+branches under its root, so the guesses of every source are verified in the same forward; acceptance
+stays exact, so decoding stays lossless.
 """
 
 from ppdkit.models.ngram_table import NgramTable

@@ -145,7 +145,8 @@ BF16_KERNELS = ("auto", "amx", "avx512")
 
 def bf16_kernel(native: ModuleType) -> str:
     """The native kernel bfloat16 weights are packed for in this process: AMX tiles where the CPU has them
-    (their 32-row matmuls cost about 1.5x one row, against about 6x on AVX512-BF16 dot products), else AVX512-BF16.
+    (a tile multiplies many rows at once, so a tree's rows cost little more than one, where AVX512-BF16's dot
+    products grow with every row; docs/history.md), else AVX512-BF16.
     PPDKIT_BF16_KERNEL=amx|avx512 picks one (the tests run both). Every weight of a process takes the same: the two
     round differently inside a sum, and a decoder's rows must all come from one kernel."""
     requested = os.environ.get("PPDKIT_BF16_KERNEL", "auto")
@@ -177,9 +178,9 @@ def bf16_fma_rows(native: ModuleType) -> int:
     """From how many rows the AVX512-BF16 few-rows matmul runs on float32 FMAs instead of VDPBF16PS: the same bits
     either way (runtime/kernels/skinny_linear.cpp), so only speed decides. PPDKIT_BF16_FMA_ROWS=N (or `never`) sets
     it; else both are timed here once per process on a 3072 x 576 weight (a few milliseconds), and the FMAs take
-    over from the fewest rows where they are faster at that count and at every larger one tried. On the Intel Xeon
-    VMs without AMX tiles the kernel's VDPBF16PS ran at about a third of its FMAs' rate: the FMAs win from 4 rows
-    (1.3x), 1.6-1.8x at 8-32. Where VDPBF16PS is as fast (not measured on AMD's cores yet), it stays."""
+    over from the fewest rows where they are faster at that count and at every larger one tried. Timed, not fixed:
+    how fast VDPBF16PS runs against FMAs is the CPU's own (on some cores far slower, docs/history.md), and where it
+    is as fast it stays."""
     requested = os.environ.get("PPDKIT_BF16_FMA_ROWS", "")
     if requested:
         if requested == "never":

@@ -14,9 +14,10 @@
 - `q4`: the same format for any base model, its float weights quantized by ppdkit into Q4_1 blocks (the layers) and
   Q8_0 (the output head) with llama.cpp's reference quantizer.
 - `auto` (the default): gguf where the base model comes with a GGUF (SmolLM2's Q4_1) and the CPU runs the native
-  AVX512-VNNI kernel: the fastest format here (one row reads 2.6x fewer bytes than bfloat16), row-invariant and
-  lossless like the others. Else bfloat16 where it runs fast and row-invariant, a CPU whose native kernels have
-  AVX512-BF16, or a GPU; float32 elsewhere, saying so in one line. Callers that compute on transformers' model (the
+  AVX512-VNNI kernel: the fastest format there (a step reads its weights, and 4-bit blocks are a fraction of
+  bfloat16's bytes), row-invariant and lossless like the others. Else bfloat16 where it runs fast and
+  row-invariant, a CPU whose native kernels have AVX512-BF16, or a GPU; float32 elsewhere, saying so in one line.
+  Callers that compute on transformers' model (the
   teacher) pass no base model: for them auto is bfloat16 or float32, never a block format.
 bfloat16 gives the bfloat16 model's tokens, not the float32 model's: every method is lossless against `ar` in the
 same dtype. Who needs the float32 model's exact tokens passes `float32`.
