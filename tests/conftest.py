@@ -46,8 +46,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(autouse=True)
 def _torch_threads_left_alone():
     """A test that leaves torch on another thread count changes every test after it (the suite once ran on one
-    thread from the features benchmark's test on: 32 minutes against 26 on two): it fails, and the count is put
-    back."""
+    thread from the features benchmark's test on, and took longer for it): it fails, and the count is put back."""
     import torch
 
     before = torch.get_num_threads()
@@ -170,7 +169,7 @@ def plain_tiny_decoder(path: str, monkeypatch):
 
     model, tok = tiny_model_on(path.removesuffix("-q4"), monkeypatch)
     weights = q4_weights_or_skip(model) if path == "native-q4" else {}
-    decoder = Decoder(model, tok, None, None, **weights)
+    decoder = Decoder(model, tok, None, **weights)
     assert (decoder.model.native is not None) == path.startswith("native")
     assert decoder.model.weight_format == ("q4" if weights else "float32")
     return decoder

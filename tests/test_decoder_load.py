@@ -13,6 +13,7 @@ from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.artifact import ArtifactError, write_component, write_ngrams
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import PromptTokenParts
 from ppdkit.runtime.ppd import PromptTokenSet
 from ppdkit.runtime.tree import best_tree_for_size
 
@@ -33,8 +34,8 @@ def decoder():
     torch.manual_seed(0)
     prompts = PromptTokenSet(torch.randn(3, 64), None, 3, 1, "ensemble")
     table = build_ngram_table([[5, 6, 7, 8, 9] * 3, [10, 11, 12, 13] * 3], max_n=3, branches=2, length=6)
-    return Decoder(base.model, base.tokenizer, prompts, best_tree_for_size(P, 12), max_length=256, ngrams=table,
-                   lookup_chains=2)
+    parts = PromptTokenParts.of_tree(prompts, best_tree_for_size(P, 12), ngrams=table, lookup_chains=2)
+    return Decoder(base.model, base.tokenizer, parts, max_length=256)
 
 
 def _prompts(count: int) -> list[list[int]]:
@@ -98,7 +99,7 @@ def test_a_prompt_beyond_the_context_is_refused_or_cut_from_the_left(decoder, ca
     with caplog.at_level(logging.WARNING):
         cut = decoder.generate(long, max_new_tokens=16, method="ppd", truncate="left")
     assert "keeping its last" in caplog.text
-    room = 256 - 16 - decoder._tree_size("ppd")
+    room = 256 - 16 - decoder.step_rows("ppd")
     assert cut.tokens == decoder.generate(long[-room:], max_new_tokens=16, method="ar").tokens
     with pytest.raises(ValueError, match="outside the vocabulary"):
         decoder.generate([5, 10_000], max_new_tokens=4, method="ar")
@@ -148,7 +149,7 @@ def test_a_component_with_a_head_decodes_with_ppd_head(tiny_component):
 
 
 @pytest.mark.parametrize("damage", ["embedding-shape", "tree-parent", "tree-states", "tree-rank", "ngram-id",
-                                    "head-shape"])
+                                    "head-shape", "hyperparameters"])
 def test_a_component_built_wrong_is_refused_at_load(tiny_component, damage):
     trees = json.loads((tiny_component / "trees.json").read_text())
     state = trees["trees"]["12"]["states"]["3"]
@@ -164,6 +165,13 @@ def test_a_component_built_wrong_is_refused_at_load(tiny_component, damage):
     elif damage == "tree-rank":
         state["ranks"][1] = 10_000
         changes["trees"], expected = trees, "rank 10000, outside"
+    elif damage == "hyperparameters":  # the typed read (models/component_hyperparameters.py) names each key
+        meta = json.loads((tiny_component / "component.json").read_text())
+        meta["hyperparameters"].pop("num_epts")
+        meta["hyperparameters"]["mask"] = "diagonal"
+        (tiny_component / "component.json").write_text(json.dumps(meta))
+        expected = (r"hyperparameters of a ept component are not usable \(num_epts: Field required; mask: Input should "
+                    r"be 'ensemble', 'decoder' or 'encoder'\)")
     elif damage == "head-shape":
         changes["head"] = {"head_weight": torch.randn(64, 32)}
         expected = r"custom decoding head needs head_weight \[H, H\] and head_bias \[H\] for .* hidden size H=64"

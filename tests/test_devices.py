@@ -123,7 +123,7 @@ def _tensors(obj, where: str, seen: set) -> list[tuple[str, torch.Tensor]]:
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_every_tensor_a_decoder_holds_is_on_its_device(components, kind):
     decoder = _load(components, kind, "meta")
-    found = _tensors(decoder, "decoder", {id(decoder.tokenizer), id(decoder.ngrams)})  # n-grams: Python tables
+    found = _tensors(decoder, "decoder", {id(decoder.tokenizer), id(decoder.draft.ngrams)})  # n-grams: Python tables
     elsewhere = [(path, t.device) for path, t in found if t.device.type != "meta"]
     assert len(found) > 20 and not elsewhere, elsewhere[:10]
     assert decoder.model.native is None  # the native kernels are CPU code
@@ -148,7 +148,7 @@ def test_decoding_makes_its_tensors_on_the_decoders_device(components, kind, pat
     module = kernels_or_skip("native") if path == "native" else None
     monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
     decoder = _load(components, kind, "cpu", fixed_shapes=path == "pytorch-fixed")
-    decoder.dynamic_size = False  # sizes picked from measured step times would change what sampling draws
+    decoder.draft.dynamic_size = False  # sizes picked from measured step times would change what sampling draws
     assert (decoder.model.native is not None) == (path == "native")
     assert (decoder.model.fixed_rows is not None) == (path == "pytorch-fixed")
     rng = random.Random(0)

@@ -24,13 +24,14 @@ from ppdkit.models.draft_heads import DraftHeads, frequent_tokens
 from ppdkit.models.loading import load_base_model
 from ppdkit.registry.tracking import TrackerRef
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import HeadParts
 from ppdkit.runtime.heads_drafter import DraftHeadSet, head_tree
 from ppdkit.runtime.native import native_kernels
 from ppdkit.runtime.tree import candidate_tree
 from ppdkit.bench.head_features import features_benchmark
 from ppdkit.trainer.calibrate import calibrate
-from ppdkit.trainer.launch import run_training
 from ppdkit.trainer.config import TrainConfig, methods_taking
+from ppdkit.trainer.launch import run_training
 from ppdkit.trainer.training_methods import TRAINING_METHODS
 
 HIDDEN, VOCAB = 64, 384
@@ -201,9 +202,7 @@ def _random_tree(rng: random.Random, depth: int, size: int):
 
 
 def _decoder(model, tok, heads: DraftHeadSet, tree, **weights) -> Decoder:
-    decoder = Decoder(model, tok, None, None, **weights)
-    decoder.heads, decoder.head_tree = heads, tree
-    return decoder
+    return Decoder(model, tok, HeadParts(heads=heads, trees={} if tree is None else {0: tree}), **weights)
 
 
 @pytest.mark.parametrize("method", ["feature-head", "medusa"])
@@ -229,7 +228,7 @@ def test_two_steps_on_two_ray_workers_match_the_recorded_losses(method, teacher_
     add_files(tmp_path / "train" / "component", json_files={"trees": trees})
     decoder = Decoder.from_pretrained(tmp_path / "train" / "component", tree_size=8)
     grown = ["feature-grown", "feature-grown-anpd"] if method == "feature-head" else []
-    assert decoder.methods() == ["ar", "auto", "anpd", "self-draft", method, *grown] and decoder.head_tree.layout.size == len(trees["trees"]["8"]["parents"])
+    assert decoder.methods() == ["ar", "auto", "anpd", "self-draft", method, *grown] and decoder.draft.head_tree.layout.size == len(trees["trees"]["8"]["parents"])
     for prompt in ("Hello there", "Name three colors."):
         assert decoder.generate(prompt, max_new_tokens=16, method=method).tokens == decoder.generate(prompt,
                                 max_new_tokens=16, method="ar").tokens
@@ -237,7 +236,7 @@ def test_two_steps_on_two_ray_workers_match_the_recorded_losses(method, teacher_
             out = decoder.generate(prompt, max_new_tokens=16, method=name)
             assert out.tokens == decoder.generate(prompt, max_new_tokens=16,
                                                   method="ar").tokens and set(out.rows_per_step) <= {8, 9}
-    assert all(decoder._tree_size(name) == 8 for name in grown)
+    assert all(decoder.step_rows(name) == 8 for name in grown)
     with pytest.raises(ValueError, match="method ppd needs prompt tokens"):
         decoder.generate("Hi", max_new_tokens=4, method="ppd")
 
@@ -394,9 +393,9 @@ def test_early_pruning_never_changes_greedy_output(path, monkeypatch):
         kind, depth = ("feature", "medusa")[case % 2], rng.randint(1, 4)
         decoder = _decoder(model, tok, _heads(kind, depth, g, model, torch.arange(VOCAB)),
                            _random_tree(rng, depth, rng.choice([4, 8, 16, 32])))
-        decoder.early_head = _random_early_head(g, model, rng.choice([1, 2, 8, 64, VOCAB]))
+        decoder.draft.early_head = _random_early_head(g, model, rng.choice([1, 2, 8, 64, VOCAB]))
         if case == 9:
-            decoder.early_head.weight = torch.full_like(decoder.early_head.weight, math.nan)
+            decoder.draft.early_head.weight = torch.full_like(decoder.draft.early_head.weight, math.nan)
         assert (decoder.model.native is not None) == (path == "native")
         method = ("feature-head" if kind == "feature" else "medusa") + "-prune"
         for _ in range(3):
@@ -418,7 +417,7 @@ def test_early_pruning_keeps_accepted_paths_exact(tiny_f64, monkeypatch):  # noq
         kind, depth = ("feature", "medusa")[case % 2], rng.randint(2, 4)
         decoder = _decoder(model, tok, _heads(kind, depth, g, model, torch.arange(VOCAB), dtype=torch.float64),
                            _random_tree(rng, depth, rng.choice([8, 16, 32])))
-        decoder.early_head = _random_early_head(g, model, rng.choice([32, 128, 256]), torch.float64, scale=0.05)
+        decoder.draft.early_head = _random_early_head(g, model, rng.choice([32, 128, 256]), torch.float64, scale=0.05)
         ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))]
         oracle.start(ids, hf_greedy(model, ids, 60))
         method = ("feature-head" if kind == "feature" else "medusa") + "-prune"

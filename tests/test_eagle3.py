@@ -23,6 +23,7 @@ import ppdkit.runtime.linear as linear_module
 from ppdkit.runtime.linear import QUANTIZED
 from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import Eagle3Parts
 from ppdkit.runtime.decoder_loading import draft_matrices
 from ppdkit.runtime.drafter import Proposal, verify
 from ppdkit.models.eagle3 import readout
@@ -48,16 +49,16 @@ def _draft_tensors(model, vocab: torch.Tensor, seed: int, scale: float = 1.0) ->
 
 
 def _decoder(model, tok, tensors: dict[str, torch.Tensor], vocab: torch.Tensor, dtype=None, **weights) -> Decoder:
-    decoder = Decoder(model, tok, None, None, **weights)
+    decoder = Decoder(model, tok, None, **weights)
     layers = aux_layers(model.config.num_hidden_layers)
-    decoder.eagle3 = eagle3_set({k: v if dtype is None else v.to(dtype) for k, v in tensors.items()}, vocab, layers,
-                                model, draft_matrices(decoder.model.weight_format))  # as the loader does
-    return decoder
+    decoder.draft = Eagle3Parts(eagle3=eagle3_set({k: v if dtype is None else v.to(dtype) for k, v in tensors.items()},
+                                                  vocab, layers, model, draft_matrices(decoder.model.weight_format)))
+    return decoder  # as the loader makes it
 
 
 def test_forward_with_states_gives_the_forwards_hidden_states_and_transformers_layers(tiny_f64):
     model, tok = tiny_f64
-    decoder = Decoder(model, tok, None, None)
+    decoder = Decoder(model, tok)
     ids = torch.tensor([5, 9, 200, 31, 7])
     lean = decoder.model
     cache = lean.new_cache(16)
@@ -103,7 +104,7 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
     h = drafter._read_verified(int(ids[t + 1]))[None]  # the root is token t + 1
     cache, committed = drafter.draft_cache, drafter.draft_cache.length
     for k in range(3):
-        logp = level_logp(readout(h, decoder.eagle3.weights, decoder.eagle3.eps))
+        logp = level_logp(readout(h, decoder.draft.eagle3.weights, decoder.draft.eagle3.eps))
         assert torch.allclose(logp[0], unrolled[k][0][t].float(), atol=1e-6), k
         if k == 2:
             break
@@ -111,7 +112,7 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
         visible = torch.zeros(1, cache.length + 1, dtype=torch.bool)
         visible[0, :committed] = True
         visible[0, committed:] = True  # its ancestors on the path (one row per earlier depth) and itself
-        h = draft_rows(lean, decoder.eagle3, cache, h, ids[t + 2 + k:t + 3 + k], torch.tensor([t + 1 + k]), visible)
+        h = draft_rows(lean, decoder.draft.eagle3, cache, h, ids[t + 2 + k:t + 3 + k], torch.tensor([t + 1 + k]), visible)
         cache.commit(None, 1)
 
 
@@ -127,8 +128,9 @@ def test_the_native_draft_layer_is_the_pytorch_one(matrices, monkeypatch):
         pytest.skip("this CPU has no AVX512-VNNI: no Q8_0 kernel")
     vocab = torch.arange(3, VOCAB, 3)
     decoder = _decoder(model, tok, _draft_tensors(model, vocab, 4, 0.5), vocab)
-    decoder.eagle3 = eagle3_set(_draft_tensors(model, vocab, 4, 0.5), vocab, decoder.eagle3.layers, model, matrices)
-    native = decoder.eagle3
+    decoder.draft.eagle3 = eagle3_set(_draft_tensors(model, vocab, 4, 0.5), vocab, decoder.draft.eagle3.layers, model,
+                                      matrices)
+    native = decoder.draft.eagle3
     assert (native.weights["qkv"].weight is None) == (matrices == QUANTIZED)
     assert native.native_weights  # the path under test really runs
     pytorch = dataclasses.replace(native, native_weights=[], native_shape=[])
@@ -228,9 +230,9 @@ def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatc
         assert (decoder.model.native is not None) == path.startswith("native")  # the path under test really runs
         assert decoder.model.weight_format == ("q4" if weights else "bfloat16" if path == "native-bf16" else "float32")
         if path in ("native-bf16", "native-q4"):  # every matrix of the draft in Q8_0 blocks where the int8 kernel
-            matrices = [w for w in decoder.eagle3.weights.values() if isinstance(w, linear_module.Linear)]  # runs
+            matrices = [w for w in decoder.draft.eagle3.weights.values() if isinstance(w, linear_module.Linear)]  # runs
             assert all(w.weight is None for w in matrices) == kernels.quantized_available()
-            assert decoder.eagle3.native_weights
+            assert decoder.draft.eagle3.native_weights
         for seed in range(3):
             ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))] * rng.choice([1, 3])
             plain = decoder.generate(ids, max_new_tokens=24, method="ar").tokens

@@ -107,7 +107,7 @@ def test_speculators_loads_the_export_and_its_draft_step_is_ppdkits(component, d
     theirs = load_file(str(tmp_path / "theirs.safetensors"))
     # ppdkit's decoder on the same inputs: the rows read into its draft cache at those positions, causal
     base = load_base_model(deep_base)
-    decoder = Decoder(base.model, base.tokenizer, None, None)
+    decoder = Decoder(base.model, base.tokenizer)
     tensors = load_file(str(component / "weights.safetensors"))
     draft = eagle3_set({k: v for k, v in tensors.items() if k != "draft_vocab"}, tensors["draft_vocab"],
                        aux_layers(8), base.model)

@@ -11,6 +11,7 @@ from conftest import assert_gives_hf_greedy, plain_tiny_decoder
 
 import ppdkit.runtime.layer_skip as layer_skip
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import LayerSkipParts
 from ppdkit.runtime.layer_skip import DraftExit, check_skip_map
 
 VOCAB = 384
@@ -24,7 +25,7 @@ def _random_map(rng: random.Random, layers: int) -> tuple[int, ...]:
 def test_a_draft_that_skips_nothing_has_every_token_accepted(path, monkeypatch):
     decoder = plain_tiny_decoder(path, monkeypatch)
     monkeypatch.setattr(layer_skip, "DraftExit", lambda: DraftExit(gamma=0.0, epsilon=0.0))  # never exit early
-    decoder.skip_map = (0,) * len(decoder.model.layers)
+    decoder.draft = LayerSkipParts(skip_map=(0,) * len(decoder.model.layers))
     ids = [5, 17, 42, 9]
     out = decoder.generate(ids, max_new_tokens=40, method="skip")
     assert out.tokens == decoder.generate(ids, max_new_tokens=40, method="ar").tokens
@@ -36,7 +37,7 @@ def test_random_skip_maps_never_change_greedy_output(path, monkeypatch):
     decoder = plain_tiny_decoder(path, monkeypatch)
     rng = random.Random(0)
     for case in range(10):
-        decoder.skip_map = _random_map(rng, len(decoder.model.layers))
+        decoder.draft = LayerSkipParts(skip_map=_random_map(rng, len(decoder.model.layers)))
         gamma = rng.choice([0.0, 0.6, 1.0])  # long chains, the paper's start, one guess per stage
         monkeypatch.setattr(layer_skip, "DraftExit", lambda: DraftExit(gamma=gamma))
         ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 30))]
@@ -46,11 +47,11 @@ def test_random_skip_maps_never_change_greedy_output(path, monkeypatch):
 
 def test_random_skip_maps_reproduce_transformers_greedy_in_float64(tiny_f64, monkeypatch):
     model, tok = tiny_f64
-    decoder = Decoder(model, tok, None, None)
+    decoder = Decoder(model, tok)
     monkeypatch.setattr(layer_skip, "DraftExit", lambda: DraftExit(gamma=0.0))
     rng = random.Random(1)
     for case in range(20):
-        decoder.skip_map = _random_map(rng, len(decoder.model.layers))
+        decoder.draft = LayerSkipParts(skip_map=_random_map(rng, len(decoder.model.layers)))
         ids = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 40))]
         budget = rng.randint(1, 40)
         assert_gives_hf_greedy(decoder, model, "skip", ids, budget, case)

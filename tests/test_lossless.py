@@ -19,6 +19,7 @@ from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.ngram_table import NgramTable
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import DraftParts, PromptTokenParts
 from ppdkit.runtime.ppd import PromptTokenSet
 from ppdkit.runtime.pruning import EarlyHead
 from ppdkit.runtime.tree import best_tree_for_size
@@ -86,8 +87,8 @@ def test_poisoned_prompt_tokens_cannot_change_greedy_output(path, monkeypatch):
         prompts = PromptTokenSet(_poisoned(value, k * n, g), weights, k, n, ["ensemble", "decoder", "encoder"][case % 3],
                                  head)
         tree = best_tree_for_size(_random_p(rng, k), rng.choice([s for s in TREE_SIZES if s <= 24 and s > n]), n)
-        decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=2)
-        decoder.early_head = _random_early_head(g, model, rng.choice([1, 4, 64]))  # ppd-prune's
+        decoder = Decoder(model, tok, PromptTokenParts.of_tree(prompts, tree, ngrams=table, lookup_chains=2))
+        decoder.draft.early_head = _random_early_head(g, model, rng.choice([1, 4, 64]))  # ppd-prune's
         assert (decoder.model.native is not None) == (module is not None)  # the path under test really runs
         for seed in range(4):
             ids = [rng.randrange(3, 40) for _ in range(rng.randint(2, 16))]  # frequent keys: lookup chains happen
@@ -118,8 +119,9 @@ def test_random_drafts_never_change_greedy_output(tiny_f64):
         truth = hf_greedy(model, ids, budget)
         table = (build_ngram_table([ids + truth] * 2, max_n=3, branches=3, length=6) if case % 2
                  else _random_table(rng))
-        decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 3))
-        decoder.early_head = _random_early_head(g, model, rng.choice([1, 8, 128, VOCAB]), torch.float64)
+        parts = PromptTokenParts.of_tree(prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 3))
+        decoder = Decoder(model, tok, parts)
+        decoder.draft.early_head = _random_early_head(g, model, rng.choice([1, 8, 128, VOCAB]), torch.float64)
         eos = decoder.eos_ids()
         for method in ("ar", "ppd", "ppd-lookup", "ppd-head", "ppd-prune"):
             out = decoder.generate(ids, max_new_tokens=budget, method=method)
@@ -136,6 +138,6 @@ def test_the_drafters_without_a_component_reproduce_transformers_greedy_in_float
     model, tok = tiny_f64
     rng = random.Random(1)
     for case in range(24):
-        decoder = Decoder(model, tok, None, None, ngrams=_random_table(rng) if case % 2 else None)
+        decoder = Decoder(model, tok, DraftParts(ngrams=_random_table(rng) if case % 2 else None))
         ids = [rng.randrange(3, VOCAB if case % 3 else 20) for _ in range(rng.randint(1, 48))]  # 0-2: special
         assert_gives_hf_greedy(decoder, model, method, ids, rng.randint(1, 48), case)

@@ -7,6 +7,7 @@ from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.artifact import read_component, write_component, write_ngrams
 from ppdkit.models.ngram_table import NgramTable
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import PromptTokenParts
 from ppdkit.runtime.llama import LeanLlama
 from ppdkit.runtime.lookup import ContextIndex, draft_chains, root_only, with_lookup_chains
 from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
@@ -71,9 +72,10 @@ def test_ppd_with_corpus_chains_is_plain_greedy(tiny_f64):
     g = torch.Generator().manual_seed(0)
     corpus = [torch.randint(3, 384, (30,), generator=g).tolist() for _ in range(20)]  # chains mostly wrong
     table = build_ngram_table(corpus, min_count=1)
-    plain = Decoder(model, tok, prompts, best_tree_for_size(P, 12))
-    with_table = Decoder(model, tok, prompts, best_tree_for_size(P, 12), ngrams=table, lookup_chains=4)
-    assert with_table.lookup_layout(3, 4, 3).size == plain.lookup_layout(3, 1, 3).size + 9
+    plain = Decoder(model, tok, PromptTokenParts.of_tree(prompts, best_tree_for_size(P, 12)))
+    with_table = Decoder(model, tok, PromptTokenParts.of_tree(prompts, best_tree_for_size(P, 12), ngrams=table,
+                                                              lookup_chains=4))
+    assert with_table.draft.lookup_layout(3, 4, 3).size == plain.draft.lookup_layout(3, 1, 3).size + 9
     for seed in range(12):
         ids = torch.randint(3, 384, (8,), generator=torch.Generator().manual_seed(100 + seed)).tolist()
         ids = ids + corpus[seed][:3]  # an ending the table knows: its chains are verified, and dropped

@@ -261,7 +261,7 @@ def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, t
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@champion")
-    assert decoder.ngrams is not None and decoder.ngrams.entries  # the registered version carries its table
+    assert decoder.draft.ngrams is not None and decoder.draft.ngrams.entries  # the registered version carries its table
     reference = decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ar").tokens
     assert decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ppd").tokens == reference
     assert decoder.generate([5, 6, 7, 8], max_new_tokens=6, method="ppd-lookup").tokens == reference

@@ -19,6 +19,7 @@ import ppdkit.runtime.row_invariance as row_invariance
 from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import PromptTokenParts
 from ppdkit.runtime.kernels_twin import bf16_linear_twin
 from ppdkit.runtime.decoder_loading import draft_matrices
 from ppdkit.runtime.linear import QUANTIZED, SKINNY_MAX_ROWS, Linear
@@ -248,14 +249,15 @@ def test_every_method_gives_ars_tokens_on_narrow_weights(weights, monkeypatch):
         prompts = PromptTokenSet(torch.randn(k * n, 64, generator=g), None, k, n,
                                  rng.choice(["ensemble", "decoder", "encoder"]), head)
         tree = best_tree_for_size(_random_p(rng, k), rng.choice([8, 16, 32, 64]), n)
-        plain = Decoder(model, tok, None, None, **narrow)
+        plain = Decoder(model, tok, None, **narrow)
         assert plain.model.native is not None and plain.model.weight_format == weights.split("-")[0]
         assert plain.model.kernel == (weights.split("-")[1] if "-" in weights else None)
         ids = [rng.randrange(3, 40) for _ in range(rng.randint(2, 30))]
         truth = plain.generate(ids, max_new_tokens=32, method="ar").tokens
         table = build_ngram_table([ids + truth] * 2, max_n=3, branches=3, length=6)
-        decoder = Decoder(model, tok, prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 2), **narrow)
-        decoder.early_head = _random_early_head(g, model, rng.choice([1, 8, 384]))
+        parts = PromptTokenParts.of_tree(prompts, tree, ngrams=table, lookup_chains=rng.randint(1, 2))
+        decoder = Decoder(model, tok, parts, **narrow)
+        decoder.draft.early_head = _random_early_head(g, model, rng.choice([1, 8, 384]))
         for method in ("ar", "ppd", "ppd-lookup", "ppd-head", "ppd-prune", "anpd", "self-draft"):
             out = decoder.generate(ids, max_new_tokens=32, method=method)
             assert out.tokens == truth, (case, method)
@@ -324,7 +326,7 @@ def test_a_gpu_decoder_whose_kernels_are_not_row_invariant_is_warned_about(monke
     monkeypatch.setattr(row_invariance, "first_mismatch", lambda model, rows: 8)
     model = SimpleNamespace(weight_format="bfloat16", native=None, fixed_rows=None)
     decoder = SimpleNamespace(device=torch.device("cuda"), model=model,
-                              methods=lambda: ["ar", "ppd"], _tree_size=lambda method: 1 if method == "ar" else 16)
+                              methods=lambda: ["ar", "ppd"], step_rows=lambda method: 1 if method == "ar" else 16)
     with caplog.at_level("WARNING", logger=row_invariance.__name__):
         row_invariance.check_rows(decoder)
     assert "step of 8 rows" in caplog.text and "on cuda" in caplog.text and "differ from ar's" in caplog.text

@@ -12,6 +12,7 @@ import ppdkit.runtime.linear as linear_module
 from ppdkit.runtime.causal_attention import causal_attention
 from ppdkit.runtime.generate_options import GenerateOptions
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import PromptTokenParts
 from ppdkit.runtime.kv_cache import cache_width
 from ppdkit.runtime.decoding_methods import LOOKUP_LENGTHS
 from ppdkit.runtime.linear import Linear
@@ -85,7 +86,7 @@ def test_ppd_with_random_prompt_tokens_is_plain_greedy(tiny_f64, k, n, mask, wei
     torch.manual_seed(k * 10 + n)
     weights = torch.softmax(torch.randn(k, n, dtype=torch.float64), -1) if weighted else None
     prompts = PromptTokenSet(torch.randn(k * n, 64, dtype=torch.float64), weights, k, n, mask)
-    decoder = Decoder(model, tok, prompts, best_tree_for_size(P[:k], 8 + 8 * n, epts=n))
+    decoder = Decoder(model, tok, PromptTokenParts.of_tree(prompts, best_tree_for_size(P[:k], 8 + 8 * n, epts=n)))
     for seed in range(12):
         ids = _prompt(seed)
         ppd = decoder.generate(ids, max_new_tokens=32, method="ppd")
@@ -125,7 +126,7 @@ def test_accepted_guesses_stay_lossless(tiny_f64):
 
 def test_generate_takes_one_typed_options_object_or_keyword_overrides(tiny_f64):
     model, tok = tiny_f64
-    decoder = Decoder(model, tok, None, None)
+    decoder = Decoder(model, tok)
     options = GenerateOptions(max_new_tokens=6, method="ar")
     by_object = decoder.generate([5, 6, 7], options)
     assert len(by_object.tokens) == 6 and by_object.method == "ar"
@@ -145,7 +146,7 @@ def test_generate_takes_one_typed_options_object_or_keyword_overrides(tiny_f64):
 
 def test_unknown_method_and_missing_trees_are_clear(tiny_f64):
     model, tok = tiny_f64
-    decoder = Decoder(model, tok, None, None)
+    decoder = Decoder(model, tok)
     with pytest.raises(ValueError, match="method ppd needs prompt tokens and calibrated trees, which this decoder's "
                                          "component does not carry; its methods: ar"):
         decoder.generate([5, 6, 7], max_new_tokens=4, method="ppd")
@@ -243,7 +244,7 @@ def test_float32_forward_agrees_with_transformers():
     assert torch.allclose(ours, ref, atol=1e-4, rtol=0)
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
     prompts = PromptTokenSet(torch.randn(3, 64), None, 3, 1, "ensemble")
-    decoder = Decoder(model, tok, prompts, best_tree_for_size(P, 16))
+    decoder = Decoder(model, tok, PromptTokenParts.of_tree(prompts, best_tree_for_size(P, 16)))
     for seed in range(4):
         ids = _prompt(seed)
         ppd = decoder.generate(ids, max_new_tokens=24, method="ppd").tokens
@@ -289,7 +290,7 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
     model, tok = tiny_f64
     torch.manual_seed(7)
     prompts = PromptTokenSet(torch.randn(3, 64, dtype=torch.float64), None, 3, 1, "ensemble")
-    decoder = Decoder(model, tok, prompts, best_tree_for_size(P, 12))
+    decoder = Decoder(model, tok, PromptTokenParts.of_tree(prompts, best_tree_for_size(P, 12)))
     plain_steps = lookup_steps = longest = 0
     for seed in range(12):
         ids = _prompt(seed, 6) * 4  # a pattern the model's greedy output tends to continue
@@ -301,10 +302,10 @@ def test_ppd_with_context_lookup_is_plain_greedy_and_uses_the_chain(tiny_f64):
         longest = max(longest, *with_lookup.accepted_per_step)
     assert lookup_steps < plain_steps  # the chain was accepted, and that saved steps
     assert longest > 4  # after a chain accepted whole, a longer one was (ppdkit/runtime/decoding_methods.py LOOKUP_LENGTHS)
-    bound = decoder._tree_size("ppd-lookup")  # what the KV cache reserves for one step
-    assert max(layout.size for layout in decoder._lookup_layouts.values()) <= bound
-    widest = max(decoder.layouts, key=lambda state: decoder.layouts[state].size)
-    assert decoder.lookup_layout(widest, 1, LOOKUP_LENGTHS[-1]).size == bound  # reachable, so not loose
+    bound = decoder.step_rows("ppd-lookup")  # what the KV cache reserves for one step
+    assert max(layout.size for layout in decoder.draft._lookup_layouts.values()) <= bound
+    widest = max(decoder.draft.layouts, key=lambda state: decoder.draft.layouts[state].size)
+    assert decoder.draft.lookup_layout(widest, 1, LOOKUP_LENGTHS[-1]).size == bound  # reachable, so not loose
     for acceptance in ("speculative", "typical"):  # sampled: a chain that ends a step leaves no guesses (state 0)
         sampled = decoder.generate(_prompt(1, 6) * 4, max_new_tokens=40, method="ppd-lookup", temperature=0.8,
                                    acceptance=acceptance, seed=3)

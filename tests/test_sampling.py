@@ -9,6 +9,7 @@ from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.acceptance import (Sampling, TreeLinks, choose, greedy_tokens, next_token_distribution,
                                        typical_threshold)
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import PromptTokenParts
 from ppdkit.runtime.ppd import PromptTokenSet
 from ppdkit.runtime.tree import best_tree_for_size
 
@@ -130,7 +131,8 @@ def tiny_decoder():
     g = torch.Generator().manual_seed(3)
     prompts = PromptTokenSet(torch.randn(3, model.config.hidden_size, generator=g, dtype=torch.float64), None,
                              3, 1, "ensemble")
-    return Decoder(model, tok, prompts, best_tree_for_size([[0.5, 0.2, 0.1], [0.3, 0.1], [0.2]], 16), 256)
+    tree = best_tree_for_size([[0.5, 0.2, 0.1], [0.3, 0.1], [0.2]], 16)
+    return Decoder(model, tok, PromptTokenParts.of_tree(prompts, tree), 256)
 
 
 def first_two_tokens_follow_the_model(decoder, ids: list[int], method: str, draws: int = 1500) -> None:

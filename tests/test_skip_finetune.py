@@ -13,6 +13,7 @@ import ppdkit.runtime.layer_skip as layer_skip
 from ppdkit.models.artifact import ArtifactError, write_component
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import LayerSkipParts
 from ppdkit.runtime.layer_skip import DraftExit, SkipDraft
 from ppdkit.runtime.llama import LeanLlama
 from ppdkit.trainer.config import TrainConfig
@@ -117,7 +118,8 @@ def test_fine_tuned_drafts_never_change_greedy_output(path, monkeypatch):
     rng = random.Random(1)
     for case in range(3):
         skip = tuple(rng.randrange(4) for _ in range(layers))
-        decoder.skip_map, decoder.skip_draft = skip, _fine_tuned(decoder, model, skip, case, rng.choice((16, 200)))
+        decoder.draft = LayerSkipParts(skip_map=skip, fine_tuned=_fine_tuned(decoder, model, skip, case,
+                                                                            rng.choice((16, 200))))
         monkeypatch.setattr(layer_skip, "DraftExit", lambda: DraftExit(gamma=rng.choice((0.0, 0.3))))
         pairs = lossless_on_random_prompts(decoder, "skip-ft", 24, cases=6)
         assert all(out.rows_per_step for _, out in pairs)
@@ -127,9 +129,9 @@ def test_a_fine_tuned_draft_with_the_base_norms_and_vocabulary_drafts_as_skip(mo
     decoder = plain_tiny_decoder("pytorch", monkeypatch)
     model = decoder.hf_model
     skip = (2, 1)
-    decoder.skip_map = skip
-    decoder.skip_draft = SkipDraft.fine_tuned(decoder.model, model.get_output_embeddings().weight.detach(), skip,
-                                              *DraftNorms(model)(), torch.arange(model.config.vocab_size))
+    decoder.draft = LayerSkipParts(skip_map=skip, fine_tuned=SkipDraft.fine_tuned(
+        decoder.model, model.get_output_embeddings().weight.detach(), skip, *DraftNorms(model)(),
+        torch.arange(model.config.vocab_size)))
     for ids in ([5, 6, 7], [9, 3, 9, 3, 9]):
         a, b = decoder.generate(ids, max_new_tokens=20, method="skip"), decoder.generate(ids, max_new_tokens=20,
                                 method="skip-ft")
@@ -150,7 +152,7 @@ def test_a_skip_finetune_component_loads_and_a_damaged_one_is_refused(tmp_path, 
             "draft_vocab": torch.arange(40)}
     directory, _ = _component(tmp_path / "good", tiny_dir, good)
     decoder = Decoder.from_pretrained(directory)
-    assert {"skip", "skip-ft"} <= set(decoder.methods()) and decoder.skip_map == (1, 2)
+    assert {"skip", "skip-ft"} <= set(decoder.methods()) and decoder.draft.skip_map == (1, 2)
     assert decoder.generate([5, 6, 7], max_new_tokens=10, method="skip-ft").tokens == decoder.generate([5, 6, 7],
                             max_new_tokens=10, method="ar").tokens
     for name, bad, match in (("nan", {**good, "skip_norm": torch.full_like(good["skip_norm"], float("nan"))},
@@ -180,7 +182,6 @@ def test_poisoned_draft_norms_cannot_change_greedy_output(path, poison, monkeypa
             t[torch.rand(t.shape, generator=g) < 0.5] = poison
         norms.append(t)
     skip = (1, 0)
-    decoder.skip_map = skip
-    decoder.skip_draft = SkipDraft.fine_tuned(decoder.model, model.get_output_embeddings().weight.detach(), skip,
-                                              *norms, torch.arange(50, 250))
+    decoder.draft = LayerSkipParts(skip_map=skip, fine_tuned=SkipDraft.fine_tuned(
+        decoder.model, model.get_output_embeddings().weight.detach(), skip, *norms, torch.arange(50, 250)))
     lossless_on_random_prompts(decoder, "skip-ft", 20, cases=5)

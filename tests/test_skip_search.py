@@ -103,7 +103,7 @@ def test_layer_skip_and_its_fine_tune_run_through_the_pipeline_and_decode_from_t
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@challenger")
-    assert decoder.skip_map == tuple(component["hyperparameters"]["skip_map"]) and "skip" in decoder.methods()
+    assert decoder.draft.skip_map == tuple(component["hyperparameters"]["skip_map"]) and "skip" in decoder.methods()
     for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
         assert decoder.generate(prompt, max_new_tokens=12, method="skip").tokens == decoder.generate(prompt,
                                 max_new_tokens=12, method="ar").tokens
@@ -126,7 +126,7 @@ def test_layer_skip_and_its_fine_tune_run_through_the_pipeline_and_decode_from_t
     version = client.get_model_version_by_alias("ppdkit-tiny-llama", "challenger")
     assert version.tags["method"] == "skip-finetune" and "skip_ft_speedup" in version.tags
     decoder = Decoder.from_pretrained("models:/ppdkit-tiny-llama@challenger")
-    assert decoder.skip_draft is not None and "skip-ft" in decoder.methods()
+    assert decoder.draft.fine_tuned is not None and "skip-ft" in decoder.methods()
     for prompt in ([5, 6, 7, 8], [9, 3, 9, 3, 9, 3]):
         assert decoder.generate(prompt, max_new_tokens=12, method="skip-ft").tokens == decoder.generate(prompt,
                                 max_new_tokens=12, method="ar").tokens

@@ -9,6 +9,7 @@ from test_draft_heads import _decoder, _heads, _random_tree
 from test_lossless import _random_p
 
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.draft_parts import PromptTokenParts
 from ppdkit.runtime.ppd import PromptTokenSet
 from ppdkit.runtime.tree import best_tree_for_size
 from ppdkit.runtime.tree_sizer import LatencyModel, TreeSizer, weighted_line
@@ -67,17 +68,14 @@ def test_dynamic_size_decoding_is_still_greedy_decoding(tiny_f64):
         prompts = PromptTokenSet(torch.randn(k, HIDDEN, generator=g, dtype=torch.float64), None, k, 1, "ensemble")
         table = _random_p(rng, k)
         trees = {size: best_tree_for_size(table, size, 1) for size in (4, 8, 16, 32)}
-        ppd = Decoder(model, tok, prompts, trees[8])
-        ppd.use_every_size(trees)
-        ppd.dynamic_size, ppd.size = True, 8
+        ppd = Decoder(model, tok, PromptTokenParts(prompts=prompts, trees=trees, size=8, dynamic_size=True))
         depth = rng.randint(1, 4)
         kind = ("feature", "medusa")[case % 2]
         heads = _decoder(model, tok, _heads(kind, depth, g, model, torch.arange(VOCAB), dtype=torch.float64),
                          _random_tree(rng, depth, 8))
-        heads.head_trees = {size: _random_tree(rng, depth, size) for size in (4, 8, 16)}
-        heads.size_taus = {4: 1.2, 8: 1.4, 16: 1.5}
-        heads.size_rows = {size: tree.layout.size for size, tree in heads.head_trees.items()}
-        heads.dynamic_size, heads.size = True, 8
+        heads.draft.trees = {size: _random_tree(rng, depth, size) for size in (4, 8, 16)}
+        heads.draft.taus = {4: 1.2, 8: 1.4, 16: 1.5}
+        heads.draft.dynamic_size, heads.draft.size = True, 8
         ids = [rng.randrange(3, 40) for _ in range(rng.randint(1, 20))]
         truth = hf_greedy(model, ids, 40)
         for decoder, method in ((ppd, "ppd"), (ppd, "ppd-lookup"), (heads, "feature-head" if kind == "feature"
@@ -85,4 +83,4 @@ def test_dynamic_size_decoding_is_still_greedy_decoding(tiny_f64):
             out = decoder.generate(ids, max_new_tokens=40, method=method)
             assert out.tokens == truth[:len(out.tokens)], (case, method)
             assert len(out.tree_sizes) == out.steps - 1  # every step but the prefill verifies a tree
-            assert set(out.tree_sizes) <= set(decoder.size_taus)
+            assert set(out.tree_sizes) <= set(decoder.draft.taus)

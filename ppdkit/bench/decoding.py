@@ -20,6 +20,7 @@ from tqdm import tqdm
 from ppdkit.data_pipeline.readers import read_conversations
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.decoding_methods import METHODS, get_method
+from ppdkit.runtime.draft_parts import DraftParts, HeadParts, PromptTokenParts, SizedParts
 from ppdkit.runtime.native import cpu_info
 from ppdkit.runtime.dtypes import DTYPES
 
@@ -69,10 +70,12 @@ def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: in
     if method in HF_METHODS:
         tokens = _hf_generate(decoder, ids, max_new_tokens, pld=method == "hf-pld")
         return tokens, len(tokens), [], 0.0, []
-    decoder.dynamic_size = method.endswith(DYNAMIC)
+    sized = isinstance(decoder.draft, SizedParts)
+    if sized:
+        decoder.draft.dynamic_size = method.endswith(DYNAMIC)
     result = decoder.generate(ids, max_new_tokens=max_new_tokens, method=method.removesuffix(DYNAMIC))
-    tree_method = get_method(method.removesuffix(DYNAMIC)).sized
-    fixed = [decoder.size] * (result.steps - 1) if tree_method else []  # a tree method, one size
+    tree_method = sized and get_method(method.removesuffix(DYNAMIC)).sized
+    fixed = [decoder.draft.size] * (result.steps - 1) if tree_method else []  # a tree method, one size
     return result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows), result.rows_per_step
 
 
@@ -232,7 +235,7 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
         row["speedup_vs_hf_greedy"] = row["tokens_per_s"] / base
         if ar is not None:  # our own plain decoding: what the drafts themselves add
             row["speedup_vs_ar"] = row["tokens_per_s"] / ar
-    tree_size = decoder.tree.size if decoder.tree else decoder.head_tree.layout.size if decoder.head_tree else None
+    tree_size = _tree_size(decoder.draft)
     return {"model": str(model), "prompts_source": prompts_source, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "tree_size": tree_size, "profile": decoder.profile, "device": str(decoder.device),
             "dtype": weights, "fixed_rows": decoder.model.fixed_rows,  # steps of one shape (runtime/fixed_shapes.py)
@@ -267,8 +270,17 @@ def describe_machine(machine: dict) -> str:
 
 def _rows(decoder: Decoder, size: int) -> int:
     """The rows of a draft-head tree of calibrated size `size` (a PPD tree's are its size)."""
-    tree = decoder.head_trees.get(size)
+    tree = decoder.draft.trees.get(size) if isinstance(decoder.draft, HeadParts) else None
     return tree.layout.nodes if tree is not None else size
+
+
+def _tree_size(draft: DraftParts) -> int | None:
+    """The calibrated tree in use: a PPD tree's size, a head tree's rows; None where trees are grown or none."""
+    if isinstance(draft, PromptTokenParts) and draft.tree is not None:
+        return draft.tree.size
+    if isinstance(draft, HeadParts) and draft.head_tree is not None:
+        return draft.head_tree.layout.size
+    return None
 
 
 def print_table(report: dict) -> None:

@@ -70,10 +70,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     decoder = Decoder.from_pretrained(args.model, tree_size=None, device=args.device, dtype=args.dtype,
                                       fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
     if args.refresh:
+        from ppdkit.runtime.draft_parts import profile_drafter
         from ppdkit.runtime.profile import profile_trees
 
         decoder.profile = profile_trees(decoder.model, {int(r["size"]): r["tau"] for r in decoder.profile["rows"]},
-                                        decoder.fingerprint, refresh=True, **decoder.profile_drafter())
+                                        decoder.fingerprint, refresh=True,
+                                        **profile_drafter(decoder.draft, decoder.model))
     if decoder.profile is None:
         raise ValueError(f"{args.model} has no trees.json: run the calibrate stage first")
     p = decoder.profile
@@ -117,8 +119,20 @@ def cmd_precision(args: argparse.Namespace) -> int:
 
 
 def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
-    """decode, serve, profile and bench; decode, serve and bench share the source (--model or --base) and its
-    drafts' options."""
+    """decode, serve, profile, bench and precision; decode, serve and bench share the source (--model or --base) and
+    its drafts' options."""
+    decode, serve_cmd, prof, bench_dec = (_decode_parser(sub), _serve_parser(sub), _profile_parser(sub),
+                                          _bench_parser(sub))
+    for parser_ in (decode, serve_cmd):
+        _add_tree_options(parser_)
+    for parser_ in (decode, bench_dec, serve_cmd):
+        _add_source_options(parser_)
+    for parser_ in (decode, serve_cmd, prof, bench_dec):
+        _add_weight_options(parser_)
+    _add_precision_parser(sub)
+
+
+def _decode_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     decode = sub.add_parser("decode", help="decode a prompt with a component (greedy or sampled, lossless), streaming")
     decode.add_argument("--prompt", required=True)
     decode.add_argument("--max-new-tokens", type=int, default=128)
@@ -131,7 +145,10 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
     decode.add_argument("--delta", type=float, default=0.3)
     decode.add_argument("--seed", type=int, help="fixes the draws of sampled decoding")
     decode.set_defaults(func=cmd_decode)
+    return decode
 
+
+def _serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve_cmd = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, "
                                              "streaming; /health, /metrics) for a component or a base model")
     serve_cmd.add_argument("--method", default="auto", choices=list(DECODING_METHODS),
@@ -143,21 +160,20 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
     serve_cmd.add_argument("--max-request-bytes", type=int, default=1_000_000)
     serve_cmd.add_argument("--max-waiting", type=int, default=16, help="requests queued behind the one decoding "
                                                                        "(more get 503)")
-    for parser_ in (decode, serve_cmd):
-        parser_.add_argument("--tree-size", type=int, help="a calibrated tree size (default: the size profiled as "
-                                                             "fastest on this machine); the grown methods' trees that "
-                                                             "many nodes every step")
-        parser_.add_argument("--dynamic-size", action="store_true",
-                             help="pick the tree size per step from measured step times and acceptance (ProPD 4.2)")
-        parser_.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     serve_cmd.set_defaults(func=cmd_serve)
+    return serve_cmd
 
+
+def _profile_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="measure forward latency per tree size here; print tau/L and the choice")
     prof.add_argument("--model", required=True)
     prof.add_argument("--refresh", action="store_true", help="measure again instead of using the cached profile")
     prof.add_argument("--device", default="cpu", help="the torch device to profile (cpu, cuda, cuda:N, mps)")
     prof.set_defaults(func=cmd_profile)
+    return prof
 
+
+def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench_dec = sub.add_parser("bench", help="decoding benchmark: methods on the same prompts, one process")
     bench_dec.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | FILE.jsonl")
     bench_dec.add_argument("--limit", type=int, default=10)
@@ -173,35 +189,54 @@ def add_decoding_commands(sub: argparse._SubParsersAction) -> None:
                                 "run (steadier ratios on a busy or drifting machine)")
     bench_dec.add_argument("--out", help="write the report as JSON here")
     bench_dec.add_argument("--plot", help="draw tokens/s and tokens per step by method as a PNG here")
-    for parser_ in (decode, bench_dec, serve_cmd):
-        source = parser_.add_mutually_exclusive_group(required=True)
-        source.add_argument("--model", help="a component: its directory (e.g. OUTPUT/calibrate/component) or "
-                                            "models:/NAME@ALIAS")
-        source.add_argument("--base", help="a base model alone (smollm2-135m, tiny-llama or a local directory), for "
-                                           "the methods that need no component: ar, anpd, self-draft, auto, and skip "
-                                           "with --skip-map")
-        parser_.add_argument("--skip-map", type=_skip_map, help="with --base, for --method skip: per decoder layer "
-                                                                "0 keep, 1 skip the attention, 2 the MLP, 3 both, "
-                                                                "comma-separated (e.g. 0,0,3,1,...)")
-        parser_.add_argument("--early-head", help="an early-head component (train.method early-head) for the *-prune "
-                                                  "methods")
-        parser_.add_argument("--prune-top-k", type=int, default=8,
-                             help="early pruning keeps a node whose token is among its parent's K early guesses")
-        parser_.add_argument("--device", default="cpu",
-                             help="where the model runs: cpu (default; the native kernels), cuda, cuda:N or mps "
-                                  "(the PyTorch layers; not run on a GPU by our tests, see docs/devices.md)")
-    for parser_ in (decode, serve_cmd, prof, bench_dec):
-        parser_.add_argument("--fixed-shapes", default="auto", choices=list(FIXED_SHAPES),
-                             help="steps of one shape, so that a tree's rows compute exactly what ar's one-row steps "
-                                  "do on library kernels: auto (default) on a GPU, off on a CPU (its native kernels "
-                                  "need none); off on a GPU trades that for speed (docs/devices.md)")
-        parser_.add_argument("--dtype", default="auto", choices=list(DTYPES),
-                             help="the weights' precision: auto (default) is gguf (the base model's own 4-bit blocks) "
-                                  "where it has a GGUF and the CPU AVX512-VNNI, else bfloat16 where the CPU has "
-                                  "AVX512-BF16 or on a GPU, else float32; every method is lossless against ar in the "
-                                  "same dtype, float32 gives the float32 model's own tokens")
     bench_dec.set_defaults(func=cmd_bench)
+    return bench_dec
 
+
+def _add_tree_options(parser_: argparse.ArgumentParser) -> None:
+    """How a component's trees are sized (decode, serve)."""
+    parser_.add_argument("--tree-size", type=int, help="a calibrated tree size (default: the size profiled as "
+                                                         "fastest on this machine); the grown methods' trees that "
+                                                         "many nodes every step")
+    parser_.add_argument("--dynamic-size", action="store_true",
+                         help="pick the tree size per step from measured step times and acceptance (ProPD 4.2)")
+    parser_.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
+
+
+def _add_source_options(parser_: argparse.ArgumentParser) -> None:
+    """What is decoded: a component or a base model alone, and the parts beside it (decode, serve, bench)."""
+    source = parser_.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="a component: its directory (e.g. OUTPUT/calibrate/component) or "
+                                        "models:/NAME@ALIAS")
+    source.add_argument("--base", help="a base model alone (smollm2-135m, tiny-llama or a local directory), for "
+                                       "the methods that need no component: ar, anpd, self-draft, auto, and skip "
+                                       "with --skip-map")
+    parser_.add_argument("--skip-map", type=_skip_map, help="with --base, for --method skip: per decoder layer "
+                                                            "0 keep, 1 skip the attention, 2 the MLP, 3 both, "
+                                                            "comma-separated (e.g. 0,0,3,1,...)")
+    parser_.add_argument("--early-head", help="an early-head component (train.method early-head) for the *-prune "
+                                              "methods")
+    parser_.add_argument("--prune-top-k", type=int, default=8,
+                         help="early pruning keeps a node whose token is among its parent's K early guesses")
+    parser_.add_argument("--device", default="cpu",
+                         help="where the model runs: cpu (default; the native kernels), cuda, cuda:N or mps "
+                              "(the PyTorch layers; not run on a GPU by our tests, see docs/devices.md)")
+
+
+def _add_weight_options(parser_: argparse.ArgumentParser) -> None:
+    """How the weights are held and the steps shaped (decode, serve, profile, bench)."""
+    parser_.add_argument("--fixed-shapes", default="auto", choices=list(FIXED_SHAPES),
+                         help="steps of one shape, so that a tree's rows compute exactly what ar's one-row steps "
+                              "do on library kernels: auto (default) on a GPU, off on a CPU (its native kernels "
+                              "need none); off on a GPU trades that for speed (docs/devices.md)")
+    parser_.add_argument("--dtype", default="auto", choices=list(DTYPES),
+                         help="the weights' precision: auto (default) is gguf (the base model's own 4-bit blocks) "
+                              "where it has a GGUF and the CPU AVX512-VNNI, else bfloat16 where the CPU has "
+                              "AVX512-BF16 or on a GPU, else float32; every method is lossless against ar in the "
+                              "same dtype, float32 gives the float32 model's own tokens")
+
+
+def _add_precision_parser(sub: argparse._SubParsersAction) -> None:
     precision = sub.add_parser("precision", help="what bfloat16 (or gguf) weights cost against float32: equal greedy "
                                                  "answers, where they part, held-out perplexity")
     precision.add_argument("--base", default="smollm2-135m", help="the base model (default smollm2-135m)")

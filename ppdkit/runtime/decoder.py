@@ -1,7 +1,7 @@
 """The bundled decoder: `Decoder.from_pretrained(component)` then `generate(...)`, greedy or sampled, lossless.
 
-This file holds what a loaded decoder is and does (its drafts' layouts, `generate`, what its component carries);
-runtime/decoder_loading.py builds one from a component or a base model."""
+This file holds what a loaded decoder is and does (`generate`, the methods it can run); what it drafts with is its one
+`DraftParts` (runtime/draft_parts.py); runtime/decoder_loading.py builds one from a component or a base model."""
 
 import ctypes
 import gc
@@ -13,28 +13,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ppdkit.models.ngram_table import NgramTable
-
 from ppdkit.runtime import decoder_loading
 from .acceptance import Sampling
 from .auto import AUTO, fastest_method
+from .draft_parts import DraftParts
 from .devices import on_device
-from .heads_drafter import DraftHeadSet, HeadTree, draft_seconds
-from .eagle3_drafter import Eagle3Set
 from .fixed_shapes import ROWS as FIXED_ROWS
 from .generate_options import GenerateOptions, merged
 from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight
 from .llama import LeanLlama, end_tokens
-from .lookup import root_only, with_lookup_chains
 from .loop import decode
-from .layer_skip import SkipDraft
-from .decoding_methods import METHODS, Need, get_method, lookup_rows
-from .pruning import EarlyHead
-from .ppd import PromptTokenSet
-from .tree import DynamicTree
-from .tree_layout import TreeLayout, layout_tree
-from .tree_sizer import TreeSizer
+from .decoding_methods import METHODS, Need, get_method
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +57,7 @@ def _return_freed_memory() -> None:
 
 
 class Decoder:
-    """One base model and its drafts. `generate` may be called from several threads: the calls take turns
+    """One base model and the parts of one component it drafts with (`draft`). `generate` may be called from several threads: the calls take turns
     (a lock), each with its own KV cache, so their outputs are exactly those of calls made one by one.
 
     Everything runs on the device `hf_model` is on (from_pretrained/from_base move it there): the native
@@ -75,8 +65,7 @@ class Decoder:
     default off the CPU) so that tree methods stay lossless. Python reads only small results (tokens, accepted
     counts) from the device."""
 
-    def __init__(self, hf_model, tokenizer, prompts: PromptTokenSet | None, tree: DynamicTree | None,
-                 max_length: int = 2048, ngrams: NgramTable | None = None, lookup_chains: int = 1,
+    def __init__(self, hf_model, tokenizer, draft: DraftParts | None = None, max_length: int = 2048,
                  quantized: dict[str, QuantizedWeight] | None = None, weight_format: str = GGUF,
                  fixed_shapes: bool | None = None):
         self._lock = threading.Lock()  # one generate at a time: concurrent steps would only share 2 cores
@@ -95,34 +84,12 @@ class Decoder:
         # a step, whose rows may differ by the step's size (a GPU); a CPU's native kernels need none
         self.fix_shapes(fixed_shapes)
         self.max_length = max_length
-        self.prompts = prompts
-        self.ngrams = ngrams  # the component's corpus n-gram table, for ppd-lookup
-        # ppd-lookup's chains per step: the context's first, then the table's. One by default: on a 2-core
-        # CPU the rows of more chains cost more time than their extra accepted tokens save (docs/methods.md)
-        if lookup_chains < 1:
-            raise ValueError(f"lookup_chains must be at least 1 (the context's chain), not {lookup_chains}")
-        self.lookup_chains = lookup_chains
+        self.draft = draft if draft is not None else DraftParts()  # the one component's parts
         self.fingerprint: str | None = None
         self.base_name: str | None = None  # the base model's catalog name or directory, where loaded by name
-        self.profile: dict | None = None
-        self.heads: DraftHeadSet | None = None  # a draft-head component's heads (feature-head, medusa)
-        self.head_tree: HeadTree | None = None  # and the calibrated tree they draft
-        self.eagle3: Eagle3Set | None = None  # an eagle3 component's draft
-        self.grown_nodes: int | None = None  # grown trees fixed at this many nodes (tree_size), not sized per step
-        # dynamic_size (runtime/tree_sizer.py): every calibrated tree, by size, and their tau and rows
-        self.dynamic_size = False
-        self.size_layouts: dict[int, dict[int, TreeLayout]] = {}  # ppd: size -> state -> layout
-        self.head_trees: dict[int, HeadTree] = {}  # draft heads: size -> tree
-        self.size_taus: dict[int, float] = {}
-        self.size_rows: dict[int, int] = {}
-        self.size = 0  # the calibrated size in use (the profile's choice)
-        self.early_head: EarlyHead | None = None  # ProPD's early prediction head, for the pruning methods
-        self.pruned_rows: list[int] = []  # filled by a pruning method during one generate call
-        self.skip_map: tuple[int, ...] | None = None  # the sub-layers a layer-skip draft leaves out, per layer
-        self.skip_draft: SkipDraft | None = None  # a skip-finetune component's draft (its norms, head and map)
+        self.profile: dict | None = None  # this machine's measured step latencies by tree size (runtime/profile.py)
         self.component_digest = "none"  # sha256 of the component's component.json: what auto's choice is for
         self._fastest: str | None = None  # auto's choice, once measured or read
-        self.set_tree(tree)
 
     def fix_shapes(self, fixed: bool | None) -> None:
         """Steps of one shape (True), of their own (False), or by the device (None: fixed off the CPU)."""
@@ -145,61 +112,14 @@ class Decoder:
         gc.collect()
         _return_freed_memory()
 
-    def set_tree(self, tree: DynamicTree | None) -> None:
-        with on_device(self.device):
-            self._set_tree(tree)
-
-    def _set_tree(self, tree: DynamicTree | None) -> None:
-        self.tree = tree
-        self.layouts: dict[int, TreeLayout] = {}
-        self._lookup_layouts: dict[tuple, TreeLayout] = {}  # built on first use by ppd-lookup
-        self._size_states: dict[int, dict] = {}
-        self.ranks = 1
-        if tree is not None and self.prompts is not None:
-            # state 0: the last step ended on a lookup node, which has no prompt tokens behind it
-            self.states = {0: root_only(self.prompts.k), **tree.states}
-            self.layouts = {k: layout_tree(s, self.prompts.n, self.prompts.mask_kind) for k, s in self.states.items()}
-            self.ranks = 1 + max(max(s.ranks) for s in tree.states.values())
-
-    def use_every_size(self, trees: dict[int, DynamicTree]) -> None:
-        """Keep every calibrated tree of a PPD component for dynamic sizing (the one in use stays set_tree's)."""
-        with on_device(self.device):
-            self._use_every_size(trees)
-
-    def _use_every_size(self, trees: dict[int, DynamicTree]) -> None:
-        for size, tree in trees.items():
-            states = {0: root_only(self.prompts.k), **tree.states}
-            self.size_layouts[size] = {k: layout_tree(s, self.prompts.n, self.prompts.mask_kind)
-                                       for k, s in states.items()}
-            self._size_states[size] = states
-            self.ranks = max(self.ranks, 1 + max(max(s.ranks) for s in tree.states.values()))
-        self.size_taus = {size: tree.tau for size, tree in trees.items()}
-        self.size_rows = {size: max(layout.size for layout in self.size_layouts[size].values()) for size in trees}
-
-    def new_sizer(self) -> TreeSizer | None:
-        """A fresh dynamic tree sizer for one generate call, or None without dynamic_size."""
-        if not self.dynamic_size or len(self.size_taus) < 2:
-            return None
-        return TreeSizer.from_profile(self.size_taus, self.size_rows, self.profile, self.size)
-
-    def lookup_layout(self, state: int, chains: int, length: int, size: int | None = None) -> TreeLayout:
-        """The tree of `state` (of calibrated size `size`, default the one in use) with `chains` lookup chains
-        of `length` nodes under its root."""
-        key = (state, chains, length, size)
-        if key not in self._lookup_layouts:
-            states = self.states if size is None else self._size_states[size]
-            grown = with_lookup_chains(states[state], chains, length)
-            self._lookup_layouts[key] = layout_tree(grown, self.prompts.n, self.prompts.mask_kind)
-        return self._lookup_layouts[key]
-
     # building one (runtime/decoder_loading.py): from a component directory or models:/ URI, or a base model alone
     from_pretrained = classmethod(decoder_loading.from_pretrained)
     from_base = classmethod(decoder_loading.from_base)
 
     def identity(self) -> str:
         """The base model and component (and skip map) this decoder runs: what a measured choice is valid for."""
-        skip = "" if self.skip_map is None else "-skip" + "".join(map(str, self.skip_map))
-        return f"{(self.fingerprint or 'unknown').split(':')[-1][:16]}-{self.component_digest[:16]}{skip}"
+        return f"{(self.fingerprint or 'unknown').split(':')[-1][:16]}-{self.component_digest[:16]}" \
+               f"{self.draft.identity()}"
 
     def fastest_method(self, refresh: bool = False) -> str:
         """What `auto` runs here: the fastest method of this decoder in a short trial, measured once per machine
@@ -245,7 +165,7 @@ class Decoder:
         if any(not 0 <= t < self.model.vocab_size for t in ids):
             raise ValueError(f"the prompt holds token ids outside the vocabulary (0..{self.model.vocab_size - 1})")
         # positions reach the prompt, the answer and one step's deepest row past its last token
-        room = self.max_length - max_new_tokens - self._tree_size(method)
+        room = self.max_length - max_new_tokens - self.step_rows(method)
         if len(ids) <= room:
             return ids
         if truncate == "left" and room >= 1:
@@ -254,7 +174,7 @@ class Decoder:
             return ids[-room:]
         raise ValueError(
             f"the prompt has {len(ids)} tokens, and {max_new_tokens} new tokens plus a decoding step of "
-            f"{self._tree_size(method)} need {len(ids) + max_new_tokens + self._tree_size(method)} positions, more than "
+            f"{self.step_rows(method)} need {len(ids) + max_new_tokens + self.step_rows(method)} positions, more than "
             f"this decoder's max_length={self.max_length}. Load it with a larger max_length "
             "(Decoder.from_pretrained(..., max_length=N), within what the base model was trained for), ask for fewer "
             "new tokens, shorten the prompt, or pass truncate='left' to keep the prompt's last tokens")
@@ -262,7 +182,7 @@ class Decoder:
     def _generate(self, ids: torch.Tensor, max_new_tokens: int, method: str,
                   stream: Callable[[list[int]], None] | None, sampling: Sampling,
                   generator: torch.Generator | None, should_stop: Callable[[], bool] | None = None) -> GenerateResult:
-        cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + self._tree_size(method))
+        cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + self.step_rows(method))
         started = time.perf_counter()
         out: list[int] = []
         per_step: list[int] = []
@@ -285,56 +205,26 @@ class Decoder:
                 stream(tokens)
             return should_stop is not None and should_stop()
 
-        sizer = self.new_sizer() if get_method(method).sized else None
-        self.pruned_rows = []
-        decode(get_method(method).build(self, cache, sizer), ids, emit, sampling, generator)
+        sizer = self.draft.new_sizer(self.profile) if get_method(method).sized else None
+        pruned_rows = decode(get_method(method).build(self, cache, sizer), ids, emit, sampling, generator)
         out = out[:max_new_tokens]
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
-                              self._tree_size(method), time.perf_counter() - started,
-                              sizer.chosen if sizer is not None else [], self.pruned_rows, rows_fed, method)
-
-    def profile_drafter(self) -> dict:
-        """profile_trees' arguments for this decoder's drafter: draft heads draft before the forward, and that
-        time counts when a tree size is chosen."""
-        if self.heads is None:
-            return {"drafter": "ppd"}
-        return {"drafter": "heads",
-                "draft_seconds": lambda size: draft_seconds(self.model, self.heads, self.head_trees[size])}
+                              self.step_rows(method), time.perf_counter() - started,
+                              sizer.chosen if sizer is not None else [], pruned_rows, rows_fed, method)
 
     def carries(self) -> set[Need]:
         """What the loaded component provides, in the terms of runtime/decoding_methods.py's `needs`."""
-        return {need for need, has in CARRIED.items() if has(self)}
+        return self.draft.carries()
 
     def methods(self) -> list[str]:
         """The decoding methods this decoder can run."""
         return [name for name, m in METHODS.items() if set(m.needs) <= self.carries()]
 
-    def _tree_size(self, method: str) -> int:
-        """The most rows one step of `method` feeds the model (lookup nodes carry no prompt tokens)."""
-        if Need.HEAD_TREE in get_method(method).needs and self.head_tree is not None:
-            return max([self.head_tree.layout.size, *(t.layout.size for t in self.head_trees.values())])
-        if get_method(method).grown and self.grown_nodes is not None:
-            return self.grown_nodes
-        if Need.TREES not in get_method(method).needs or not self.layouts:
-            return get_method(method).chain_rows
-        largest = max(layout.size for layouts in (self.layouts, *self.size_layouts.values()) for layout in layouts.values())
-        return largest + (lookup_rows(self.lookup_chains) if get_method(method).lookup else 0)
+    def step_rows(self, method: str) -> int:
+        """The most rows one step of `method` feeds the model."""
+        return self.draft.step_rows(get_method(method))
 
     def eos_ids(self) -> set[int]:
         """The token ids that end an answer (the model config's and the tokenizer's)."""
         return end_tokens(self.model, self.tokenizer)
 
-
-# how a decoder shows that it carries each need
-CARRIED: dict[Need, Callable[[Decoder], bool]] = {
-    Need.PROMPT_TOKENS: lambda d: d.prompts is not None,
-    Need.HEAD: lambda d: d.prompts is not None and d.prompts.head is not None,
-    Need.TREES: lambda d: bool(d.layouts),
-    Need.FEATURE_HEAD: lambda d: d.heads is not None and d.heads.kind == "feature",
-    Need.MEDUSA_HEADS: lambda d: d.heads is not None and d.heads.kind != "feature",
-    Need.HEAD_TREE: lambda d: d.head_tree is not None,
-    Need.EAGLE3_DRAFT: lambda d: d.eagle3 is not None,
-    Need.EARLY_HEAD: lambda d: d.early_head is not None,
-    Need.SKIP_MAP: lambda d: d.skip_map is not None,
-    Need.SKIP_DRAFT: lambda d: d.skip_draft is not None,
-}

@@ -10,12 +10,15 @@ import torch
 from ppdkit.models.artifact import ArtifactError, Component, read_component
 from ppdkit.models.decoding_head import HEAD_TENSORS
 from ppdkit.models.catalog import base_gguf
+from ppdkit.models.component_hyperparameters import read_hyperparameters
 from ppdkit.models.loading import BaseModel, load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
 from .devices import check_device, on_device
 from .dtypes import BLOCK_FORMATS, Q4
 from .gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
+from .draft_parts import (DraftParts, Eagle3Parts, HeadParts, LayerSkipParts, PromptTokenParts, SizedParts,
+                          profile_drafter)
 from .head_loading import load_draft_heads, load_eagle3, load_skip_draft
 from .layer_skip import check_skip_map
 from .linear import QUANTIZED
@@ -55,8 +58,12 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
     read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
     base.model.to(device)  # the loaders below take the LM head's rows from it, on the device
     with on_device(device):  # the layouts, head trees and profile built below: on the device
-        decoder, taus, ppd_trees = _assemble(cls, component, base, max_length, lookup_chains, blocks, dtype)
-        decoder.fix_shapes(fixed_shapes)  # before the profile: it times the steps decoding will run
+        decoder = cls(base.model, base.tokenizer, None, max_length, quantized=blocks, weight_format=dtype,
+                      fixed_shapes=fixed_shapes)  # fixed before the profile: it times the steps decoding will run
+        decoder.draft = draft = _draft_parts(component, base.model, decoder.model, lookup_chains, dtype)
+        if early_head is not None:
+            early = read_component(_local(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
+            draft.early_head = load_early_head(early, base.model, prune_top_k)
         decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
         decoder.base_name = component.base_model["name"]
         if tree_size is not None and any(get_method(m).grown for m in decoder.methods()):
@@ -64,17 +71,14 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto
             # free (a GPU), or a measurement of tokens per step at that size
             if tree_size < 2:
                 raise ValueError(f"tree_size {tree_size}: a grown tree holds the root and at least one guess (>= 2)")
-            decoder.grown_nodes = tree_size
-        if taus:
-            _size_trees(decoder, taus, ppd_trees, tree_size, dynamic_size)
-        elif decoder.eagle3 is not None and tree_size is None:
+            draft.grown_nodes = tree_size
+        if isinstance(draft, SizedParts) and draft.taus:
+            _size_trees(decoder, draft, tree_size, dynamic_size)
+        elif isinstance(draft, Eagle3Parts) and tree_size is None:
             # no calibrated trees: the grown tree's latency line starts from this machine's forward times by rows
             # (each size's "tau" 1: a latency profile, cached per machine like the others)
             decoder.profile = profile_trees(decoder.model, {size: 1.0 for size in LATENCY_SIZES}, base.fingerprint,
                                             drafter="latency")
-        if early_head is not None:
-            early = read_component(_local(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
-            decoder.early_head = load_early_head(early, base.model, prune_top_k)
         check_rows(decoder)
     del base, blocks  # the last references but the decoder's: a block format's float copy and unpacked blocks go
     _release_float_weights(decoder, component.base_model["name"], dtype, device)
@@ -108,57 +112,49 @@ def base_weights(name: str, dtype: str) -> tuple[BaseModel, dict[str, QuantizedW
 def draft_matrices(dtype: str) -> torch.dtype | str | None:
     """The format of an EAGLE-3 draft's matrices for a decoder in `dtype` (resolved). In bfloat16 or on GGUF blocks:
     Q8_0 blocks (QUANTIZED) where this CPU's int8 kernel runs them, about half bfloat16's bytes (drafting is
-    memory-bound: a level's layer for 2 rows in 0.35 against 0.53 ms, one core without AMX; the draft only ranks
-    guesses, the verification decides what is kept); else on GGUF blocks bfloat16 where the kernels run it (the
-    base model's float32 copy would double what each draft level reads: 4.4 against 2.8 ms a step's drafting, 2
-    cores); else the base model's weight dtype (None). A float32 decoder keeps the draft exact, as trained."""
+    memory-bound, and the draft only ranks guesses: the verification decides what is kept); else on GGUF blocks
+    bfloat16 where the kernels run it (the base model's float32 copy would double what each draft level reads);
+    else the base model's weight dtype (None). What each cost: docs/history.md. A float32 decoder keeps the draft
+    exact, as trained."""
     if dtype in ("bfloat16", *BLOCK_FORMATS) and gguf_kernels_here():
         return QUANTIZED
     return torch.bfloat16 if dtype in BLOCK_FORMATS and bf16_kernels_here() else None
 
 
-def _assemble(cls: type["Decoder"], component: Component, base, max_length: int, lookup_chains: int,
-              blocks: dict[str, QuantizedWeight] | None, dtype: str
-              ) -> tuple["Decoder", dict[int, float], dict[int, DynamicTree]]:
-    """The decoder with the component's drafts loaded: (decoder, each calibrated tree size's tau, a PPD
-    component's trees by size)."""
-    weights = {"quantized": blocks, "weight_format": dtype}
+def _draft_parts(component: Component, model, lean, lookup_chains: int, dtype: str) -> DraftParts:
+    """The component's parts, read by its method's loader and checked against the base model (`model`, transformers';
+    `lean`, the decoder's own forward, over which a layer-skip draft runs)."""
+    if component.method == "early-head":
+        raise ArtifactError(f"{component.path} is an early-head component: it prunes another component's trees. Load "
+                            "that component and pass this one as early_head= (ppdkit decode/bench --early-head)")
     if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
-        decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
-        decoder.skip_map, decoder.skip_draft = load_skip_draft(component, decoder.model, base.model)
-        return decoder, {}, {}
+        return LayerSkipParts(**dict(zip(("skip_map", "fine_tuned"), load_skip_draft(component, lean, model))))
     if component.method == "eagle3":
-        decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
-        decoder.eagle3 = load_eagle3(component, base.model, draft_matrices(dtype))
-        return decoder, {}, {}
-    if "draft_vocab" in component.tensors:  # draft heads over the base model's features
-        heads, head_trees = load_draft_heads(component, base.model, draft_matrices(dtype))
-        decoder = cls(base.model, base.tokenizer, None, None, max_length, **weights)
-        decoder.heads = heads
-        decoder.head_trees = {s: tree for s, (tree, _) in head_trees.items()}
-        return decoder, {s: tau for s, (_, tau) in head_trees.items()}, {}
-    prompts, by_size, ngrams = _drafts(component, base.model)
-    decoder = cls(base.model, base.tokenizer, prompts, None, max_length, ngrams, lookup_chains, **weights)
-    return decoder, {s: t.tau for s, t in by_size.items()}, by_size
+        return Eagle3Parts(eagle3=load_eagle3(component, model, draft_matrices(dtype)))
+    if component.method in ("feature-head", "medusa"):  # draft heads over the base model's features
+        heads, trees = load_draft_heads(component, model, draft_matrices(dtype))
+        return HeadParts(heads=heads, trees={s: tree for s, (tree, _) in trees.items()},
+                         taus={s: tau for s, (_, tau) in trees.items()})
+    if component.method in ("ept", "ept-head"):
+        prompts, trees, ngrams = _drafts(component, model)
+        return PromptTokenParts(prompts=prompts, trees=trees, ngrams=ngrams, lookup_chains=lookup_chains)
+    raise ArtifactError(f"{component.path}/component.json: method {component.method!r} is not a component this "
+                        "decoder can load (ept, ept-head, feature-head, medusa, eagle3, early-head as early_head=, "
+                        "layer-skip, skip-finetune)")
 
 
-def _size_trees(decoder: "Decoder", taus: dict[int, float], ppd_trees: dict[int, DynamicTree], tree_size: int | None,
-                dynamic_size: bool) -> None:
+def _size_trees(decoder: "Decoder", draft: SizedParts, tree_size: int | None, dynamic_size: bool) -> None:
     """Take the calibrated tree nearest `tree_size`, or, when none is given, the size this machine's
     profile chose (measured once per machine, then cached)."""
     if tree_size is None:
-        decoder.profile = profile_trees(decoder.model, taus, decoder.fingerprint, **decoder.profile_drafter())
+        decoder.profile = profile_trees(decoder.model, draft.taus, decoder.fingerprint,
+                                        **profile_drafter(draft, decoder.model))
         tree_size = decoder.profile["chosen"]
-    decoder.size = min(taus, key=lambda s: abs(s - tree_size))
-    if decoder.heads is not None:
-        decoder.head_tree = decoder.head_trees[decoder.size]
-        decoder.size_taus = taus
-        decoder.size_rows = {s: tree.layout.size for s, tree in decoder.head_trees.items()}
+    size = min(draft.taus, key=lambda s: abs(s - tree_size))
+    if isinstance(draft, PromptTokenParts):
+        draft.use_size(size, dynamic_size)
     else:
-        decoder.set_tree(ppd_trees[decoder.size])
-        if dynamic_size:
-            decoder.use_every_size(ppd_trees)
-    decoder.dynamic_size = dynamic_size
+        draft.size, draft.dynamic_size = size, dynamic_size
 
 
 def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: int = 2048,
@@ -171,11 +167,11 @@ def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: 
     dtype = resolve_dtype(dtype, device, name)
     base, blocks = base_weights(name, dtype)
     base.model.to(device)
-    decoder = cls(base.model, base.tokenizer, None, None, max_length, quantized=blocks, weight_format=dtype,
+    layers = base.model.config.num_hidden_layers
+    draft = DraftParts() if skip_map is None else LayerSkipParts(skip_map=check_skip_map(skip_map, layers))
+    decoder = cls(base.model, base.tokenizer, draft, max_length, quantized=blocks, weight_format=dtype,
                   fixed_shapes=fixed_shapes)
     decoder.fingerprint, decoder.base_name = base.fingerprint, name
-    if skip_map is not None:
-        decoder.skip_map = check_skip_map(skip_map, len(decoder.model.layers))
     check_rows(decoder)
     del base, blocks  # as in from_pretrained
     _release_float_weights(decoder, name, dtype, device)
@@ -196,12 +192,8 @@ def _drafts(component: Component, model) -> tuple[PromptTokenSet, dict[int, Dyna
     model's shapes: a component that passed its checksums but was built wrong gets a clear error here,
     not an index error mid-decoding."""
     where, config = component.path, model.config
-    h = component.hyperparameters
-    try:
-        k, n, mask = int(h["num_prompt_tokens"]), int(h["num_epts"]), h["mask"]
-    except (KeyError, TypeError, ValueError):
-        raise ArtifactError(f"{where}/component.json: hyperparameters need num_prompt_tokens, num_epts and mask "
-                            f"for a PPD component, found {sorted(h)}") from None
+    h = read_hyperparameters(component)
+    k, n, mask = h.num_prompt_tokens, h.num_epts, h.mask
     emb = component.tensors.get("prompt_embeddings")  # [k, n, H]
     if emb is None or tuple(emb.shape) != (k, n, config.hidden_size):
         raise ArtifactError(f"{where}: prompt_embeddings must be [{k}, {n}, {config.hidden_size}] (prompt tokens, "

@@ -56,8 +56,8 @@ def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch
     group = hq // hkv
     bias = attention_bias(visible, cache.length, r, group, model.dtype, model.device)  # [g R, length + R]
     if draft.native_weights and model.native is not None and r <= SKINNY_MAX_ROWS:
-        # one call, not ~60 small operations: their dispatch cost more than the layer's arithmetic (~0.6 of 0.9 ms
-        # a level for 4 rows on 2 cores)
+        # one call, not ~60 small operations: on a few rows their dispatch costs more than the layer's arithmetic
+        # (docs/history.md)
         cache.reserve(r)
         return model.native.eagle3_layer(model.embed_ids(tokens), hidden.contiguous(), draft.native_weights,
                                          draft.native_shape, draft.eps, model.cos[positions], model.sin[positions],
@@ -79,7 +79,7 @@ class Eagle3Drafter(GrownDrafter):
 
     def __init__(self, decoder, cache: KVCache, **grown):
         super().__init__(decoder, cache, **grown)
-        self.draft = decoder.eagle3
+        self.draft = decoder.draft.eagle3
         self.capture = self.draft.layers
         # the committed rows, plus one per expanded node while a tree grows
         self.draft_cache = self.draft.new_cache(cache.capacity + self.beam * self.depth + 1, self.model.dtype,

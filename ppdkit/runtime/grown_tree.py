@@ -237,7 +237,7 @@ class GrownDrafter(Drafter):
         super().__init__(decoder, cache)
         self.nodes, self.beam = tree_nodes(decoder, nodes, beam)
         self.depth, self.rate, self.ngrams, self.chains = depth, rate, ngrams, None
-        self.fixed = decoder.grown_nodes is not None  # every tree takes the nodes - 1 best, whatever they cost
+        self.fixed = decoder.draft.grown_nodes is not None  # every tree takes the nodes - 1 best, whatever they cost
         self.latency = latency_model(decoder.profile, self.nodes)
         self.kept, self.estimated, self.drafting = 1.0, 1.0, 0.0  # running: guesses kept, their estimate, seconds
         self.step: tuple[Proposals, list[int], list[int]] | None = None  # this step's proposals, chosen, chain
@@ -279,7 +279,7 @@ class FeatureDrafter(GrownDrafter):
 
     def __init__(self, decoder, cache: KVCache, **grown):
         super().__init__(decoder, cache, **grown)
-        self.heads, self.feature = decoder.heads, None
+        self.heads, self.feature = decoder.draft.heads, None
 
     def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
         super().prompt_read(ids, hidden, states)
@@ -295,8 +295,9 @@ class FeatureDrafter(GrownDrafter):
 
 def tree_nodes(decoder, nodes: int, beam: int) -> tuple[int, int]:
     """A grown tree's most nodes and proposals per level: the method's (the size then chosen per step), or
-    Decoder.grown_nodes (tree_size: every tree that many nodes), with sqrt(N) proposals per level so that a wide
+    the draft's grown_nodes (tree_size: every tree that many nodes), with sqrt(N) proposals per level so that a wide
     tree can fill."""
-    if decoder.grown_nodes is None:
+    fixed = decoder.draft.grown_nodes
+    if fixed is None:
         return nodes, beam
-    return decoder.grown_nodes, max(beam, round(decoder.grown_nodes ** 0.5))
+    return fixed, max(beam, round(fixed ** 0.5))

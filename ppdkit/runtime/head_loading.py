@@ -7,7 +7,8 @@ from collections.abc import Callable
 import torch
 
 from ppdkit.models.artifact import ArtifactError, Component
-from ppdkit.models.draft_heads import HEAD_KINDS, TENSORS
+from ppdkit.models.component_hyperparameters import read_hyperparameters
+from ppdkit.models.draft_heads import TENSORS
 from ppdkit.models.eagle3 import expected_shapes, head_dim
 
 
@@ -24,14 +25,9 @@ def load_draft_heads(component: Component, model, matrices: torch.dtype | str | 
     """(the heads, {tree size: (tree, expected tokens per step tau)}); `model` the base (transformers) model;
     `matrices` (runtime/decoder_loading.draft_matrices) QUANTIZED puts the feature head's matrices and the readout in
     Q8_0 blocks on a CPU; otherwise they stay in the activations' dtype."""
-    where, config, h = component.path, model.config, component.hyperparameters
-    if component.method == "early-head":
-        raise ArtifactError(f"{where} is an early-head component: it prunes another component's trees. Load that "
-                            "component and pass this one as early_head= (ppdkit decode/bench --early-head)")
-    kind, depth = h.get("head_kind"), h.get("head_depth")
-    if kind not in HEAD_KINDS or not isinstance(depth, int) or depth < 1:
-        raise ArtifactError(f"{where}/component.json: a draft-head component needs hyperparameters head_kind (one of "
-                            f"{', '.join(HEAD_KINDS)}) and head_depth >= 1, found {kind!r} and {depth!r}")
+    where, config = component.path, model.config
+    h = read_hyperparameters(component)  # a HeadHyperparameters for feature-head and medusa
+    kind, depth = h.head_kind, h.head_depth
     hidden, tensors = config.hidden_size, component.tensors
     vocab = checked_draft_vocab(component, config.vocab_size)
     found = {name: None if tensors.get(name) is None else tuple(tensors[name].shape) for name in TENSORS[kind]}
@@ -71,9 +67,8 @@ def load_eagle3(component: Component, model, matrices: torch.dtype | str | None 
         wrong = {name: (found[name], shape) for name, shape in expected.items() if found[name] != shape}
         raise ArtifactError(f"{where}: an EAGLE-3 draft of this base model needs these tensors with these shapes "
                             f"(found, needed): {wrong}")
-    layers = component.hyperparameters.get("aux_layers")
-    if not (isinstance(layers, list) and len(layers) == 3
-            and all(isinstance(k, int) and 1 <= k <= config.num_hidden_layers for k in layers)):
+    layers = read_hyperparameters(component).aux_layers
+    if not all(1 <= k <= config.num_hidden_layers for k in layers):
         raise ArtifactError(f"{where}/component.json: hyperparameters.aux_layers must name 3 of the base model's "
                             f"hidden states (1 .. {config.num_hidden_layers}), found {layers!r}")
     return eagle3_set({name: component.tensors[name] for name in expected}, vocab, tuple(layers), model, matrices)
@@ -136,8 +131,8 @@ def load_skip_draft(component: Component, lean, model) -> tuple[tuple[int, ...],
     LeanLlama, `model` the base (transformers) model."""
     where = component.path
     try:
-        skip = check_skip_map(component.hyperparameters["skip_map"], len(lean.layers))
-    except (KeyError, TypeError, ValueError) as e:
+        skip = check_skip_map(read_hyperparameters(component).skip_map, len(lean.layers))
+    except ValueError as e:
         raise ArtifactError(f"{where}/component.json: a {component.method} component needs hyperparameters.skip_map "
                             f"for this base model: {e}") from None
     if component.method == "layer-skip":

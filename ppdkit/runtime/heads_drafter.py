@@ -34,8 +34,8 @@ class DraftHeadSet:
     matrices: torch.dtype | str | None = None  # QUANTIZED: the readout and feature matrices in Q8_0 blocks on a CPU
 
     def __post_init__(self):
-        # a level multiplies a few rows by each matrix: the packed few-rows kernels draft 3-6x faster than the
-        # default matmul (SmolLM2, 2 cores); Medusa's [D, H, H] stack stays one einsum
+        # a level multiplies a few rows by each matrix: the packed few-rows kernels read each weight once for
+        # them, where the default matmul spends more (docs/history.md); Medusa's [D, H, H] stack stays one einsum
         linear = draft_layers(draft_blocks(self.matrices, self.vocab_rows.device))
         self.readout = linear(self.vocab_rows)
         self.layers = tuple(linear(t) for t in self.tensors) if self.kind == "feature" else self.tensors
@@ -119,15 +119,15 @@ class HeadsDrafter(Drafter):
 
     def __init__(self, decoder, cache: KVCache, sizer: TreeSizer | None = None, prune: bool = False):
         super().__init__(decoder, cache)
-        self.sizer, self.early, self.feature = sizer, decoder.early_head if prune else None, None
+        self.parts = decoder.draft  # a HeadParts (runtime/draft_parts.py)
+        self.sizer, self.early, self.feature = sizer, self.parts.early_head if prune else None, None
 
     def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
         self.feature = hidden[-1]
 
     def propose(self, root: int) -> Proposal:
-        decoder = self.decoder
-        tree = decoder.head_tree if self.sizer is None else decoder.head_trees[self.sizer.size]
-        return Proposal(draft(self.model, decoder.heads, tree, self.feature, root), tree.layout)  # [N]
+        tree = self.parts.head_tree if self.sizer is None else self.parts.trees[self.sizer.size]
+        return Proposal(draft(self.model, self.parts.heads, tree, self.feature, root), tree.layout)  # [N]
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
         self.feature = verified.hidden[verified.final]

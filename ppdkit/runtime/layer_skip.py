@@ -112,7 +112,8 @@ class SkipDrafter(Drafter):
 
     def __init__(self, decoder, cache: KVCache, draft_length: int = MAX_DRAFT, fine_tuned: bool = False):
         super().__init__(decoder, cache)
-        self.draft = decoder.skip_draft if fine_tuned else SkipDraft.of_base(decoder.model, decoder.skip_map)
+        parts = decoder.draft  # a LayerSkipParts (runtime/draft_parts.py)
+        self.draft = parts.fine_tuned if fine_tuned else SkipDraft.of_base(decoder.model, parts.skip_map)
         self.draft_length, self.exiting = draft_length, DraftExit()
 
     def propose(self, root: int) -> Proposal:

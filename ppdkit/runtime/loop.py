@@ -14,9 +14,10 @@ from .drafter import Drafter, verify
 
 
 def decode(drafter: Drafter, ids: torch.Tensor, emit: Callable[..., bool], sampling: Sampling,
-           generator: torch.Generator | None) -> None:
+           generator: torch.Generator | None) -> list[int]:
     """Read the prompt ids [P], then one step after another until emit(step's tokens, rows=the rows it fed the
-    model) returns True."""
+    model) returns True. -> the tree nodes each step's early pruning dropped (none without pruning)."""
+    pruned: list[int] = []
     root = pick(drafter.prefill(ids), sampling, generator)
     done = emit([root])
     while not done:
@@ -28,7 +29,8 @@ def decode(drafter: Drafter, ids: torch.Tensor, emit: Callable[..., bool], sampl
         verified.seconds = {"draft": verifying - started, "verify": time.perf_counter() - verifying}
         drafter.accept(proposal, verified)
         if drafter.early is not None:  # what pruning dropped, for GenerateResult.pruned_rows
-            drafter.decoder.pruned_rows.append(verified.pruned)
+            pruned.append(verified.pruned)
         root = verified.next_token
         done = emit(verified.accepted + [root], rows=proposal.rows)
         del proposal, verified  # this step's logits and states go before the next step allocates its own
+    return pruned

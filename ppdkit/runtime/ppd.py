@@ -129,25 +129,26 @@ class PpdDrafter(Drafter):
     def __init__(self, decoder, cache: KVCache, sizer: TreeSizer | None = None, lookup: bool = False,
                  head: bool = False, prune: bool = False):
         super().__init__(decoder, cache)
-        self.prompts = decoder.prompts if head else replace(decoder.prompts, head=None)
-        self.sizer, self.lookup, self.early = sizer, lookup, decoder.early_head if prune else None
+        self.parts = decoder.draft  # a PromptTokenParts (runtime/draft_parts.py)
+        self.prompts = self.parts.prompts if head else replace(self.parts.prompts, head=None)
+        self.sizer, self.lookup, self.early = sizer, lookup, self.parts.early_head if prune else None
         self.guesses, self.state, self.context, self.level = None, self.prompts.k, None, 0  # level: LOOKUP_LENGTHS
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        logits, self.guesses = read_with_prompt_tokens(self.model, self.cache, ids, self.prompts, self.decoder.ranks)
+        logits, self.guesses = read_with_prompt_tokens(self.model, self.cache, ids, self.prompts, self.parts.ranks)
         if self.lookup:
             self.context = ContextIndex(ids.tolist())
         return logits
 
     def propose(self, root: int) -> Proposal:
-        decoder, size = self.decoder, None if self.sizer is None else self.sizer.size
-        layout, chain = (decoder.layouts if size is None else decoder.size_layouts[size])[self.state], []
+        parts, size = self.parts, None if self.sizer is None else self.sizer.size
+        layout, chain = (parts.layouts if size is None else parts.size_layouts[size])[self.state], []
         if self.context is not None:
             self.context.extend([root])
             length = LOOKUP_LENGTHS[self.level]
-            chains = draft_chains(self.context, decoder.ngrams, 1 if self.level else decoder.lookup_chains, length)
+            chains = draft_chains(self.context, parts.ngrams, 1 if self.level else parts.lookup_chains, length)
             if chains:
-                layout = decoder.lookup_layout(self.state, len(chains), length, size)
+                layout = parts.lookup_layout(self.state, len(chains), length, size)
                 chain = [t for c in chains for t in c]
         return ppd_proposal(self.model, self.prompts, layout, root, self.guesses, chain)
 
@@ -155,7 +156,7 @@ class PpdDrafter(Drafter):
         layout = proposal.layout
         if self.sizer is not None:
             self.sizer.observe(layout.size, sum(verified.seconds.values()), len(verified.accepted) + 1)
-        self.guesses, self.state = next_guesses(layout, verified, self.decoder.ranks)
+        self.guesses, self.state = next_guesses(layout, verified, self.parts.ranks)
         whole_chain = layout.lookup > 0 and self.state == 0 and len(verified.accepted) == LOOKUP_LENGTHS[self.level]
         self.level = min(self.level + 1, len(LOOKUP_LENGTHS) - 1) if whole_chain else 0
         if self.context is not None:

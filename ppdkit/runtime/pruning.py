@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ppdkit.models.artifact import ArtifactError, Component
+from ppdkit.models.component_hyperparameters import read_hyperparameters
 from ppdkit.models.draft_heads import draft_logits, inverse_index
 from ppdkit.models.decoding_head import apply_residual_head
 
@@ -38,7 +39,8 @@ class EarlyHead:
 def load_early_head(component: Component, model, top_k: int) -> EarlyHead:
     """An early-head component (train.method early-head) for `model` (transformers), shapes checked."""
     hidden, layers = model.config.hidden_size, model.config.num_hidden_layers
-    layer = component.hyperparameters.get("early_layer")
+    # another kind of component: refused below in one message with what was found
+    layer = read_hyperparameters(component).early_layer if component.method == "early-head" else None
     tensors = component.tensors
     shapes = {name: tuple(tensors[name].shape) if name in tensors else None
               for name in ("early_weight", "early_bias", "draft_vocab")}

@@ -76,12 +76,12 @@ def _counts(rows: int) -> list[int]:
 
 def most_rows(decoder) -> int:
     """The most rows one step of any of `decoder`'s methods feeds the model."""
-    return max(decoder._tree_size(method) for method in decoder.methods() if method != "auto")
+    return max(decoder.step_rows(method) for method in decoder.methods() if method != "auto")
 
 
 def check_rows(decoder) -> None:
     """Refuse `decoder` where its model's native kernels give a row of a step of up to most_rows(decoder) rows
-    other than one-row steps give it (the check costs milliseconds: 0.06 s for SmolLM2 up to 64 rows). The
+    other than one-row steps give it (the check costs little next to loading the model). The
     PyTorch layers (a GPU, or a CPU without the native kernels) are checked and only warned about: their library
     softmax and matmuls promise no row invariance (on an H200, cuBLAS differed from 2 rows in float32 and from
     8-24 in bfloat16), and refusing would leave such a device no tree method at all (docs/devices.md)."""

@@ -19,8 +19,8 @@ kept (a branch row's are discarded as a prompt token's are) and acceptance is th
 (runtime/acceptance.py), so the output is the base model's: greedy exactly, sampled in distribution.
 
 Branches start as one token each, drawn from the prompt with a fixed seed (decoding repeats itself).
-The paper's N = L = 6, G = 4 are for an A100, where rows cost almost nothing; on 2 CPU cores a step of 61 rows
-costs ~3x a one-token step, so ppdkit's defaults are smaller (runtime/decoding_methods.py says what was measured).
+The paper's N = L = 6, G = 4 are for an A100, where rows cost almost nothing; on a few CPU cores every row of a
+step costs, so ppdkit's defaults are smaller (runtime/decoding_methods.py says why, docs/history.md what it cost).
 """
 
 import random
@@ -128,7 +128,7 @@ def step_inputs(tokens: list[int], layout: TreeLayout, branches: list[list[int]]
 
 class SelfDrafter(Drafter):
     """The root's candidates from the context cache (and the corpus table) as a trie, and the drafting branches as
-    extra rows of the same forward; `nodes`, the most rows of a step, sizes the cache (Decoder._tree_size)."""
+    extra rows of the same forward; `nodes`, the most rows of a step, sizes the cache (Decoder.step_rows)."""
 
     def __init__(self, decoder, cache: KVCache, branches: int = 2, branch_length: int = 4, gram: int = 3,
                  candidates: int = 4, nodes: int = 0):
@@ -143,7 +143,7 @@ class SelfDrafter(Drafter):
     def propose(self, root: int) -> Proposal:
         self.text.append(root)
         self.drafts.read_text(self.text)
-        tokens, parents = trie(root, self.drafts.candidates(root, self.text, self.decoder.ngrams, self.candidates))
+        tokens, parents = trie(root, self.drafts.candidates(root, self.text, self.decoder.draft.ngrams, self.candidates))
         layout = shape_layout(parents, (-1,) + (0,) * (len(parents) - 1))  # ranks: unused by acceptance here
         inputs, offsets, mask = step_inputs(tokens, layout, self.drafts.branches)
         return Proposal(inputs[:len(tokens)], layout, self.model.embed_ids(inputs), offsets, mask,

@@ -42,14 +42,15 @@ def compare_with_ar(timer: DevSetTimer, skip: tuple[int, ...]) -> dict:
     output must be plain decoding's."""
     import time
 
+    from ppdkit.runtime.draft_parts import LayerSkipParts
+
     decoder, prompts = timer.loaded()
-    decoder.skip_map = skip
+    decoder.draft = LayerSkipParts(skip_map=skip)  # ar ignores it
     decoder.generate(prompts[0][:16], max_new_tokens=4, method="skip")  # this process's first skip step: not timed
     seconds, tokens, same = {"ar": 0.0, "skip": 0.0}, {"ar": 0, "skip": 0}, 0
     for ids in prompts:
         out = {}
         for method in ("ar", "skip"):
-            decoder.skip_map = skip if method == "skip" else None
             started = time.perf_counter()
             out[method] = decoder.generate(ids, max_new_tokens=timer.new_tokens, method=method).tokens
             seconds[method] += time.perf_counter() - started

@@ -173,8 +173,10 @@ class DevSetTimer:
     threads: int
 
     def __call__(self, skip: tuple[int, ...]) -> dict:
+        from ppdkit.runtime.draft_parts import LayerSkipParts
+
         decoder, ids = self.loaded()
-        decoder.skip_map = skip
+        decoder.draft = LayerSkipParts(skip_map=skip)
         seconds = tokens = steps = 0
         for prompt in ids:
             started = time.perf_counter()
@@ -193,8 +195,8 @@ class DevSetTimer:
             torch.set_num_threads(self.threads)
             decoder = Decoder.from_base(self.base, self.dtype)
             ids = [decoder.encode_chat(p) for p in self.prompts]
-            decoder.generate(ids[0][:16], max_new_tokens=4,
-                             method="ar")  # first-call allocations and the kernels' load: not timed
+            # first-call allocations and the kernels' load: not timed
+            decoder.generate(ids[0][:16], max_new_tokens=4, method="ar")
             _LOADED.clear()
             _LOADED[key] = decoder, ids
         return _LOADED[key]
