@@ -63,8 +63,11 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# The inner loop (~2 min): no Ray, no server, no other process; converted models kept between runs in a cache of its
+# own (the native kernels are kept by torch's extension builder anyway). `make test` is the whole suite, as CI runs it.
+PPDKIT_TEST_CACHE ?= $(HOME)/.cache/ppdkit-test-fast
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	PPDKIT_TEST_CACHE=$(PPDKIT_TEST_CACHE) $(BIN)/python -m pytest -q -m "not slow and not integration"
 
 # The generated docs: the pipeline picture, the job-spec reference, the results page and its plots, the corpus page,
 # and the figures blocks of the hand-written pages (each from its committed report).

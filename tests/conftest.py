@@ -36,6 +36,26 @@ def pytest_configure(config):
     os.environ.pop("RAY_ADDRESS", None)
 
 
+# `make test-fast`, the inner loop, runs what neither starts Ray (the teacher pass, Ray Train, a pipeline), nor a
+# server or another process: a test is marked `integration` when it or a fixture it uses (directly or through
+# another) asks for a local Ray or starts one of those. `make test` runs both tiers, as CI does.
+STARTS_A_SERVICE = ("ray_local", "subprocess", "run_training(", "run_teacher_stage(", "run_pipeline(", "_ppdkit(",
+                    "main([", "uvicorn", "serve(")
+
+
+def pytest_collection_modifyitems(config, items):
+    import inspect
+
+    for item in items:
+        functions = [getattr(item, "function", None)]
+        fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        functions += [definition.func for name in getattr(item, "fixturenames", ()) for definition in
+                      fixtures.get(name, ()) if name != "request"]
+        sources = "\n".join(inspect.getsource(f) for f in functions if inspect.isfunction(f))
+        if any(call in sources for call in STARTS_A_SERVICE):
+            item.add_marker(pytest.mark.integration)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The CPU the suite ran on, last (where a CI log's tail shows it): kernels and llama.cpp's build follow it."""
     from ppdkit.bench.decoding import describe_machine, machine_info

@@ -20,8 +20,9 @@ spec.loader.exec_module(native)
 assert native.native_kernels() is not None, "the kernels did not build"
 """
 
-pytestmark = pytest.mark.skipif(not cpu_supports_kernels() or shutil.which("c++") is None,
-                                reason="the native kernels need AVX-512 or AVX2 and a C++ compiler")
+pytestmark = [pytest.mark.integration,  # builds in processes of their own (make test-fast leaves them out)
+              pytest.mark.skipif(not cpu_supports_kernels() or shutil.which("c++") is None,
+                                 reason="the native kernels need AVX-512 or AVX2 and a C++ compiler")]
 
 
 def _load(native_py, path_variable: str) -> None:

@@ -27,6 +27,8 @@ from ppdkit.runtime.tree import best_tree_for_size
 
 from ppdkit.runtime.decoder import Decoder
 
+pytestmark = pytest.mark.integration  # the server runs in a process of its own (make test-fast leaves it out)
+
 openai = pytest.importorskip("openai")
 
 PROMPT = "Write a short story about a robot."
