@@ -13,6 +13,7 @@ from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.artifact import ArtifactError, write_component, write_ngrams
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.load_options import LoadOptions
 from ppdkit.runtime.draft_parts import PromptTokenParts
 from ppdkit.runtime.ppd import PromptTokenSet
 from ppdkit.runtime.tree import best_tree_for_size
@@ -198,3 +199,22 @@ def test_streamed_tokens_are_the_answers_tokens_and_should_stop_ends_it(tiny_com
         stopped = decoder.generate([5, 6, 7, 8] * 3, max_new_tokens=40, method=method, stream=steps.append,
                                    should_stop=lambda: len(steps) == 2)
         assert len(steps) == 2 and stopped.tokens == [t for step in steps for t in step], method
+
+
+def test_loading_takes_one_typed_options_object_and_refuses_what_does_not_apply(tiny_component):
+    options = LoadOptions(tree_size=12, dtype="float32")
+    by_object = Decoder.from_pretrained(tiny_component, options)
+    assert by_object.draft.size == 12 and by_object.model.weight_format == "float32"
+    ids = [5, 6, 7, 8]
+    assert by_object.generate(ids, max_new_tokens=8, method="ppd").tokens == Decoder.from_pretrained(
+        tiny_component, tree_size=12, dtype="float32").generate(ids, max_new_tokens=8, method="ar").tokens
+    with pytest.raises(ValueError, match="unknown load option.s. tree_sise; the options are dtype"):
+        Decoder.from_pretrained(tiny_component, tree_sise=12)
+    with pytest.raises(ValueError, match="tree_size, lookup_chains cannot apply to a base model alone"):
+        Decoder.from_base("tiny-llama", options, lookup_chains=2)
+    with pytest.raises(ValueError, match="skip_map cannot apply to a component"):
+        Decoder.from_pretrained(tiny_component, skip_map=(0, 0))
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        Decoder.from_pretrained(tiny_component, dtype="float8")
+    with pytest.raises(TypeError, match="pass dtype, tree_size, ... by name"):
+        Decoder.from_base("tiny-llama", "float32")

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from ppdkit.data_pipeline.readers import read_conversations
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.decoding_methods import METHODS, get_method
+from ppdkit.runtime.load_options import LoadOptions, load_options
 from ppdkit.runtime.draft_parts import DraftParts, HeadParts, PromptTokenParts, SizedParts
 from ppdkit.runtime.native import cpu_info
 from ppdkit.runtime.dtypes import DTYPES
@@ -125,14 +126,11 @@ def divergence(decoder: Decoder, ids: list[int], ours: list[int], greedy: list[i
 
 
 def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens: int, methods: list[str],
-              tree_size: int | None = None, lookup_chains: int = 1, early_head: str | None = None,
-              prune_top_k: int = 8, base_only: bool = False, skip_map: tuple[int, ...] | None = None,
-              device: str = "cpu", repeats: int = 1, command: str | None = None, dtype: str = "auto",
-              fixed_shapes: bool | None = None) -> dict:
+              options: LoadOptions | None = None, base_only: bool = False, repeats: int = 1,
+              command: str | None = None, **load_overrides) -> dict:
     """`model` a component (directory or models:/ URI), or with `base_only` a base model for the methods that
-    need no component (`skip_map` for skip); every method, the transformers baselines too, runs on `device` with the
-    weights in `dtype` (auto, float32, bfloat16, gguf, q4: runtime/precision.py), in steps of one shape per
-    `fixed_shapes` (None: by the device, runtime/fixed_shapes.py).
+    need no component (`skip_map` for skip), loaded as `options` (runtime/load_options.py; any of them overridable by
+    keyword) say: every method, the transformers baselines too, runs on its device with the weights in its dtype.
     `repeats` > 1 decodes every prompt that many times with every method, in turns, and counts each method's
     fastest run: a ratio of a few percent then stands out of this machine's minute-to-minute drift. `command` is what
     made the report (the command line, or the pipeline stage), kept with its date and machine so a figure can be
@@ -147,15 +145,15 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
                          f"{DYNAMIC} for its size picked per step, or one of ours with {AT}float32 or {AT}bfloat16 to "
                          "run it on a second decoder in that dtype")
 
-    def load(dtype: str) -> Decoder:
-        if base_only:
-            return Decoder.from_base(model, skip_map=skip_map, device=device, dtype=dtype, fixed_shapes=fixed_shapes)
-        return Decoder.from_pretrained(model, tree_size=tree_size, lookup_chains=lookup_chains, dynamic_size=True,
-                                       early_head=early_head, prune_top_k=prune_top_k, device=device, dtype=dtype,
-                                       fixed_shapes=fixed_shapes)
+    options = load_options(options, load_overrides)
 
-    decoder = load(dtype)
-    others = {other: exact_dtype(load(other), other) for other in {m.partition(AT)[2] for m in methods if AT in m}}
+    def loaded(dtype: str) -> Decoder:
+        if base_only:
+            return Decoder.from_base(model, options, dtype=dtype)
+        return Decoder.from_pretrained(model, options, dtype=dtype, dynamic_size=True)  # +dyn: every size ready
+
+    decoder = loaded(options.dtype)
+    others = {other: exact_dtype(loaded(other), other) for other in {m.partition(AT)[2] for m in methods if AT in m}}
     unserved = [m for m in methods if m not in (*HF_METHODS, *LLAMA_METHODS) and _plain(m) not in decoder.methods()]
     if unserved:
         raise ValueError(f"{model} cannot serve {', '.join(unserved)}: it serves {', '.join(decoder.methods())} "

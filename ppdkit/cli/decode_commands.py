@@ -22,17 +22,21 @@ def _skip_map(text: str) -> tuple[int, ...]:
 FIXED_SHAPES = {"auto": None, "on": True, "off": False}  # --fixed-shapes: Decoder's fixed_shapes
 
 
+def _load_options(args: argparse.Namespace):
+    """The LoadOptions the command's flags set (runtime/load_options.py): a component's, or a base model's alone."""
+    from ppdkit.runtime.load_options import LoadOptions
+
+    given = {name: getattr(args, name) for name in LoadOptions.model_fields if getattr(args, name, None) is not None}
+    return LoadOptions(**{**given, "fixed_shapes": FIXED_SHAPES[args.fixed_shapes]})  # a flag the source refuses: its error
+
+
 def _decoder(args: argparse.Namespace):
     """The decoder of --base (with --skip-map) or --model (with decode's and serve's loading options)."""
     from ppdkit.runtime.decoder import Decoder
 
     if args.base:
-        return Decoder.from_base(args.base, skip_map=args.skip_map, device=args.device, dtype=args.dtype,
-                                 fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
-    return Decoder.from_pretrained(args.model, tree_size=args.tree_size, lookup_chains=args.lookup_chains,
-                                   dynamic_size=args.dynamic_size, early_head=args.early_head,
-                                   prune_top_k=args.prune_top_k, device=args.device, dtype=args.dtype,
-                                   fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
+        return Decoder.from_base(args.base, _load_options(args))
+    return Decoder.from_pretrained(args.model, _load_options(args))
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -94,9 +98,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     report = run_bench(args.model or args.base, args.prompts, args.limit, args.max_new_tokens, methods,
-                       args.tree_size, args.lookup_chains, args.early_head, args.prune_top_k, base_only=bool(args.base),
-                       skip_map=args.skip_map, device=args.device, repeats=args.repeats,
-                       command=args.command_line, dtype=args.dtype, fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
+                       _load_options(args), base_only=bool(args.base), repeats=args.repeats, command=args.command_line)
     print_table(report)
     if args.out:
         write_report(report, Path(args.out))

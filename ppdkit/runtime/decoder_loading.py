@@ -22,6 +22,7 @@ from .draft_parts import (DraftParts, Eagle3Parts, HeadParts, LayerSkipParts, Pr
 from .head_loading import load_draft_heads, load_eagle3, load_skip_draft
 from .layer_skip import check_skip_map
 from .linear import QUANTIZED
+from .load_options import BASE_ONLY, COMPONENT_ONLY, LoadOptions, load_options
 from .decoding_methods import get_method
 from .ppd import PromptTokenSet
 from .precision import activation_dtype, bf16_kernels_here, gguf_kernels_here, resolve_dtype
@@ -36,20 +37,16 @@ if TYPE_CHECKING:  # decoder.py imports this module: the class is passed in as `
     from .decoder import Decoder
 
 
-def from_pretrained(cls: type["Decoder"], source: str | Path, dtype: str = "auto", tree_size: int | None = None,
-                    max_length: int = 2048, lookup_chains: int = 1, dynamic_size: bool = False,
-                    early_head: str | Path | None = None, prune_top_k: int = 8,
-                    device: str | torch.device = "cpu", fixed_shapes: bool | None = None) -> "Decoder":
+def from_pretrained(cls: type["Decoder"], source: str | Path, options: LoadOptions | None = None,
+                    **overrides) -> "Decoder":
     """A component directory, or models:/NAME@ALIAS | models:/NAME/VERSION: base model, prompt tokens,
-    trees and n-gram table (or draft heads and their trees, or a layer-skip map and its fine-tuned draft).
-    `lookup_chains` > 1 adds the table's chains to ppd-lookup's steps.
-    `dynamic_size` picks the tree size while decoding (runtime/tree_sizer.py), starting from the
-    profiled (or given) size. `early_head`: an early-head component (a directory or models:/ URI) for the
-    pruning methods, which keep a node when its token is among its parent's `prune_top_k` early guesses.
-    `device`: where the model and drafts run (cuda: the PyTorch layers; the native kernels are CPU only).
-    `fixed_shapes`: steps of one shape (runtime/fixed_shapes.py; None: off the CPU only).
-    `dtype`: the weights' precision, auto, float32, bfloat16, gguf or q4 (runtime/precision.py)."""
-    device = check_device(device)
+    trees and n-gram table (or draft heads and their trees, or a layer-skip map and its fine-tuned draft), loaded as
+    `options` say (runtime/load_options.py), any of them overridable by keyword: from_pretrained(path, dtype="q4")."""
+    options = load_options(options, overrides, BASE_ONLY, "to a component (it carries its own drafts)")
+    dtype, tree_size, max_length, lookup_chains = (options.dtype, options.tree_size, options.max_length,
+                                                   options.lookup_chains)
+    dynamic_size, early_head, prune_top_k = options.dynamic_size, options.early_head, options.prune_top_k
+    device, fixed_shapes = check_device(options.device), options.fixed_shapes
     directory = _local(source)
     component = read_component(directory)
     digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
@@ -157,14 +154,14 @@ def _size_trees(decoder: "Decoder", draft: SizedParts, tree_size: int | None, dy
         draft.size, draft.dynamic_size = size, dynamic_size
 
 
-def from_base(cls: type["Decoder"], name: str, dtype: str = "auto", max_length: int = 2048,
-              skip_map: tuple[int, ...] | None = None, device: str | torch.device = "cpu",
-              fixed_shapes: bool | None = None) -> "Decoder":
+def from_base(cls: type["Decoder"], name: str, options: LoadOptions | None = None, **overrides) -> "Decoder":
     """A base model alone (a name of models/config.py or a local directory), for the methods that need no
-    component: ar and the training-free drafters (anpd); with `skip_map` (per decoder layer 0 keep, 1 skip
-    the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `device` and `fixed_shapes` as from_pretrained's."""
-    device = check_device(device)
-    dtype = resolve_dtype(dtype, device, name)
+    component: ar and the training-free drafters (anpd, self-draft); with `skip_map` (per decoder layer 0 keep, 1 skip
+    the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `options` as from_pretrained's."""
+    options = load_options(options, overrides, COMPONENT_ONLY, "to a base model alone (they set a component's drafts)")
+    device, skip_map, max_length, fixed_shapes = (check_device(options.device), options.skip_map, options.max_length,
+                                                  options.fixed_shapes)
+    dtype = resolve_dtype(options.dtype, device, name)
     base, blocks = base_weights(name, dtype)
     base.model.to(device)
     layers = base.model.config.num_hidden_layers

@@ -193,7 +193,7 @@ class DevSetTimer:
             from ppdkit.runtime.decoder import Decoder
 
             torch.set_num_threads(self.threads)
-            decoder = Decoder.from_base(self.base, self.dtype)
+            decoder = Decoder.from_base(self.base, dtype=self.dtype)
             ids = [decoder.encode_chat(p) for p in self.prompts]
             # first-call allocations and the kernels' load: not timed
             decoder.generate(ids[0][:16], max_new_tokens=4, method="ar")
