@@ -95,3 +95,31 @@ def test_a_table_of_measurements_fails_the_lint_and_a_block_or_code_passes_it(to
 ])
 def test_settings_sizes_and_counts_pass_the_lint(tool, sentence):
     assert tool["measured_figures"](sentence + "\n") == []
+
+
+def test_a_component_model_card_is_linted_and_its_blocks_link_from_its_folder(tool, docs):
+    """ppdkit/models/components/NAME/README.md is one of the pages: a figure in its prose fails the check, a block's
+    links reach docs/ from that folder, and the `ppdkit adopt` history table must be what adopt writes."""
+    root = docs.parent / "repo"
+    (root / "docs").mkdir(parents=True)
+    card = root / "ppdkit" / "models" / "components" / "some-draft" / "README.md"
+    card.parent.mkdir(parents=True)
+    card.write_text("# some-draft\n\nIt runs 1.38x `ar` on MT-Bench.\n")
+    assert card in tool["pages"](root)
+    assert tool["problems"](card, docs) == ["line 3: a ratio: '1.38x'"]
+
+    card.write_text(tool["rewrite"]("# some-draft\n\n<!-- figures: results/run -->\n<!-- /figures -->\n", card, docs))
+    assert f"[run]({tool['docs_prefix'](card, docs)}results.md#run)" in card.read_text()
+    assert tool["docs_prefix"](card, root / "docs") == "../../../../docs/"
+    assert tool["problems"](card, docs) == []
+
+    adopt = tool["adopt"]
+    row = {"date": "2026-11-29", "draft_vocab": 4096, "committed_tokens_per_step": 2.3654,
+           "candidate_tokens_per_step": 2.3613, "adopted": False}
+    (card.parent / adopt.HISTORY).write_text(json.dumps({"rows": [row]}))
+    table = adopt.history_table([row])
+    card.write_text(card.read_text() + f"\n## History\n\n{adopt.BEGIN}\n{table}{adopt.END}\n")
+    assert tool["problems"](card, docs) == []  # adopt's table is generated, not prose
+    card.write_text(card.read_text().replace("2.361", "2.461"))  # edited by hand
+    assert tool["problems"](card, docs) == ["its `ppdkit adopt` history table differs from some-draft/history.json: "
+                                            "rerun ppdkit/jobs/adopt.py's write_history_table"]

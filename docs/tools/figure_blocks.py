@@ -1,7 +1,8 @@
 """Put a committed report's figures into the hand-written pages, and keep measured figures out of their prose.
 
-A page (README.md or docs/*.md) asks for a report's figures with a marked block; this tool writes what is between
-the marks from the report, with the date, machine and command it was measured with:
+A page (README.md, docs/*.md or a committed component's model card, ppdkit/models/components/*/README.md) asks for a
+report's figures with a marked block; this tool writes what is between the marks from the report, with the date,
+machine and command it was measured with (its links relative to the page's folder):
 
     <!-- figures: results/epyc-eagle3-mt-bench-80 -->
     (written by this tool: do not edit)
@@ -17,24 +18,32 @@ figures transcribed from the pages before they had reports).
                                                             # page states a measured figure outside a block
 
 The lint (`measured_figures`) is why a figure cannot drift from its report: speeds, ratios to `ar`, tokens per step,
-acceptance rates, dated measurements and measurement tables are found outside blocks and code, and refused.
+acceptance rates, dated measurements and measurement tables are found outside blocks and code, and refused. A model
+card's `ppdkit adopt` history table (ppdkit/jobs/adopt.py, from the component's history.json) is such a block too: the
+check holds it to what adopt writes from that history.
 """
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 from ppdkit.bench.decoding import describe_machine
+from ppdkit.jobs import adopt
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
+# The committed components' model cards, each ppdkit/models/components/NAME/README.md.
+COMPONENTS = Path("ppdkit") / "models" / "components"
 COMMAND = "python docs/tools/figure_blocks.py"
 # Pages another tool writes whole from its own reports: results.md, job-spec.md, corpus.md.
 GENERATED_PAGES = {"results.md", "job-spec.md", "corpus.md"}
 
 BLOCK = re.compile(r"(?P<open><!-- figures: (?P<name>[\w./-]+) -->\n)(?P<body>.*?)(?P<close><!-- /figures -->)", re.S)
+# The history table `ppdkit adopt` writes into a component's model card from its history.json.
+ADOPT_BLOCK = re.compile(re.escape(adopt.BEGIN) + r"\n(?P<body>.*?)" + re.escape(adopt.END), re.S)
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
 # What counts as a measured figure in prose. Each pattern names the kind of figure the issue means; sizes of models,
@@ -138,6 +147,15 @@ def report_kind(report: dict):
     raise ValueError("not a report this tool renders: a bench, step-cost, precision or history report")
 
 
+def docs_prefix(page: Path, docs: Path = DOCS) -> str:
+    """What a link from `page` puts before a path under docs/: nothing in docs/, `docs/` from the README,
+    `../../../../docs/` from a model card in ppdkit/models/components/NAME/."""
+    if page.resolve().parent == docs.resolve():
+        return ""
+    up = Path(os.path.relpath(docs.resolve().parent, page.resolve().parent)).as_posix()  # to the repository's root
+    return "docs/" if up == "." else f"{up}/docs/"
+
+
 def render(name: str, page: Path, docs: Path = DOCS) -> str:
     """A block's body for `page`: the report docs/NAME.json rendered, its links relative to the page."""
     path = docs / f"{name}.json"
@@ -148,7 +166,7 @@ def render(name: str, page: Path, docs: Path = DOCS) -> str:
         block = report_kind(report)
     except ValueError as e:
         raise ValueError(f"{page.name}: docs/{name}.json is {e}") from e
-    docs_link = "" if page.resolve().parent == docs.resolve() else "docs/"  # the README links into docs/
+    docs_link = docs_prefix(page, docs)
     return "\n".join(block(Path(name).name, report, docs_link)) + "\n"
 
 
@@ -162,7 +180,7 @@ def rewrite(text: str, page: Path, docs: Path = DOCS) -> str:
 def prose(text: str) -> str:
     """What a reader reads as the page's own words: figures blocks and fenced code blanked, lines kept in place."""
     blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731 - keeps line numbers true
-    return FENCE.sub(blank, BLOCK.sub(blank, text))
+    return FENCE.sub(blank, ADOPT_BLOCK.sub(blank, BLOCK.sub(blank, text)))
 
 
 def measured_figures(text: str) -> list[str]:
@@ -181,15 +199,26 @@ def measured_figures(text: str) -> list[str]:
 # --- the command line -----------------------------------------------------------------------------------------------
 
 def pages(root: Path = ROOT) -> list[Path]:
-    """The hand-written pages: the README and docs/*.md but those another tool writes whole."""
-    return [root / "README.md", *(p for p in sorted((root / "docs").glob("*.md")) if p.name not in GENERATED_PAGES)]
+    """The hand-written pages: the README, docs/*.md but those another tool writes whole, and the committed
+    components' model cards."""
+    return [root / "README.md", *(p for p in sorted((root / "docs").glob("*.md")) if p.name not in GENERATED_PAGES),
+            *sorted((root / COMPONENTS).glob("*/README.md"))]
+
+
+def stale_adopt_history(text: str, page: Path) -> list[str]:
+    """Why a model card's `ppdkit adopt` table differs from the history.json beside it (none when it has no table)."""
+    block = ADOPT_BLOCK.search(text)
+    if block is None or block["body"] == adopt.history_table(adopt._history(page.parent)):
+        return []
+    return [f"its `ppdkit adopt` history table differs from {page.parent.name}/{adopt.HISTORY}: "
+            f"rerun ppdkit/jobs/adopt.py's write_history_table"]
 
 
 def problems(page: Path, docs: Path = DOCS) -> list[str]:
     """Why `page` fails the check: a stale block, or a measured figure outside a block."""
     text = page.read_text()
     stale = [f"its figures blocks differ from their reports: run {COMMAND}"] if rewrite(text, page, docs) != text else []
-    return stale + measured_figures(text)
+    return stale + stale_adopt_history(text, page) + measured_figures(text)
 
 
 def main(argv: list[str] | None = None) -> int:
