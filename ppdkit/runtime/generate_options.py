@@ -6,10 +6,11 @@ both: `decoder.generate(prompt, max_new_tokens=64, method="ar")`. A misspelt opt
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .acceptance import ACCEPTANCE_RULES, Sampling
 from .decoding_methods import get_method
+from .options import merged as merged_options
 
 
 class GenerateOptions(BaseModel):
@@ -46,15 +47,6 @@ class GenerateOptions(BaseModel):
 def merged(options: GenerateOptions | None, overrides: dict) -> GenerateOptions:
     """`options` (default: the defaults) with `overrides` applied; an unknown name or a bad value is a ValueError
     that names it and the options there are."""
-    if options is not None and not isinstance(options, GenerateOptions):
-        raise TypeError(f"options must be a GenerateOptions, not {type(options).__name__}: pass max_new_tokens and "
-                        "method by name, e.g. generate(prompt, max_new_tokens=64, method='ar')")
-    unknown = sorted(set(overrides) - set(GenerateOptions.model_fields))
-    if unknown:
-        raise ValueError(f"unknown generate option(s) {', '.join(unknown)}; the options are "
-                         f"{', '.join(GenerateOptions.model_fields)}")
-    try:
-        return GenerateOptions(**{**(options.model_dump() if options else {}), **overrides})
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ValueError(f"bad generate option: {problems}") from None
+    return merged_options(GenerateOptions, options, overrides, "generate",
+                          "pass max_new_tokens and method by name, e.g. generate(prompt, max_new_tokens=64, "
+                          "method='ar')")

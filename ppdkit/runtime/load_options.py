@@ -3,9 +3,10 @@ options)` take a `LoadOptions` (or the same names by keyword), and the CLI, the 
 instead of threading nine arguments through each layer. A misspelt option, or one that applies only to a component
 when loading a base model alone (or the reverse), is refused by name."""
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .dtypes import DTYPES
+from .options import merged as merged_options
 
 
 class LoadOptions(BaseModel):
@@ -56,18 +57,8 @@ def load_options(options: LoadOptions | None, overrides: dict, refused: tuple[st
                  why: str = "") -> LoadOptions:
     """`options` (default: the defaults) with `overrides` applied; a ValueError naming an unknown option, a bad value,
     or one of `refused` set away from its default (`why` says what the caller loads)."""
-    if options is not None and not isinstance(options, LoadOptions):
-        raise TypeError(f"options must be a LoadOptions, not {type(options).__name__}: pass dtype, tree_size, ... by "
-                        "name, e.g. Decoder.from_pretrained(path, dtype='float32')")
-    unknown = sorted(set(overrides) - set(LoadOptions.model_fields))
-    if unknown:
-        raise ValueError(f"unknown load option(s) {', '.join(unknown)}; the options are "
-                         f"{', '.join(LoadOptions.model_fields)}")
-    try:
-        merged = LoadOptions(**{**(options.model_dump() if options else {}), **overrides})
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ValueError(f"bad load option: {problems}") from None
+    merged = merged_options(LoadOptions, options, overrides, "load",
+                            "pass dtype, tree_size, ... by name, e.g. Decoder.from_pretrained(path, dtype='float32')")
     set_here = [name for name in refused if getattr(merged, name) != LoadOptions.model_fields[name].default]
     if set_here:
         raise ValueError(f"{', '.join(set_here)} cannot apply {why}")
