@@ -9,7 +9,6 @@ head (a second component, read by the pruning methods)."""
 
 from dataclasses import dataclass, field
 
-
 from ppdkit.models.ngram_table import NgramTable
 
 from .decoding_methods import DecodingMethod, Need, lookup_rows
