@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ppdkit.runtime import decoder_loading
+from . import decoder_loading
 from .acceptance import Sampling
 from .auto import AUTO, fastest_method
 from .draft_parts import DraftParts
@@ -57,8 +57,9 @@ def _return_freed_memory() -> None:
 
 
 class Decoder:
-    """One base model and the parts of one component it drafts with (`draft`). `generate` may be called from several threads: the calls take turns
-    (a lock), each with its own KV cache, so their outputs are exactly those of calls made one by one.
+    """One base model and the parts of one component it drafts with (`draft`). `generate` may be called from several
+    threads: the calls take turns (a lock), each with its own KV cache, so their outputs are exactly those of calls
+    made one by one.
 
     Everything runs on the device `hf_model` is on (from_pretrained/from_base move it there): the native
     kernels on a CPU, the PyTorch layers elsewhere, there in steps of one fixed shape (`fixed_shapes`, on by
@@ -165,7 +166,8 @@ class Decoder:
         if any(not 0 <= t < self.model.vocab_size for t in ids):
             raise ValueError(f"the prompt holds token ids outside the vocabulary (0..{self.model.vocab_size - 1})")
         # positions reach the prompt, the answer and one step's deepest row past its last token
-        room = self.max_length - max_new_tokens - self.step_rows(method)
+        rows = self.step_rows(method)
+        room = self.max_length - max_new_tokens - rows
         if len(ids) <= room:
             return ids
         if truncate == "left" and room >= 1:
@@ -174,7 +176,7 @@ class Decoder:
             return ids[-room:]
         raise ValueError(
             f"the prompt has {len(ids)} tokens, and {max_new_tokens} new tokens plus a decoding step of "
-            f"{self.step_rows(method)} need {len(ids) + max_new_tokens + self.step_rows(method)} positions, more than "
+            f"{rows} need {len(ids) + max_new_tokens + rows} positions, more than "
             f"this decoder's max_length={self.max_length}. Load it with a larger max_length "
             "(Decoder.from_pretrained(..., max_length=N), within what the base model was trained for), ask for fewer "
             "new tokens, shorten the prompt, or pass truncate='left' to keep the prompt's last tokens")
@@ -182,7 +184,8 @@ class Decoder:
     def _generate(self, ids: torch.Tensor, max_new_tokens: int, method: str,
                   stream: Callable[[list[int]], None] | None, sampling: Sampling,
                   generator: torch.Generator | None, should_stop: Callable[[], bool] | None = None) -> GenerateResult:
-        cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + self.step_rows(method))
+        rows = self.step_rows(method)
+        cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + rows)
         started = time.perf_counter()
         out: list[int] = []
         per_step: list[int] = []
@@ -209,7 +212,7 @@ class Decoder:
         pruned_rows = decode(get_method(method).build(self, cache, sizer), ids, emit, sampling, generator)
         out = out[:max_new_tokens]
         return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
-                              self.step_rows(method), time.perf_counter() - started,
+                              rows, time.perf_counter() - started,
                               sizer.chosen if sizer is not None else [], pruned_rows, rows_fed, method)
 
     def carries(self) -> set[Need]:

@@ -17,8 +17,7 @@ from ppdkit.models.ngram_table import NgramTable
 from .devices import check_device, on_device
 from .dtypes import BLOCK_FORMATS, Q4
 from .gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
-from .draft_parts import (DraftParts, Eagle3Parts, HeadParts, LayerSkipParts, PromptTokenParts, SizedParts,
-                          profile_drafter)
+from .draft_parts import DraftParts, Eagle3Parts, HeadParts, LayerSkipParts, PromptTokenParts, SizedParts
 from .head_loading import load_draft_heads, load_eagle3, load_skip_draft
 from .layer_skip import check_skip_map
 from .linear import QUANTIZED
@@ -43,24 +42,21 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, options: LoadOptio
     trees and n-gram table (or draft heads and their trees, or a layer-skip map and its fine-tuned draft), loaded as
     `options` say (runtime/load_options.py), any of them overridable by keyword: from_pretrained(path, dtype="q4")."""
     options = load_options(options, overrides, BASE_ONLY, "to a component (it carries its own drafts)")
-    dtype, tree_size, max_length, lookup_chains = (options.dtype, options.tree_size, options.max_length,
-                                                   options.lookup_chains)
-    dynamic_size, early_head, prune_top_k = options.dynamic_size, options.early_head, options.prune_top_k
-    device, fixed_shapes = check_device(options.device), options.fixed_shapes
+    device, tree_size = check_device(options.device), options.tree_size
     directory = _local(source)
     component = read_component(directory)
     digest = hashlib.sha256((directory / "component.json").read_bytes()).hexdigest()
-    dtype = resolve_dtype(dtype, device, component.base_model["name"])
+    dtype = resolve_dtype(options.dtype, device, component.base_model["name"])
     base, blocks = base_weights(component.base_model["name"], dtype)
     read_component(directory, expect_fingerprint=base.fingerprint)  # refuses another base model
     base.model.to(device)  # the loaders below take the LM head's rows from it, on the device
     with on_device(device):  # the layouts, head trees and profile built below: on the device
-        decoder = cls(base.model, base.tokenizer, None, max_length, quantized=blocks, weight_format=dtype,
-                      fixed_shapes=fixed_shapes)  # fixed before the profile: it times the steps decoding will run
-        decoder.draft = draft = _draft_parts(component, base.model, decoder.model, lookup_chains, dtype)
-        if early_head is not None:
-            early = read_component(_local(early_head), expect_fingerprint=base.fingerprint)  # refuses another base
-            draft.early_head = load_early_head(early, base.model, prune_top_k)
+        decoder = cls(base.model, base.tokenizer, None, options.max_length, quantized=blocks, weight_format=dtype,
+                      fixed_shapes=options.fixed_shapes)  # fixed before the profile: it times the steps it will run
+        decoder.draft = draft = _draft_parts(component, base.model, decoder.model, options.lookup_chains, dtype)
+        if options.early_head is not None:
+            early = read_component(_local(options.early_head), expect_fingerprint=base.fingerprint)  # not another base
+            draft.early_head = load_early_head(early, base.model, options.prune_top_k)
         decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
         decoder.base_name = component.base_model["name"]
         if tree_size is not None and any(get_method(m).grown for m in decoder.methods()):
@@ -70,7 +66,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, options: LoadOptio
                 raise ValueError(f"tree_size {tree_size}: a grown tree holds the root and at least one guess (>= 2)")
             draft.grown_nodes = tree_size
         if isinstance(draft, SizedParts) and draft.taus:
-            _size_trees(decoder, draft, tree_size, dynamic_size)
+            _size_trees(decoder, draft, tree_size, options.dynamic_size)
         elif isinstance(draft, Eagle3Parts) and tree_size is None:
             # no calibrated trees: the grown tree's latency line starts from this machine's forward times by rows
             # (each size's "tau" 1: a latency profile, cached per machine like the others)
@@ -125,19 +121,17 @@ def _draft_parts(component: Component, model, lean, lookup_chains: int, dtype: s
         raise ArtifactError(f"{component.path} is an early-head component: it prunes another component's trees. Load "
                             "that component and pass this one as early_head= (ppdkit decode/bench --early-head)")
     if component.method in ("layer-skip", "skip-finetune"):  # the base model drafts for itself
-        return LayerSkipParts(**dict(zip(("skip_map", "fine_tuned"), load_skip_draft(component, lean, model))))
+        skip_map, fine_tuned = load_skip_draft(component, lean, model)
+        return LayerSkipParts(skip_map=skip_map, fine_tuned=fine_tuned)
     if component.method == "eagle3":
         return Eagle3Parts(eagle3=load_eagle3(component, model, draft_matrices(dtype)))
     if component.method in ("feature-head", "medusa"):  # draft heads over the base model's features
         heads, trees = load_draft_heads(component, model, draft_matrices(dtype))
         return HeadParts(heads=heads, trees={s: tree for s, (tree, _) in trees.items()},
                          taus={s: tau for s, (_, tau) in trees.items()})
-    if component.method in ("ept", "ept-head"):
-        prompts, trees, ngrams = _drafts(component, model)
-        return PromptTokenParts(prompts=prompts, trees=trees, ngrams=ngrams, lookup_chains=lookup_chains)
-    raise ArtifactError(f"{component.path}/component.json: method {component.method!r} is not a component this "
-                        "decoder can load (ept, ept-head, feature-head, medusa, eagle3, early-head as early_head=, "
-                        "layer-skip, skip-finetune)")
+    # ept, ept-head; read_hyperparameters (in _drafts) refuses any other method, naming those it reads
+    prompts, trees, ngrams = _drafts(component, model)
+    return PromptTokenParts(prompts=prompts, trees=trees, ngrams=ngrams, lookup_chains=lookup_chains)
 
 
 def _size_trees(decoder: "Decoder", draft: SizedParts, tree_size: int | None, dynamic_size: bool) -> None:
@@ -145,13 +139,9 @@ def _size_trees(decoder: "Decoder", draft: SizedParts, tree_size: int | None, dy
     profile chose (measured once per machine, then cached)."""
     if tree_size is None:
         decoder.profile = profile_trees(decoder.model, draft.taus, decoder.fingerprint,
-                                        **profile_drafter(draft, decoder.model))
+                                        **draft.profile_arguments(decoder.model))
         tree_size = decoder.profile["chosen"]
-    size = min(draft.taus, key=lambda s: abs(s - tree_size))
-    if isinstance(draft, PromptTokenParts):
-        draft.use_size(size, dynamic_size)
-    else:
-        draft.size, draft.dynamic_size = size, dynamic_size
+    draft.use_size(min(draft.taus, key=lambda s: abs(s - tree_size)), dynamic_size)
 
 
 def from_base(cls: type["Decoder"], name: str, options: LoadOptions | None = None, **overrides) -> "Decoder":
@@ -159,15 +149,15 @@ def from_base(cls: type["Decoder"], name: str, options: LoadOptions | None = Non
     component: ar and the training-free drafters (anpd, self-draft); with `skip_map` (per decoder layer 0 keep, 1 skip
     the attention, 2 the MLP, 3 both) also Draft & Verify's `skip`. `options` as from_pretrained's."""
     options = load_options(options, overrides, COMPONENT_ONLY, "to a base model alone (they set a component's drafts)")
-    device, skip_map, max_length, fixed_shapes = (check_device(options.device), options.skip_map, options.max_length,
-                                                  options.fixed_shapes)
+    device = check_device(options.device)
     dtype = resolve_dtype(options.dtype, device, name)
     base, blocks = base_weights(name, dtype)
     base.model.to(device)
     layers = base.model.config.num_hidden_layers
-    draft = DraftParts() if skip_map is None else LayerSkipParts(skip_map=check_skip_map(skip_map, layers))
-    decoder = cls(base.model, base.tokenizer, draft, max_length, quantized=blocks, weight_format=dtype,
-                  fixed_shapes=fixed_shapes)
+    draft = (DraftParts() if options.skip_map is None
+             else LayerSkipParts(skip_map=check_skip_map(options.skip_map, layers)))
+    decoder = cls(base.model, base.tokenizer, draft, options.max_length, quantized=blocks, weight_format=dtype,
+                  fixed_shapes=options.fixed_shapes)
     decoder.fingerprint, decoder.base_name = base.fingerprint, name
     check_rows(decoder)
     del base, blocks  # as in from_pretrained

@@ -40,6 +40,10 @@ class DraftParts:
             return self.grown_nodes
         return method.chain_rows
 
+    def profile_arguments(self, model) -> dict:
+        """runtime/profile.py profile_trees' arguments for this draft's trees on `model` (the decoder's LeanLlama)."""
+        return {"drafter": "ppd"}
+
     def new_sizer(self, profile: dict | None) -> TreeSizer | None:
         """A fresh tree sizer for one generate call (runtime/tree_sizer.py), where the tree size is chosen per step."""
         return None
@@ -57,6 +61,10 @@ class SizedParts(DraftParts):
     size: int = 0
     dynamic_size: bool = False
     taus: dict[int, float] = field(default_factory=dict)  # calibrated size -> expected tokens per step
+
+    def use_size(self, size: int, dynamic_size: bool = False) -> None:
+        """Decode with the calibrated tree of `size` (and with dynamic_size every tree, sized per step)."""
+        self.size, self.dynamic_size = size, dynamic_size
 
     def rows_by_size(self) -> dict[int, int]:
         raise NotImplementedError
@@ -102,8 +110,7 @@ class PromptTokenParts(SizedParts):
         self.ranks = max(self.ranks, 1 + max(max(s.ranks) for s in self.trees[size].states.values()))
 
     def use_size(self, size: int, dynamic_size: bool = False) -> None:
-        """Decode with the calibrated tree of `size` (and with dynamic_size every tree, sized per step)."""
-        self.size, self.dynamic_size = size, dynamic_size
+        super().use_size(size, dynamic_size)
         for s in (self.trees if dynamic_size else [size]):
             if s not in self.size_layouts:
                 self._lay_out(s)
@@ -171,9 +178,10 @@ class HeadParts(SizedParts):
             return max(tree.layout.size for tree in self.trees.values())
         return super().step_rows(method)
 
-    def draft_seconds(self, model, size: int) -> float:
-        """One step's drafting time with the tree of `size`: part of what a larger tree costs."""
-        return draft_seconds(model, self.heads, self.trees[size])
+    def profile_arguments(self, model) -> dict:
+        """The heads draft before the forward: a step's drafting time with the tree of a size counts when a tree size
+        is chosen."""
+        return {"drafter": "heads", "draft_seconds": lambda size: draft_seconds(model, self.heads, self.trees[size])}
 
 
 @dataclass(kw_only=True, eq=False)
@@ -199,12 +207,4 @@ class LayerSkipParts(DraftParts):
 
     def identity(self) -> str:
         return "-skip" + "".join(map(str, self.skip_map))
-
-
-def profile_drafter(draft: DraftParts, model) -> dict:
-    """runtime/profile.py profile_trees' arguments for `draft`: draft heads draft before the forward, and that time
-    counts when a tree size is chosen."""
-    if not isinstance(draft, HeadParts):
-        return {"drafter": "ppd"}
-    return {"drafter": "heads", "draft_seconds": lambda size: draft.draft_seconds(model, size)}
 

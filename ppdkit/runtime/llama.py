@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ppdkit.models.loading import check_model_type
 
-from ppdkit.runtime import fixed_shapes
+from . import fixed_shapes
 from .causal_attention import causal_attention
 from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight, concat_rows

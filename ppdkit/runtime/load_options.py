@@ -45,9 +45,6 @@ class LoadOptions(BaseModel):
     def _as_text(cls, value):  # a Path, a torch.device
         return None if value is None else str(value)
 
-    def with_overrides(self, **overrides) -> "LoadOptions":
-        return load_options(self, overrides)
-
 
 COMPONENT_ONLY = ("tree_size", "lookup_chains", "dynamic_size", "early_head", "prune_top_k")
 BASE_ONLY = ("skip_map",)

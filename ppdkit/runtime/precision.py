@@ -29,7 +29,7 @@ import torch
 
 from ppdkit.models.catalog import BASE_GGUFS
 
-from ppdkit.runtime import linear
+from . import linear
 from .dtypes import AUTO, BLOCK_FORMATS, DTYPES, GGUF
 
 log = logging.getLogger(__name__)
