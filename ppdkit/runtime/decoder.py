@@ -24,6 +24,7 @@ from .dtypes import GGUF
 from .gguf_blocks import QuantizedWeight
 from .llama import LeanLlama, end_tokens
 from .loop import decode
+from .openmp import release_openmp_threads
 from .decoding_methods import METHODS, Need, get_method
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,11 @@ class Decoder:
                               options.max_new_tokens, method, options.truncate)
         generator = torch.Generator(self.device).manual_seed(options.seed) if options.seed is not None else None
         with self._lock, torch.inference_mode(), on_device(self.device):
-            return self._generate(torch.tensor(ids, dtype=torch.long), options.max_new_tokens, method, stream,
-                                  options.sampling, generator, should_stop)
+            try:
+                return self._generate(torch.tensor(ids, dtype=torch.long), options.max_new_tokens, method, stream,
+                                      options.sampling, generator, should_stop)
+            finally:  # the next decode may run on another thread, whose workers must not find these awake
+                release_openmp_threads()
 
     def fit_prompt(self, ids: list[int], max_new_tokens: int, method: str, truncate: str | None) -> list[int]:
         """The prompt's ids if they leave room for the answer within max_length, else its last ids that do

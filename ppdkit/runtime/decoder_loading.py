@@ -22,6 +22,7 @@ from .head_loading import load_draft_heads, load_eagle3, load_skip_draft
 from .layer_skip import check_skip_map
 from .linear import QUANTIZED
 from .load_options import BASE_ONLY, COMPONENT_ONLY, LoadOptions, load_options
+from .openmp import release_openmp_threads
 from .decoding_methods import get_method
 from .ppd import PromptTokenSet
 from .precision import activation_dtype, bf16_kernels_here, gguf_kernels_here, resolve_dtype
@@ -75,6 +76,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, options: LoadOptio
         check_rows(decoder)
     del base, blocks  # the last references but the decoder's: a block format's float copy and unpacked blocks go
     _release_float_weights(decoder, component.base_model["name"], dtype, device)
+    release_openmp_threads()  # its decodes may run on another thread (runtime/openmp.py)
     return decoder
 
 
@@ -162,6 +164,7 @@ def from_base(cls: type["Decoder"], name: str, options: LoadOptions | None = Non
     check_rows(decoder)
     del base, blocks  # as in from_pretrained
     _release_float_weights(decoder, name, dtype, device)
+    release_openmp_threads()  # as in from_pretrained
     return decoder
 
 
