@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ppdkit-setup
 
-.PHONY: setup setup-llama setup-speculators setup-vllm demo test test-fast docs clean-venv
+.PHONY: setup setup-llama setup-llama-server setup-speculators setup-vllm demo test test-fast docs clean-venv
 
 setup: $(STAMP)
 
@@ -26,6 +26,11 @@ $(STAMP): pyproject.toml Makefile
 # once, and builds it again without the AMX kernels if that crashed
 setup-llama: setup
 	bash infra/llama_cpp/install.sh $(BIN)/python
+
+# llama.cpp's own llama-server, the peer `ppdkit serve-bench` drives with parallel slots: the same llama.cpp source the
+# llama-cpp-python sdist above vendors, built for this CPU with the same CMake arguments, into the cache (~4 min)
+setup-llama-server: setup
+	bash infra/llama_cpp/build_server.sh $(BIN)/python
 
 # vLLM's draft format library in a venv of its own (its pins: transformers <=5.19, datasets <=5.1), for the test
 # that loads `ppdkit export --format speculators` with it. --no-deps, then what importing its EAGLE-3 model needs:

@@ -10,7 +10,8 @@ machine and command it was measured with (its links relative to the page's folde
 
 The name is the report's path under docs/ without `.json`: a bench report (docs/results/NAME.json, what
 `ppdkit bench --out` writes), a step-cost report (docs/measurements/step-costs*.json, docs/tools/step_costs.py), a
-precision report (docs/measurements/precision*.json, `ppdkit precision`) or the history (docs/measurements/history.json,
+precision report (docs/measurements/precision*.json, `ppdkit precision`), a serving-load report
+(docs/measurements/serve-load*.json, `ppdkit serve-bench --out`) or the history (docs/measurements/history.json,
 figures transcribed from the pages before they had reports).
 
     .venv/bin/python docs/tools/figure_blocks.py           # rewrite every block from its report
@@ -120,6 +121,33 @@ def precision_block(name: str, report: dict, docs_link: str) -> list[str]:
             f"([report]({docs_link}measurements/{name}.json))."]
 
 
+def _figure(value, spec: str) -> str:
+    return format(value, spec) if value is not None else "-"
+
+
+def serving_load_block(name: str, report: dict, docs_link: str) -> list[str]:
+    """A serving-load report: per server and number of concurrent clients, total tokens/s, time to first token and
+    per-token latency (p50/p99), request latency, the server's peak memory and the answers equal to its own at 1
+    client; then the servers that did not run, and why."""
+    lines = [provenance(report, "ppdkit serve-bench --out"), "",
+             f"{report['prompts']} {report['prompts_source']} prompts, {report['max_tokens']} tokens a request, greedy, "
+             f"streamed; `ppdkit serve` ran `{report['source']}` with `{report['method']}`; per-token latency "
+             f"{report['per_token_latency']} ([report]({docs_link}measurements/{name}.json)).", "",
+             "| server | clients | tok/s | TTFT p50 ms | TTFT p99 ms | per-token p50 ms | per-token p99 ms | "
+             "request p50 s | peak RSS MiB | identical |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for server in report["servers"]:
+        for row in server.get("levels", []):
+            lines.append(f"| `{server['name']}` | {row['clients']} | {row['tokens_per_s']:.1f} | "
+                         f"{_figure(row['ttft_ms_p50'], '.0f')} | {_figure(row['ttft_ms_p99'], '.0f')} | "
+                         f"{_figure(row['tpot_ms_p50'], '.1f')} | {_figure(row['tpot_ms_p99'], '.1f')} | "
+                         f"{_figure(row['latency_s_p50'], '.2f')} | {row['peak_rss_mib']:.0f} | "
+                         f"{row['identical']}/{row['requests']} |")
+    started = [f"`{s['name']}` {s['startup_s']:.0f} s" for s in report["servers"] if s["status"] == "ran"]
+    not_run = [f"`{s['name']}` {s['status']} ({s['reason']})" for s in report["servers"] if s["status"] != "ran"]
+    return lines + ([""] + [f"Started in: {', '.join(started)}."] if started else []) + (
+        [f"Not run: {'; '.join(not_run)}."] if not_run else [])
+
+
 def history_block(name: str, report: dict, docs_link: str) -> list[str]:
     """The transcribed history: a heading per day, in date order, then one line per finding with its machine and
     command."""
@@ -136,6 +164,8 @@ def history_block(name: str, report: dict, docs_link: str) -> list[str]:
 
 def report_kind(report: dict):
     """The renderer for a report, by what it holds."""
+    if report.get("kind") == "serving-load":
+        return serving_load_block
     if "entries" in report and "transcribed_from" in report:
         return history_block
     if "results" in report and "prompts_source" in report:
@@ -144,7 +174,7 @@ def report_kind(report: dict):
         return step_cost_block
     if "perplexity" in report and "equal" in report:
         return precision_block
-    raise ValueError("not a report this tool renders: a bench, step-cost, precision or history report")
+    raise ValueError("not a report this tool renders: a bench, step-cost, precision, serving-load or history report")
 
 
 def docs_prefix(page: Path, docs: Path = DOCS) -> str:

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# `make setup-llama-server`: llama.cpp's own `llama-server` (the peer `ppdkit serve-bench` drives with parallel slots),
+# built from the llama.cpp source vendored in the llama-cpp-python sdist that `make setup-llama` builds, so both peers
+# are the same llama.cpp, with the same CMake arguments for this CPU (cmake_args.sh: the native build, clang for its
+# AMX kernels where the CPU has them). About 4 minutes on 2 cores.
+# usage: build_server.sh PYTHON
+# Writes $PPDKIT_CACHE/llama.cpp/llama-cpp-python-VERSION/bin/llama-server (ppdkit/bench/serving_backends.py looks
+# there): one static binary (no shared libraries beside it), no web UI (its prebuilt assets come from a model hub,
+# which the build must not need), no curl or OpenSSL (the server loads a local file and serves plain HTTP).
+set -euo pipefail
+python="$1"
+here="$(cd "$(dirname "$0")" && pwd)"
+version="$(grep -o 'llama-cpp-python==[0-9.]*' "$here/../../pyproject.toml" | head -1 | cut -d= -f3)"
+dest="$("$python" -c 'from ppdkit.models.paths import cache_dir; print(cache_dir())')/llama.cpp/llama-cpp-python-$version"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+"$python" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$work"
+tar xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work"
+source="$work/llama_cpp_python-$version/vendor/llama.cpp"
+eval "native=($(bash "$here/cmake_args.sh" "$@"))"  # its quoted flags split as pip splits CMAKE_ARGS
+cmake -S "$source" -B "$work/build" -DCMAKE_BUILD_TYPE=Release "${native[@]}" -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF > "$work/configure.log" || { cat "$work/configure.log" >&2; exit 1; }
+cmake --build "$work/build" --target llama-server -j "$(nproc)" > "$work/build.log" \
+    || { tail -50 "$work/build.log" >&2; exit 1; }
+mkdir -p "$dest/bin"
+install -m 755 "$work/build/bin/llama-server" "$dest/bin/llama-server.partial"
+mv "$dest/bin/llama-server.partial" "$dest/bin/llama-server"
+"$dest/bin/llama-server" --version 2>&1 | tail -2
+echo "setup-llama-server: wrote $dest/bin/llama-server"
