@@ -208,3 +208,21 @@ def lossless_on_random_prompts(decoder, method: str, budget: int, cases: int = 1
         assert out.tokens == plain.tokens, (method, case)
         pairs.append((plain, out))
     return pairs
+
+
+def write_tiny_ppd_component(directory: Path) -> Path:
+    """A PPD component for the tiny Llama as the calibrate stage writes one: 3 random prompt tokens, a calibrated tree of
+    8 nodes, a corpus n-gram table."""
+    import torch
+
+    from ppdkit.data_pipeline.ngram_cache import build_ngram_table
+    from ppdkit.models.artifact import write_component, write_ngrams
+    from ppdkit.models.loading import load_base_model
+    from ppdkit.runtime.tree import best_tree_for_size
+
+    write_component(directory, "ept", {"num_prompt_tokens": 3, "num_epts": 1, "mask": "ensemble"}, "tiny-llama",
+                    load_base_model("tiny-llama").fingerprint, {},
+                    {"prompt_embeddings": torch.randn(3, 1, 64, generator=torch.Generator().manual_seed(0))},
+                    extras={"trees": {"trees": {"8": best_tree_for_size([[0.5, 0.2], [0.3, 0.1], [0.2]], 8).to_json()}}})
+    write_ngrams(directory, build_ngram_table([[5, 6, 7, 8] * 3], max_n=2, branches=2, length=3).to_tensors())
+    return directory

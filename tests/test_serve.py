@@ -11,19 +11,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
-import torch
 from mlflow import MlflowClient
 
-from conftest import free_port
-from ppdkit.data_pipeline.ngram_cache import build_ngram_table
-from ppdkit.models.artifact import write_component, write_ngrams
-from ppdkit.models.loading import load_base_model
+from conftest import free_port, write_tiny_ppd_component
 from ppdkit.registry.models import register_component
 from ppdkit.registry.pyfunc import save_pyfunc
-from ppdkit.runtime.tree import best_tree_for_size
 
 from ppdkit.runtime.decoder import Decoder
 
@@ -133,6 +129,7 @@ def _post(url: str, body: bytes) -> tuple[int, dict]:
     ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "up to 4"),
     ({"messages": []}, 400, "messages"),
     ({"prompt": "hi"}, 400, "messages: Field required"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, 400, "Input should be 'system', 'user' or 'assistant'"),
     ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "above this server's cap of 4000"),
     ({"messages": [{"role": "user", "content": "x" * 3000}], "stream": True}, 400, "more than this decoder's "
                                                                                    "max_length=2048"),
@@ -168,6 +165,30 @@ def test_stop_sequences_end_the_answer_before_them_streamed_or_not(server, decod
     assert "".join(c.choices[0].text for c in kept) == decoder.generate(ids, max_new_tokens=16, method="ar").text
 
 
+def test_concurrent_clients_each_get_their_own_answer(server, decoder):
+    """Twelve clients at once, streamed or not, methods and stop sequences mixed: the server decodes them together
+    (continuous batching), and each answer is the one its request gets alone."""
+    url, _ = server
+    prompts = [f"{PROMPT} Number {i}." for i in range(12)]
+    full = {p: decoder.generate(p, max_new_tokens=32, method="ar").text for p in prompts}
+
+    def ask(i: int) -> tuple[str, str]:
+        prompt, method, stream = prompts[i], ("ar", "anpd", "self-draft")[i % 3], i % 2 == 0
+        stop = full[prompt][10:13] if i % 4 == 1 else None
+        body = dict(model="tiny-llama", messages=[{"role": "user", "content": prompt}], max_tokens=32, stop=stop,
+                    extra_body={"method": method})
+        if stream:
+            text = "".join(c.choices[0].delta.content or "" for c in _client(url).chat.completions.create(
+                stream=True, **body))
+        else:
+            text = _client(url).chat.completions.create(**body).choices[0].message.content
+        return text, full[prompt][:full[prompt].find(stop)] if stop else full[prompt]
+
+    with ThreadPoolExecutor(12) as pool:
+        for got, expected in pool.map(ask, range(12)):
+            assert got == expected
+
+
 def _metrics(url: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{url}/metrics") as r:
         return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
@@ -191,12 +212,7 @@ def test_a_registered_component_streams_its_answer_to_an_openai_client(tmp_path,
     served from its models:/ URI: the streamed answer is the decoder's own for that URI."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    component = tmp_path / "component"
-    write_component(component, "ept", {"num_prompt_tokens": 3, "num_epts": 1, "mask": "ensemble"}, "tiny-llama",
-                    load_base_model("tiny-llama").fingerprint, {},
-                    {"prompt_embeddings": torch.randn(3, 1, 64, generator=torch.Generator().manual_seed(0))},
-                    extras={"trees": {"trees": {"8": best_tree_for_size([[0.5, 0.2], [0.3, 0.1], [0.2]], 8).to_json()}}})
-    write_ngrams(component, build_ngram_table([[5, 6, 7, 8] * 3], max_n=2, branches=2, length=3).to_tensors())
+    component = write_tiny_ppd_component(tmp_path / "component")
     client = MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("serve", (tmp_path / "artifacts").as_uri())).info.run_id
     client.log_artifacts(run_id, str(save_pyfunc(component, tmp_path / "model")), "model")
@@ -211,9 +227,11 @@ def test_a_registered_component_streams_its_answer_to_an_openai_client(tmp_path,
 
 
 def test_a_client_that_leaves_a_stream_stops_its_decode(tmp_path):
-    """SmolLM2 decodes slowly enough (tens of tokens/s) to see it: a client that reads the first chunk and hangs
-    up leaves a decode that ends at its next steps, not at max_tokens."""
-    with _serving(tmp_path / "server.log", "--base", "smollm2-135m", "--method", "ar") as (url, _):
+    """SmolLM2 decodes slowly enough (hundreds of tokens/s) to see it: a client that reads the first chunk and hangs
+    up leaves a decode that ends at its next steps, not at max_tokens; beyond the places in the batch and the queue,
+    a request gets 503."""
+    with _serving(tmp_path / "server.log", "--base", "smollm2-135m", "--method", "ar", "--max-batch", "1",
+                  "--max-waiting", "1") as (url, _):
         body = {"model": "smollm2-135m", "max_tokens": 128, "messages": [{"role": "user", "content": PROMPT}]}
         whole = _client(url).chat.completions.create(**body)
         assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 128
@@ -230,3 +248,7 @@ def test_a_client_that_leaves_a_stream_stops_its_decode(tmp_path):
             time.sleep(0.1)
         left = metrics["ppdkit_generated_tokens_total"] - 128
         assert metrics["ppdkit_requests_total"] == 2 and 1 <= left < 64, metrics
+        with ThreadPoolExecutor(3) as pool:  # one decoding, one waiting, one turned away
+            codes = sorted(pool.map(lambda _: _post(f"{url}/v1/chat/completions", json.dumps(body).encode())[0],
+                                    range(3)))
+        assert codes == [200, 200, 503], codes

@@ -64,7 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--method {args.method} is not one this decoder serves; use one of "
                          f"{', '.join(decoder.methods())}")
     serve(decoder, args.name or args.model or args.base, args.host, args.port, args.method,
-          ServeLimits(args.max_tokens, args.max_request_bytes, args.max_waiting))
+          ServeLimits(args.max_tokens, args.max_request_bytes, args.max_waiting, args.max_batch))
     return 0
 
 
@@ -159,7 +159,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve_cmd.add_argument("--name", help="the model id clients see (default: --model or --base as given)")
     serve_cmd.add_argument("--max-tokens", type=int, default=1024, help="the most new tokens a request may ask for")
     serve_cmd.add_argument("--max-request-bytes", type=int, default=1_000_000)
-    serve_cmd.add_argument("--max-waiting", type=int, default=16, help="requests queued behind the one decoding "
+    serve_cmd.add_argument("--max-batch", type=int, default=64, help="requests decoded together, joining and leaving "
+                                                                     "at every step (continuous batching)")
+    serve_cmd.add_argument("--max-waiting", type=int, default=64, help="requests queued behind those decoding "
                                                                        "(more get 503)")
     serve_cmd.set_defaults(func=cmd_serve)
     return serve_cmd

@@ -162,7 +162,7 @@ def _step(model: LeanLlama, cache: KVCache, active: list[_Sequence]) -> None:
     its own generator at its own temperature)."""
     tokens = torch.tensor([s.tokens[-1] for s in active])  # [B]
     positions = torch.tensor([s.length for s in active])  # [B]
-    window = torch.tensor([[s.start, s.start + s.length] for s in active], dtype=torch.int64)  # [B, 2]
+    window = torch.tensor([[s.start, s.start + s.length, s.start + s.length] for s in active])  # [B, 3]
     hidden = model.forward_sequences(model.embed_ids(tokens), positions, cache, window)  # [B, H]
     logits = model.logits(hidden)  # [B, V]
     if all(s.sampling.greedy for s in active):

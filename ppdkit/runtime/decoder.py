@@ -9,12 +9,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from . import decoder_loading
 from .acceptance import Sampling
+from .answer_tokens import AnswerTokens, GenerateResult
 from .auto import AUTO, fastest_method
 from .draft_parts import DraftParts
 from .devices import on_device
@@ -28,24 +28,6 @@ from .openmp import release_openmp_threads
 from .decoding_methods import METHODS, Need, get_method
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GenerateResult:
-    tokens: list[int]  # new tokens only
-    text: str
-    steps: int
-    accepted_per_step: list[int] = field(default_factory=list)  # tokens emitted by each step
-    tree_size: int = 0
-    seconds: float = 0.0
-    tree_sizes: list[int] = field(default_factory=list)  # with dynamic_size: the tree size of every step
-    pruned_rows: list[int] = field(default_factory=list)  # with early pruning: the tree nodes each step dropped
-    rows_per_step: list[int] = field(default_factory=list)  # the inputs each step after the prompt fed the model
-    method: str = ""  # the method that decoded (auto's choice, for auto)
-
-    @property
-    def mean_accepted_per_step(self) -> float:
-        return sum(self.accepted_per_step) / max(len(self.accepted_per_step), 1)
 
 
 def _return_freed_memory() -> None:
@@ -144,12 +126,7 @@ class Decoder:
         `stream`), ends the answer early when it returns True (a server's stop sequence found in the text, a client
         gone). Calls from several threads take turns."""
         options = merged(options, overrides)
-        method = self.fastest_method() if options.method == AUTO else options.method
-        carried = self.carries()
-        missing = [need.value for need in get_method(method).needs if need not in carried]
-        if missing:
-            raise ValueError(f"method {method} needs {' and '.join(missing)}, which this decoder's component does "
-                             f"not carry; its methods: {', '.join(self.methods())}")
+        method = self.resolve_method(options.method)
         ids = self.fit_prompt(self.encode_chat(prompt) if isinstance(prompt, str) else list(prompt),
                               options.max_new_tokens, method, options.truncate)
         generator = torch.Generator(self.device).manual_seed(options.seed) if options.seed is not None else None
@@ -159,6 +136,17 @@ class Decoder:
                                       options.sampling, generator, should_stop)
             finally:  # the next decode may run on another thread, whose workers must not find these awake
                 release_openmp_threads()
+
+    def resolve_method(self, name: str) -> str:
+        """The method `name` runs as here (auto: the measured choice), or a clear error where this decoder's component
+        does not carry what it needs."""
+        method = self.fastest_method() if name == AUTO else name
+        carried = self.carries()
+        missing = [need.value for need in get_method(method).needs if need not in carried]
+        if missing:
+            raise ValueError(f"method {method} needs {' and '.join(missing)}, which this decoder's component does "
+                             f"not carry; its methods: {', '.join(self.methods())}")
+        return method
 
     def fit_prompt(self, ids: list[int], max_new_tokens: int, method: str, truncate: str | None) -> list[int]:
         """The prompt's ids if they leave room for the answer within max_length, else its last ids that do
@@ -191,33 +179,11 @@ class Decoder:
         rows = self.step_rows(method)
         cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + rows)
         started = time.perf_counter()
-        out: list[int] = []
-        per_step: list[int] = []
-        rows_fed: list[int] = []
-        eos = self.eos_ids()
-
-        def emit(tokens: list[int], rows: int | None = None) -> bool:
-            """Append one step's tokens (`rows`: the inputs the step fed the model; None for the prompt's step);
-            True when generation is over (EOS or the token budget)."""
-            per_step.append(len(tokens))
-            if rows is not None:
-                rows_fed.append(rows)
-            for i, t in enumerate(tokens):
-                out.append(t)
-                if t in eos or len(out) >= max_new_tokens:
-                    if stream:
-                        stream(tokens[:i + 1])  # the step's tokens up to the last one kept
-                    return True
-            if stream:
-                stream(tokens)
-            return should_stop is not None and should_stop()
-
+        answer = AnswerTokens(max_new_tokens, self.eos_ids(), stream, should_stop)
         sizer = self.draft.new_sizer(self.profile) if get_method(method).sized else None
-        pruned_rows = decode(get_method(method).build(self, cache, sizer), ids, emit, sampling, generator)
-        out = out[:max_new_tokens]
-        return GenerateResult(out, self.tokenizer.decode(out, skip_special_tokens=True), len(per_step), per_step,
-                              rows, time.perf_counter() - started,
-                              sizer.chosen if sizer is not None else [], pruned_rows, rows_fed, method)
+        pruned_rows = decode(get_method(method).build(self, cache, sizer), ids, answer.add, sampling, generator)
+        return answer.result(self.tokenizer, method, rows, time.perf_counter() - started,
+                             sizer.chosen if sizer is not None else [], pruned_rows)
 
     def carries(self) -> set[Need]:
         """What the loaded component provides, in the terms of runtime/decoding_methods.py's `needs`."""

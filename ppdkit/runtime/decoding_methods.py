@@ -45,6 +45,9 @@ class DecodingMethod:
     needs: tuple[Need, ...]
     drafter: str | None  # "module:Class" in ppdkit.runtime, a Drafter (None: auto, which runs another method's)
     options: dict = field(default_factory=dict)  # keyword arguments of the drafter
+    # its steps can share a forward with other answers' (runtime/batch_engine.py): not where the draft runs the base
+    # model itself outside the verification (layer skipping) or the verification stops part-way (early pruning)
+    shares_steps: bool = True
 
     @property
     def lookup(self) -> bool:
@@ -88,11 +91,10 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                    "self_draft:SelfDrafter", SELF_DRAFT | {"nodes": 1 + SELF_DRAFT["candidates"] * SELF_DRAFT[
                        "gram"] + SELF_DRAFT["branches"] * SELF_DRAFT["branch_length"]}),
     DecodingMethod("skip", "Draft & Verify: the base model with sub-layers skipped drafts a chain (adaptive exit), "
-                   "the whole model verifies it", (Need.SKIP_MAP,), "layer_skip:SkipDrafter", {"draft_length": 12}),
+                   "the whole model verifies it", (Need.SKIP_MAP,), "layer_skip:SkipDrafter", {"draft_length": 12}, shares_steps=False),
     DecodingMethod("skip-ft", "skip with the component's fine-tuned draft (the D&V paper's appendix F): more "
                    "sub-layers skipped, its own norms and a draft-vocabulary head", (Need.SKIP_DRAFT,),
-                   "layer_skip:SkipDrafter",
-                   {"draft_length": 12, "fine_tuned": True}),
+                   "layer_skip:SkipDrafter", {"draft_length": 12, "fine_tuned": True}, shares_steps=False),
     DecodingMethod("ppd", "the prompt tokens' dynamic sparse tree, verified in the same forward",
                    (Need.PROMPT_TOKENS, Need.TREES), "ppd:PpdDrafter"),
     DecodingMethod("ppd-lookup", "ppd plus a chain copied from the text's earlier occurrence of its ending",
@@ -112,11 +114,14 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
     DecodingMethod("medusa", "a tree drafted by Medusa-1 heads from the last hidden state",
                    (Need.MEDUSA_HEADS, Need.HEAD_TREE), "heads_drafter:HeadsDrafter"),
     DecodingMethod("ppd-prune", "ppd with ProPD's early pruning of the tree (nodes and their prompt tokens) after "
-                   "layer n", (Need.PROMPT_TOKENS, Need.TREES, Need.EARLY_HEAD), "ppd:PpdDrafter", {"prune": True}),
+                   "layer n", (Need.PROMPT_TOKENS, Need.TREES, Need.EARLY_HEAD), "ppd:PpdDrafter", {"prune": True},
+                   shares_steps=False),
     DecodingMethod("feature-head-prune", "feature-head with ProPD's early pruning of the tree after layer n",
-                   (Need.FEATURE_HEAD, Need.HEAD_TREE, Need.EARLY_HEAD), "heads_drafter:HeadsDrafter", {"prune": True}),
+                   (Need.FEATURE_HEAD, Need.HEAD_TREE, Need.EARLY_HEAD), "heads_drafter:HeadsDrafter", {"prune": True},
+                   shares_steps=False),
     DecodingMethod("medusa-prune", "medusa with ProPD's early pruning of the tree after layer n",
-                   (Need.MEDUSA_HEADS, Need.HEAD_TREE, Need.EARLY_HEAD), "heads_drafter:HeadsDrafter", {"prune": True}),
+                   (Need.MEDUSA_HEADS, Need.HEAD_TREE, Need.EARLY_HEAD), "heads_drafter:HeadsDrafter", {"prune": True},
+                   shares_steps=False),
 )}
 
 

@@ -92,7 +92,10 @@ class Eagle3Drafter(GrownDrafter):
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
         super().accept(proposal, verified)
-        self.pending_states, self.pending_tokens = verified.states[verified.path], proposal.tokens[verified.path]
+        states, tokens = verified.states[verified.path], proposal.tokens[verified.path]
+        if self.pending_states is not None:  # a step that drafted nothing (limit_nodes 1) left its rows unread
+            states, tokens = torch.cat([self.pending_states, states]), torch.cat([self.pending_tokens, tokens])
+        self.pending_states, self.pending_tokens = states, tokens
 
     def _read_verified(self, root: int) -> torch.Tensor:
         """Commit the pending positions' rows (each with the token after it; the last with `root`) -> the last
@@ -104,6 +107,7 @@ class Eagle3Drafter(GrownDrafter):
         g = self.draft.weights["fc.weight"](states.to(self.model.dtype))  # [R, H]
         h = draft_rows(self.model, self.draft, cache, g, following, torch.arange(start, start + r), visible)
         cache.commit(None, r)
+        self.pending_states = self.pending_tokens = None
         return h[-1]
 
     def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:

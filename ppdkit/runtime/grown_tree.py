@@ -236,6 +236,7 @@ class GrownDrafter(Drafter):
                  depth: int = DEPTH, rate: float = 0.1):
         super().__init__(decoder, cache)
         self.nodes, self.beam = tree_nodes(decoder, nodes, beam)
+        self.most = self.nodes  # limit_nodes lowers nodes, never above this
         self.depth, self.rate, self.ngrams, self.chains = depth, rate, ngrams, None
         self.fixed = decoder.draft.grown_nodes is not None  # every tree takes the nodes - 1 best, whatever they cost
         self.latency = latency_model(decoder.profile, self.nodes)
@@ -249,7 +250,16 @@ class GrownDrafter(Drafter):
     def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
         """The draft's proposals under `root`, at least `wanted` when the levels allow and (`cost`) their rows pay."""
 
+    def limit_nodes(self, nodes: int) -> None:
+        """Trees of at most `nodes` nodes from the next step (a batch's share of one forward's rows,
+        runtime/batch_engine.py); at 1 the root goes alone and nothing is drafted."""
+        self.nodes = max(1, min(self.most, nodes))
+
     def propose(self, root: int) -> Proposal:
+        if self.nodes == 1:  # the root alone: no tree to draft (the n-gram chain still learns the root)
+            chain = self.chains.draft(root) if self.chains else []
+            self.step = Proposals(), [], chain
+            return Proposal(torch.tensor([root]), shape_layout((-1,), (-1,)))
         b0, b1 = self.latency.coefficients()
         cost = None if self.fixed else StepCost([b0 + b1 * rows for rows in range(self.nodes + 1)],
                                                 self.kept / max(self.estimated, 1e-9), self.drafting)

@@ -78,3 +78,23 @@ class KVCache:
 
     def rollback(self, length: int) -> None:
         self.length = length
+
+
+class CacheSegment(KVCache):
+    """Slots start .. start + width - 1 of a cache that several sequences share, as a KVCache of its own: views of the
+    shared tensors, no copy (one answer's keys/values in continuous batching, runtime/batch_engine.py). Its commits
+    move its own slots; the shared forward (LeanLlama.forward_windows) writes its step's rows after its length."""
+
+    def __init__(self, shared: KVCache, start: int, width: int):  # no allocation: KVCache.__init__ is not called
+        if start + width > shared.capacity:
+            raise ValueError(f"a segment of {width} slots at {start} does not fit a cache of {shared.capacity}")
+        self.k, self.v = shared.k[..., start:start + width], shared.v[:, :, start:start + width]
+        self.start, self.length, self.capacity = start, 0, width
+
+    def take(self, prefilled: KVCache) -> None:
+        """Hold what `prefilled` (a contiguous cache a prompt was read into) has committed."""
+        n = prefilled.length
+        self.reserve(n - self.length)
+        self.k[..., :n] = prefilled.k[..., :n]
+        self.v[:, :, :n] = prefilled.v[:, :, :n]
+        self.length = n

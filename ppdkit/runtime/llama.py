@@ -157,18 +157,26 @@ class LeanLlama:
         return self.final_norm(self.forward_layers(x, positions, cache, mask, 0, len(self.layers), skip))
 
     def forward_sequences(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                          window: torch.Tensor) -> torch.Tensor:
-        """One new token of each of T sequences sharing `cache` (runtime/batched_decoding.py): x [T, H] at `positions` [T]
-        -> final hidden states [T, H]. window [T, 2]: row r's key/value goes to cache slot window[r, 1], and the
-        row sees slots window[r, 0] .. window[r, 1], its own sequence. Each row's arithmetic is that of a one-row
-        step of its sequence alone (native kernels only: their rows never depend on each other)."""
+                          window: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows of several sequences sharing `cache` (runtime/batched_decoding.py, runtime/batched_verify.py):
+        x [T, H] at `positions` [T] -> final hidden states [T, H]. As forward_windows, through every layer."""
+        return self.final_norm(self.forward_windows(x, positions, cache, window, bias, 0, len(self.layers)))
+
+    def forward_windows(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, window: torch.Tensor,
+                        bias: torch.Tensor | None, start: int, stop: int) -> torch.Tensor:
+        """Layers start .. stop - 1 on rows of several sequences sharing `cache`: x [T, H] -> the residual stream
+        [T, H], no final norm. window [T, 3] int64: row r sees slots window[r, 0] .. window[r, 1] (its own
+        sequence's) and writes its key/value at window[r, 2]; bias [g T, S] (attention_bias's layout, column j being
+        slot window[r, 0] + j) masks a tree step's rows from each other, None: each row sees its whole window. Each
+        row's arithmetic is that of its sequence's step decoded alone (native kernels only: their rows never depend
+        on each other, and a row's attention sums the keys it sees in their order wherever they sit)."""
         if self.native is None or x.shape[0] > SKINNY_MAX_ROWS:
             raise ValueError("decoding several sequences in one step needs the native kernels and at most "
-                             f"{SKINNY_MAX_ROWS} sequences")
+                             f"{SKINNY_MAX_ROWS} rows")
         cos, sin = self.cos[positions], self.sin[positions]  # [T, D]
-        hidden = self.native.decoder_layers(x.to(self.dtype), self.native_weights, self.native_shape, self.eps, cos,
-                                            sin, None, cache.k, cache.v, 0, [], window)
-        return self.final_norm(hidden)
+        return self.native.decoder_layers(x.to(self.dtype), self.native_weights[6 * start:6 * stop],
+                                          self.native_shape, self.eps, cos, sin, bias, cache.k[start:stop],
+                                          cache.v[start:stop], 0, [], window)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         if self.fixed_rows:

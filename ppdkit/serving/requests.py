@@ -2,6 +2,7 @@
 and the decoding options a request comes to (runtime/generate_options.py) or the 400 that says what cannot be served."""
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,7 +14,8 @@ from ppdkit.runtime.generate_options import GenerateOptions
 class ServeLimits:
     max_tokens: int = 1024  # the most new tokens a request may ask for (and the default)
     max_request_bytes: int = 1_000_000
-    max_waiting: int = 16  # requests queued behind the one decoding
+    max_waiting: int = 64  # requests queued behind those decoding
+    max_batch: int = 64  # requests decoded together (runtime/batch_engine.py)
 
 
 class OpenAIRequest(BaseModel):
@@ -36,7 +38,7 @@ class OpenAIRequest(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: str
+    role: Literal["system", "user", "assistant"]
     content: str
 
 

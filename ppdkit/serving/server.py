@@ -8,10 +8,12 @@ temperature defaults to 0: greedy decoding, the base model's own tokens, which e
 answer holds back text that may begin a stop sequence until it is sure. A streaming client that leaves
 stops its decode at the next step.
 
-Requests are decoded one at a time, in a worker thread (Decoder.generate takes turns: on a CPU two decodes
-at once only share its cores), so the server keeps answering /health while it decodes; at most
-`max_waiting` requests wait, later ones get 503. Bad requests get 400 (413 when too large) in OpenAI's
-error shape, saying what is wrong. Binds to 127.0.0.1 unless told otherwise.
+Requests are decoded together by continuous batching (runtime/batch_engine.py): they join and leave the batch at
+every step, each with its own method's draft, and each answer is token for token the one `Decoder.generate` gives
+it alone. The engine decodes in a thread of its own, so the server keeps answering /health while it works; at most
+`max_batch` requests decode at once and `max_waiting` wait, later ones get 503. Where the native CPU kernels do not
+run (another device) requests are decoded one at a time, in one thread. Bad requests get 400 (413 when too large)
+in OpenAI's error shape, saying what is wrong. Binds to 127.0.0.1 unless told otherwise.
 """
 
 import asyncio
@@ -21,6 +23,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+from ppdkit.runtime.auto import AUTO
+from ppdkit.runtime.batch_engine import decoding_engine
 from ppdkit.runtime.decoder import Decoder, GenerateResult
 from ppdkit.runtime.generate_options import GenerateOptions
 
@@ -85,35 +89,39 @@ class Answer:
 
 
 class DecodeQueue:
-    """Requests decoded one at a time in worker threads (Decoder.generate takes turns), at most
-    `limits.max_waiting` waiting behind the one decoding; what they made is counted in `stats`."""
+    """Admitted requests handed to the decoding engine (a BatchEngine, or one answer at a time where the native kernels
+    do not run), at most `limits.max_batch` decoding and `limits.max_waiting` waiting; what they made is counted in
+    `stats`."""
 
     def __init__(self, decoder: Decoder, limits: ServeLimits, stats: ServerStats):
         self.decoder, self.limits, self.stats = decoder, limits, stats
-        self._turns = threading.Semaphore(limits.max_waiting + 1)  # the one decoding and those queued behind it
+        self.engine = decoding_engine(decoder, limits.max_batch)
+        self._places = threading.Semaphore(limits.max_batch + limits.max_waiting)  # decoding, and waiting behind
 
     def admit(self) -> None:
-        if not self._turns.acquire(blocking=False):
-            raise RequestError(503, f"{self.limits.max_waiting} requests are already waiting; try again shortly")
+        if not self._places.acquire(blocking=False):
+            raise RequestError(503, f"{self.limits.max_batch} requests are decoding and {self.limits.max_waiting} "
+                                    "waiting already; try again shortly")
         self.stats.waiting += 1
 
-    def decode(self, ids: list[int], options: GenerateOptions, pieces: TextPieces, on_piece: Callable[[str], None],
-               cancelled: threading.Event) -> GenerateResult:
-        """Runs in a worker thread, after `admit`; waits its turn behind the request decoding. The answer's text goes
-        to `on_piece` as `pieces` gives it out; decoding ends early at a stop sequence or once `cancelled` is set."""
+    async def decode(self, ids: list[int], options: GenerateOptions, pieces: TextPieces,
+                     on_piece: Callable[[str], None], cancelled: threading.Event) -> GenerateResult:
+        """After `admit`: the request's answer, decoded among the others. Its text goes to `on_piece` (on the
+        engine's thread) as `pieces` gives it out; decoding ends early at a stop sequence or once `cancelled` is
+        set."""
 
         def stream(tokens: list[int]) -> None:
             if piece := pieces.add(tokens):
                 on_piece(piece)
 
         try:
-            result = self.decoder.generate(ids, options, stream=stream,
-                                           should_stop=lambda: pieces.stopped or cancelled.is_set())
+            future = self.engine.submit(ids, options, stream, lambda: pieces.stopped or cancelled.is_set())
+            result = await asyncio.wrap_future(future)
         except ValueError as e:  # a prompt that does not fit, a method this decoder cannot run
             raise RequestError(400, str(e)) from None
         finally:
             self.stats.waiting -= 1
-            self._turns.release()
+            self._places.release()
         self.stats.add(result)
         return result
 
@@ -129,7 +137,6 @@ class Service:
     async def respond(self, ids: list[int], request: OpenAIRequest, chat: bool):
         """The answer's body, or a stream of its events; RequestError for what cannot be served."""
         from fastapi.responses import StreamingResponse
-        from starlette.concurrency import run_in_threadpool
 
         options = generate_options(request, self.decoder, self.limits, self.default_method)
         try:  # a prompt too long for the model gets its 400 before a stream starts
@@ -141,7 +148,7 @@ class Service:
         pieces, cancelled = TextPieces(self.decoder.tokenizer, stops(request)), threading.Event()
         if not request.stream:
             parts: list[str] = []
-            result = await run_in_threadpool(self.queue.decode, ids, options, pieces, parts.append, cancelled)
+            result = await self.queue.decode(ids, options, pieces, parts.append, cancelled)
             return answer.body("".join(parts) + pieces.rest(), result, pieces)
         # decoding starts now, not when the client first reads: an admitted request always ends and frees its turn
         loop, given = asyncio.get_running_loop(), asyncio.Queue()
@@ -149,7 +156,7 @@ class Service:
         def on_piece(piece: str) -> None:  # in the decoding thread
             loop.call_soon_threadsafe(given.put_nowait, piece)
 
-        job = asyncio.ensure_future(run_in_threadpool(self.queue.decode, ids, options, pieces, on_piece, cancelled))
+        job = asyncio.ensure_future(self.queue.decode(ids, options, pieces, on_piece, cancelled))
         job.add_done_callback(lambda _: given.put_nowait(None))
 
         async def events() -> AsyncIterator[str]:
@@ -222,7 +229,7 @@ def create_app(decoder: Decoder, name: str, default_method: str = "auto", limits
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(service.stats.prometheus(name), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(service.stats.prometheus(name, service.queue.engine), media_type="text/plain; version=0.0.4")
 
     return app
 
@@ -232,6 +239,8 @@ def serve(decoder: Decoder, name: str, host: str, port: int, default_method: str
     import uvicorn
 
     app = create_app(decoder, name, default_method, limits)
+    # auto's trial now rather than in the first request's time
+    runs = f" (runs {decoder.fastest_method()})" if default_method == AUTO else ""
     print(f"serving {name} on http://{host}:{port}/v1 (methods: {', '.join(decoder.methods())}; default "
-          f"{default_method}); Ctrl-C stops", flush=True)
+          f"{default_method}{runs}; up to {limits.max_batch} requests decoded together); Ctrl-C stops", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -266,8 +266,9 @@ void softmax(float* w, int64_t n, const float* b, float scale, float* scratch) {
   for (int64_t j = 0; j < n; ++j) w[j] *= inverse;
 }
 
-// window: none (every row sees the cache slots [0, s)), or per token r of the step the slots [window[2 r],
-// window[2 r + 1]] it sees: its own sequence's keys, when several sequences share the cache (runtime/batched_decoding.py).
+// window: none (every row sees the cache slots [0, s)), or per token r of the step the slots [window[3 r],
+// window[3 r + 1]] it sees: its own sequence's keys, when several sequences share the cache (runtime/batched_decoding.py);
+// a bias row then covers those slots from the first, masking the tree rows of its sequence that it may not see.
 torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, int64_t capacity, int64_t s,
                         const std::optional<torch::Tensor>& bias, float scale, int64_t tokens, const int64_t* window) {
   const int64_t hkv = q.size(0), rows = q.size(1), d = q.size(2);
@@ -296,7 +297,7 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
         r0 = group * together, step = 1, count = std::min(together, rows - r0);
       }
       const int64_t token = r0 % tokens;  // grouped rows: query head (h % g) of token r sits at (h % g) T + r
-      const int64_t lo = window ? window[2 * token] : 0, n = window ? window[2 * token + 1] + 1 - lo : s;
+      const int64_t lo = window ? window[3 * token] : 0, n = window ? window[3 * token + 1] + 1 - lo : s;
       const float* kt = k + head * d * capacity + lo;
       const float* values = v + (head * capacity + lo) * d;
       const float* qr[kRowsTogether];
@@ -348,7 +349,7 @@ torch::Tensor swiglu(const torch::Tensor& gate_up, int64_t inter) {
 struct Step {
   int64_t hq, hkv, d, inter, hidden, g, t, capacity, s;
   float eps, scale;
-  const int64_t* slots;  // window's pairs, row by row, or none
+  const int64_t* slots;  // window's (first seen, last seen, written) slots, row by row, or none
   const std::optional<torch::Tensor>* bias;
   torch::Tensor cos, sin, q, merged;  // q: queries grouped by their key/value head [Hkv, g T, D]; merged [T, Hq D]
 
@@ -373,7 +374,7 @@ torch::Tensor attention_block(Step& st, const torch::Tensor& normed, const torch
   for (int64_t r = 0; r < t; ++r) {
     const float* row = qkvs + r * qkv_width;
     for (int64_t head = 0; head < hq; ++head) std::copy_n(row + head * d, d, qs + st.grouped_row(head, r) * d);
-    const int64_t slot = st.slots ? st.slots[2 * r + 1] : length + r;
+    const int64_t slot = st.slots ? st.slots[3 * r + 2] : length + r;
     for (int64_t kv = 0; kv < hkv; ++kv) {
       copy_finite(row + (hq + kv) * d, d, ks + kv * d * capacity + slot, capacity);
       copy_finite(row + (hq + hkv + kv) * d, d, vs + (kv * capacity + slot) * d, 1);
@@ -404,14 +405,19 @@ Step make_step(const torch::Tensor& x, const std::vector<int64_t>& shape, double
   st.g = st.hq / st.hkv, st.t = x.size(0), st.capacity = cache_v.size(2), st.bias = &bias;
   st.s = length + st.t;
   if (window) {
-    TORCH_CHECK(!bias && window->scalar_type() == torch::kInt64 && window->is_contiguous() && window->dim() == 2 &&
-                window->size(0) == st.t && window->size(1) == 2, "decoder_layers: window [T, 2] int64, without bias");
+    TORCH_CHECK(window->scalar_type() == torch::kInt64 && window->is_contiguous() && window->dim() == 2 &&
+                window->size(0) == st.t && window->size(1) == 3, "decoder_layers: window [T, 3] int64");
     st.slots = window->data_ptr<int64_t>();
     st.s = 1;
     for (int64_t r = 0; r < st.t; ++r) {
-      TORCH_CHECK(0 <= st.slots[2 * r] && st.slots[2 * r] <= st.slots[2 * r + 1] &&
-                  st.slots[2 * r + 1] < st.capacity, "decoder_layers: window row ", r, " outside the cache");
-      st.s = std::max(st.s, st.slots[2 * r + 1] + 1 - st.slots[2 * r]);
+      const int64_t first = st.slots[3 * r], last = st.slots[3 * r + 1], written = st.slots[3 * r + 2];
+      TORCH_CHECK(0 <= first && first <= written && written <= last && last < st.capacity,
+                  "decoder_layers: window row ", r, " outside the cache, or its own slot outside what it sees");
+      st.s = std::max(st.s, last + 1 - first);
+    }
+    if (bias) {  // the bias rows cover each row's window from its first slot: at least the widest window
+      TORCH_CHECK(bias->size(1) >= st.s, "decoder_layers: a window's bias [g T, S] needs S >= its widest window");
+      st.s = bias->size(1);
     }
   }
   st.eps = static_cast<float>(eps), st.scale = 1.f / std::sqrt(static_cast<float>(st.d));
@@ -443,9 +449,10 @@ Step make_step(const torch::Tensor& x, const std::vector<int64_t>& shape, double
 // keys/values are written at positions [length, length + T).
 // skip: empty, or per layer a bit mask of the sub-layers left out (1 attention: no keys/values written,
 // 2 MLP), a layer-skip draft's (runtime/layer_skip.py).
-// window: none, or [T, 2] int64 for rows of several sequences sharing the cache (runtime/batched_decoding.py): row r's
-// key/value is written at slot window[r][1], and the row sees slots window[r][0] .. window[r][1] (its own
-// sequence, causally; bias must be none). A row's arithmetic is then that of its sequence decoded alone.
+// window: none, or [T, 3] int64 for rows of several sequences sharing the cache (runtime/batched_decoding.py): row r's
+// key/value is written at slot window[r][2], and the row sees slots window[r][0] .. window[r][1] (its own
+// sequence: its committed keys, and with a tree step its tree's rows), masked by bias row r's entries from
+// window[r][0] on (bias none: it sees them all). A row's arithmetic is then that of its sequence decoded alone.
 torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
                              const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
                              const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,

@@ -1,0 +1,60 @@
+"""An answer as the decode loop emits it, step by step, and what `generate` returns of it: the bookkeeping one
+answer decoded alone (Decoder.generate) and one answer among many sharing each step (runtime/batch_engine.py) share."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerateResult:
+    tokens: list[int]  # new tokens only
+    text: str
+    steps: int
+    accepted_per_step: list[int] = field(default_factory=list)  # tokens emitted by each step
+    tree_size: int = 0
+    seconds: float = 0.0
+    tree_sizes: list[int] = field(default_factory=list)  # with dynamic_size: the tree size of every step
+    pruned_rows: list[int] = field(default_factory=list)  # with early pruning: the tree nodes each step dropped
+    rows_per_step: list[int] = field(default_factory=list)  # the inputs each step after the prompt fed the model
+    method: str = ""  # the method that decoded (auto's choice, for auto)
+
+    @property
+    def mean_accepted_per_step(self) -> float:
+        return sum(self.accepted_per_step) / max(len(self.accepted_per_step), 1)
+
+
+@dataclass
+class AnswerTokens:
+    """The tokens of one answer so far: `add` is the loop's emit (runtime/loop.py steps). It ends at an end token or
+    at max_new_tokens; `stream` is given each step's new tokens, and `should_stop`, asked after every step, may end the
+    answer early."""
+
+    max_new_tokens: int
+    eos: set[int]
+    stream: Callable[[list[int]], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    tokens: list[int] = field(default_factory=list)
+    per_step: list[int] = field(default_factory=list)
+    rows_fed: list[int] = field(default_factory=list)
+
+    def add(self, tokens: list[int], rows: int | None = None) -> bool:
+        """Append one step's tokens (`rows`: the inputs the step fed the model; None for the prompt's step) -> True
+        when the answer is over (an end token, the token budget, or should_stop)."""
+        self.per_step.append(len(tokens))
+        if rows is not None:
+            self.rows_fed.append(rows)
+        for i, t in enumerate(tokens):
+            self.tokens.append(t)
+            if t in self.eos or len(self.tokens) >= self.max_new_tokens:
+                if self.stream:
+                    self.stream(tokens[:i + 1])  # the step's tokens up to the last one kept
+                return True
+        if self.stream:
+            self.stream(tokens)
+        return self.should_stop is not None and self.should_stop()
+
+    def result(self, tokenizer, method: str, tree_size: int, seconds: float, tree_sizes: list[int] | None = None,
+               pruned_rows: list[int] | None = None) -> GenerateResult:
+        out = self.tokens[:self.max_new_tokens]
+        return GenerateResult(out, tokenizer.decode(out, skip_special_tokens=True), len(self.per_step), self.per_step,
+                              tree_size, seconds, tree_sizes or [], pruned_rows or [], self.rows_fed, method)

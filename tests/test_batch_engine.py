@@ -1,0 +1,146 @@
+"""Continuous batching with drafts (ppdkit/runtime/batch_engine.py, batched_verify.py): every answer, whatever shares
+its steps and whenever it joins or leaves, is token for token what `Decoder.generate` gives it alone (greedy, and
+sampled with its seed), for every method that shares steps; the others decode alone between steps."""
+
+import os
+import random
+import threading
+
+import pytest
+import torch
+from conftest import plain_tiny_decoder, tiny_model_on, write_tiny_ppd_component
+from test_eagle3 import _decoder as eagle3_decoder
+from test_eagle3 import _draft_tensors
+
+from ppdkit.runtime.batch_engine import BatchEngine
+from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.generate_options import GenerateOptions
+from ppdkit.runtime.openmp import release_openmp_threads
+
+
+def _prompts(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """Prompts of few distinct tokens (contexts repeat, so chains and trees are often right) and their budgets."""
+    rng = random.Random(seed)
+    return [([rng.randrange(3, 30) for _ in range(rng.randint(1, 40))], rng.choice([1, 4, 16, 40])) for _ in range(n)]
+
+
+def _alone_and_batched(decoder: Decoder, engine: BatchEngine, methods: list[str], cases: int = 12, **options):
+    """Submit every prompt at once (methods in turn) and compare each answer with its own generate."""
+    jobs = []
+    for i, (ids, budget) in enumerate(_prompts(cases)):
+        asked = GenerateOptions(method=methods[i % len(methods)], max_new_tokens=budget, **options)
+        jobs.append((ids, asked, engine.submit(ids, asked)))
+    for case, (ids, asked, future) in enumerate(jobs):
+        batched, alone = future.result(timeout=120), decoder.generate(ids, asked)
+        assert batched.tokens == alone.tokens, (asked.method, case)
+        assert batched.method == alone.method and len(batched.tokens) <= asked.max_new_tokens
+    return jobs
+
+
+@pytest.fixture
+def plain(monkeypatch):
+    return plain_tiny_decoder("native", monkeypatch)
+
+
+@pytest.mark.parametrize("methods", [["ar"], ["anpd"], ["self-draft"], ["ar", "anpd", "self-draft"]])
+def test_batched_greedy_answers_are_each_generates(plain, methods):
+    engine = BatchEngine(plain, max_batch=5)  # 12 answers through 5 places: they join and leave at every step
+    try:
+        _alone_and_batched(plain, engine, methods)
+        assert engine.steps > 0 and not engine.active
+    finally:
+        engine.close()
+
+
+def test_sampled_answers_follow_their_seeds(plain):
+    engine = BatchEngine(plain, max_batch=4)
+    try:
+        _alone_and_batched(plain, engine, ["ar", "anpd"], temperature=0.8, seed=3)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("max_rows", [96, 9, 2])
+def test_eagle3_trees_share_steps_losslessly_whatever_rows_they_are_given(monkeypatch, max_rows):
+    """EAGLE-3's grown trees in one forward with plain and chained answers; with few rows to share, trees shrink to
+    the root alone (nothing drafted) and its draft catches up on the rows it skipped."""
+    model, tok = tiny_model_on("native", monkeypatch)
+    vocab = torch.arange(3, 256, 3)
+    decoder = eagle3_decoder(model, tok, _draft_tensors(model, vocab, 4, 0.5), vocab)
+    engine = BatchEngine(decoder, max_batch=6, max_rows=max_rows)
+    try:
+        _alone_and_batched(decoder, engine, ["eagle3-anpd", "eagle3", "ar", "anpd"])
+    finally:
+        engine.close()
+
+
+def test_prompt_token_trees_share_steps(tmp_path):
+    """PPD's trees with their prompt-token rows (and lookup chains) in the shared forward."""
+    decoder = Decoder.from_pretrained(write_tiny_ppd_component(tmp_path / "component"), tree_size=8)
+    engine = BatchEngine(decoder, max_batch=4)
+    try:
+        _alone_and_batched(decoder, engine, ["ppd", "ppd-lookup", "ar"])
+    finally:
+        engine.close()
+
+
+def test_a_method_that_cannot_share_decodes_alone_between_steps(monkeypatch):
+    model, tok = tiny_model_on("native", monkeypatch)
+    decoder = Decoder.from_base("tiny-llama", skip_map=[1, 0])
+    engine = BatchEngine(decoder, max_batch=4)
+    try:
+        _alone_and_batched(decoder, engine, ["skip", "ar"], cases=6)
+    finally:
+        engine.close()
+
+
+def test_streams_stops_and_errors_stay_with_their_answer(plain):
+    engine = BatchEngine(plain, max_batch=4)
+    try:
+        streamed, stop_after = [], threading.Event()
+
+        def stream(tokens):
+            streamed.extend(tokens)
+
+        def failing(tokens):
+            raise RuntimeError("the client's callback broke")
+
+        whole = engine.submit([5, 6, 7], GenerateOptions(method="anpd", max_new_tokens=30), stream=stream)
+        stopped = engine.submit([5, 6, 7], GenerateOptions(method="ar", max_new_tokens=30),
+                                should_stop=lambda: stop_after.is_set() or stop_after.set())
+        broken = engine.submit([8, 9], GenerateOptions(method="ar", max_new_tokens=30), stream=failing)
+        assert whole.result(60).tokens == streamed == plain.generate([5, 6, 7], max_new_tokens=30, method="anpd").tokens
+        assert len(stopped.result(60).tokens) == 2  # the prompt's token, then one step: should_stop said so
+        with pytest.raises(RuntimeError, match="callback broke"):
+            broken.result(60)
+        with pytest.raises(ValueError, match="vocabulary"):
+            engine.submit([10 ** 6], GenerateOptions(method="ar"))
+        assert engine.generate([5, 6, 7], max_new_tokens=30, method="anpd").tokens == streamed
+    finally:
+        engine.close()
+
+
+def test_a_thread_done_with_torch_hands_its_openmp_workers_back():
+    """The cause of a worker thread's slow decodes (runtime/openmp.py): every thread that ran a parallel loop keeps
+    OpenMP workers. After release_openmp_threads they are gone."""
+    if os.cpu_count() < 2 or torch.get_num_threads() < 2:
+        pytest.skip("one core: OpenMP makes no workers")
+    tasks = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    x = torch.randn(1 << 20)
+
+    def work():  # an elementwise operation this large runs as a parallel loop
+        x.exp().sum()
+
+    release_openmp_threads()
+    before = tasks()
+    thread = threading.Thread(target=lambda: (work(), barrier.wait(), barrier.wait()))
+    barrier = threading.Barrier(2)
+    thread.start()
+    barrier.wait()
+    assert tasks() > before + 1  # the thread and its workers
+    barrier.wait()
+    thread.join()
+    work()
+    during = tasks()
+    release_openmp_threads()
+    assert tasks() < during
