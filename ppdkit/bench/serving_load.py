@@ -217,11 +217,13 @@ def server_counters(server: RunningServer) -> dict[str, float]:
     return found
 
 
-def bench_server(server: RunningServer, prompts: list[str], clients: list[int], max_tokens: int) -> dict:
-    """Every level against one running server, 1 client first (its answers are the reference)."""
+def bench_server(server: RunningServer, prompts: list[str], clients: list[int], max_tokens: int,
+                 alone: dict | None = None) -> dict:
+    """Every level against one running server, 1 client first (its answers are the reference; ppdkit's are also
+    compared with `ppdkit decode`'s, `alone`)."""
     stream_chat(server.url, server.model, prompts[0], 0, min(max_tokens, 8))  # warm-up: first-request costs unmeasured
     memory = PeakMemory(server.pid)
-    levels, reference = [], {}
+    levels, reference, same_as_decode = [], {}, None
     try:
         memory.take()
         for n in clients:
@@ -229,6 +231,8 @@ def bench_server(server: RunningServer, prompts: list[str], clients: list[int], 
             answers, wall = run_level(server, prompts, n, max_tokens)
             if n == 1:
                 reference = {a.prompt: a.text for a in answers if a.error is None}
+                same_as_decode = (sum(alone["texts"][i] == text for i, text in reference.items())
+                                  if alone and server.kind == "ppdkit" else None)
             levels.append(level_figures(n, answers, wall, reference, memory.take()))
             if before:  # what the server counted over the level (tokens its draft proposed and it accepted)
                 levels[-1]["server_counters"] = {k: v - before[k] for k, v in server_counters(server).items()}
@@ -239,7 +243,27 @@ def bench_server(server: RunningServer, prompts: list[str], clients: list[int], 
     finally:
         memory.close()
     return {"startup_s": server.startup_seconds, "peak_rss_mib": max(r["peak_rss_mib"] for r in levels),
-            "levels": levels}
+            "levels": levels, **({"same_as_decode": same_as_decode} if same_as_decode is not None else {})}
+
+
+def decode_alone(settings: ServeBenchSettings, prompts: list[str]) -> dict:
+    """What `ppdkit decode` gives on the same prompts with the same method: the decoder in this process, one prompt
+    after another (what one client through `ppdkit serve` is held to), and its answers' texts."""
+    import gc
+
+    from ppdkit.runtime.decoder import Decoder
+
+    load = Decoder.from_base if settings.base_only else Decoder.from_pretrained
+    decoder = load(settings.source, dtype=settings.dtype)
+    decoder.generate(prompts[0], max_new_tokens=8, method=settings.method)  # the warm-up the servers get
+    results = [decoder.generate(p, max_new_tokens=settings.max_tokens, method=settings.method)
+               for p in tqdm(prompts, desc="ppdkit decode alone", unit="prompt", leave=False)]
+    tokens, seconds = sum(len(r.tokens) for r in results), sum(r.seconds for r in results)
+    del decoder
+    gc.collect()
+    return {"method": results[0].method, "tokens_per_s": round(tokens / seconds, 2),
+            "tokens_per_step": round(tokens / sum(r.steps for r in results), 3),
+            "texts": {i: r.text for i, r in enumerate(results)}}
 
 
 def parse_clients(text: str) -> list[int]:
@@ -261,6 +285,9 @@ def run_serve_bench(kinds: list[str], settings: ServeBenchSettings, prompts: lis
     its log's tail); the others still run."""
     from .decoding import machine_info
 
+    alone = decode_alone(settings, prompts) if "ppdkit" in kinds else None
+    if alone:
+        log.info("ppdkit decode alone (%s): %.1f tokens/s", alone["method"], alone["tokens_per_s"])
     servers = []
     for kind in kinds:
         entry, server_port = {"name": kind}, port or free_port()
@@ -280,7 +307,7 @@ def run_serve_bench(kinds: list[str], settings: ServeBenchSettings, prompts: lis
             with running(launch, server_port, settings.work / f"{kind}.log", startup_timeout) as server:
                 log.info("%s ready in %.1f s", kind, server.startup_seconds)
                 servers.append({**entry, "status": "ran", **bench_server(server, prompts, clients,
-                                                                        settings.max_tokens)})
+                                                                        settings.max_tokens, alone)})
         except RuntimeError as e:
             log.error("%s failed: %s", kind, e)
             servers.append({**entry, "status": "failed", "reason": str(e).splitlines()[0]})
@@ -289,7 +316,8 @@ def run_serve_bench(kinds: list[str], settings: ServeBenchSettings, prompts: lis
             "method": settings.method, "prompts_source": prompts_source, "prompts": len(prompts),
             "max_tokens": settings.max_tokens, "temperature": 0, "clients": clients,
             "per_token_latency": PER_TOKEN_LATENCY, "memory": "peak of the process tree's summed VmRSS, sampled "
-            f"every {SAMPLE_SECONDS} s", "servers": servers}
+            f"every {SAMPLE_SECONDS} s",
+            "decode_alone": {k: v for k, v in alone.items() if k != "texts"} if alone else None, "servers": servers}
 
 
 def print_table(report: dict) -> None:
@@ -307,6 +335,13 @@ def print_table(report: dict) -> None:
                   f"{fmt(r['ttft_ms_p99'], '8.0f')} {fmt(r['tpot_ms_p50'], '9.1f')} {fmt(r['tpot_ms_p99'], '7.1f')} "
                   f"{fmt(r['latency_s_p50'], '8.2f')} {r['peak_rss_mib']:>8.0f} "
                   f"{r['identical']:>4}/{r['requests']:<4}" + (f"  {r['errors']} errors" if r["errors"] else ""))
+    alone, ppdkit = report.get("decode_alone"), next((s for s in report["servers"] if s["name"] == "ppdkit" and
+                                                      s["status"] == "ran"), None)
+    if alone and ppdkit:
+        one = ppdkit["levels"][0]
+        print(f"ppdkit decode alone ({alone['method']}): {alone['tokens_per_s']:.1f} tok/s; through the server at 1 "
+              f"client {one['tokens_per_s'] / alone['tokens_per_s']:.2f}x of it; answers equal to decode's: "
+              f"{ppdkit['same_as_decode']}/{one['requests']}")
     started = ", ".join(f"{s['name']} {s['startup_s']:.1f} s" for s in report["servers"] if s["status"] == "ran")
     print(f"started in: {started}" if started else "no server ran")
     print(f"{report['prompts']} {report['prompts_source']} prompts, {report['max_tokens']} tokens, greedy; TPOT: "

@@ -47,6 +47,8 @@ from .slot_ranges import SlotRanges
 
 log = logging.getLogger(__name__)
 
+PROBE = 16  # steps between two that draft whatever the running figures say (BatchEngine._drafting_pays)
+
 
 @dataclass(eq=False)
 class _Answer:
@@ -95,9 +97,10 @@ class BatchEngine:
         if not 1 <= max_rows <= SKINNY_MAX_ROWS:
             raise ValueError(f"max_rows must be between 1 and {SKINNY_MAX_ROWS}, not {max_rows}")
         self.decoder, self.model, self.max_batch, self.max_rows = decoder, decoder.model, max_batch, max_rows
-        self.cache = self.model.new_cache(cache_positions or _default_positions(decoder, max_batch))
-        self.ranges = SlotRanges(self.cache.capacity)
-        self.scratch = self.model.new_cache(decoder.max_length + 64)  # one prompt's read, copied into its range
+        # allocated by the engine's thread, the only one that does its torch work: filling gigabytes with zeros is a
+        # parallel loop, whose OpenMP workers would stay with the calling thread (runtime/openmp.py)
+        self.cache = self.scratch = None
+        self.ranges = SlotRanges(cache_positions or _default_positions(decoder, max_batch))
         self.latency = latency_model(decoder.profile, 8)  # a step's forward seconds by its rows, all answers'
         self.waiting: collections.deque[_Answer] = collections.deque()
         self.active: list[_Answer] = []
@@ -141,6 +144,8 @@ class BatchEngine:
     # -- the engine's thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
         with torch.inference_mode(), on_device(self.decoder.device):
+            self.cache = self.model.new_cache(self.ranges.capacity)
+            self.scratch = self.model.new_cache(self.decoder.max_length + 64)  # one prompt's read, copied into its range
             while True:
                 with self._wake:
                     while not self.waiting and not self.active:
@@ -225,10 +230,10 @@ class BatchEngine:
 
     def _step(self) -> None:
         """One forward for every active answer's proposal, then each answer's next proposal."""
-        cap = max(1, self.max_rows // len(self.active))
-        for answer in self.active:
-            if isinstance(answer.drafter, GrownDrafter):
-                answer.drafter.limit_nodes(cap)  # applies from its next proposal
+        grown = [a.drafter for a in self.active if isinstance(a.drafter, GrownDrafter)]
+        cap = max(1, self.max_rows // len(self.active)) if self._drafting_pays(grown) else 1
+        for drafter in grown:
+            drafter.limit_nodes(cap)  # applies from its next proposal
         batch = [Step(a.segment, a.proposal, a.options.sampling, a.generator) for a in self.active]
         capture = next((a.drafter.capture for a in self.active if a.drafter.capture), ())
         started = time.perf_counter()
@@ -256,6 +261,21 @@ class BatchEngine:
             else:
                 still.append(answer)
         self.active = still
+
+    def _drafting_pays(self, grown: list[GrownDrafter]) -> bool:
+        """Whether the grown trees' answers yield more tokens per second drafting than with the root alone, by their
+        running figures: drafting adds each one's drafting time to the step (it runs answer after answer) and its
+        rows to the forward, and yields its kept guesses. Among many answers the forward's fixed part is shared and
+        rows cost the same, so the root alone comes to pay. An answer alone drafts, as `generate` does; and one step
+        in PROBE drafts whatever the figures say, so that they follow the text (a step that drafts nothing leaves
+        them as they were)."""
+        if len(self.active) == 1 or not grown or self.steps % PROBE == 0:
+            return True
+        b0, b1 = self.latency.coefficients()
+        b0, answers = max(b0, 1e-6), len(self.active)
+        tokens = answers + sum(d.kept for d in grown)
+        seconds = b0 + b1 * (answers + sum(d.rows - 1 for d in grown)) + sum(d.drafting for d in grown)
+        return tokens / seconds > answers / (b0 + b1 * answers)
 
     def _finish(self, answer: _Answer) -> None:
         self.ranges.give_back(answer.segment.start, answer.width)

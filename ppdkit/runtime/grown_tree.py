@@ -240,8 +240,10 @@ class GrownDrafter(Drafter):
         self.depth, self.rate, self.ngrams, self.chains = depth, rate, ngrams, None
         self.fixed = decoder.draft.grown_nodes is not None  # every tree takes the nodes - 1 best, whatever they cost
         self.latency = latency_model(decoder.profile, self.nodes)
-        self.kept, self.estimated, self.drafting = 1.0, 1.0, 0.0  # running: guesses kept, their estimate, seconds
-        self.step: tuple[Proposals, list[int], list[int]] | None = None  # this step's proposals, chosen, chain
+        # running: guesses kept, their estimate, drafting seconds, rows verified (of the steps that drafted)
+        self.kept, self.estimated, self.drafting, self.rows = 1.0, 1.0, 0.0, float(self.nodes)
+        # this step's proposals, chosen ones, chain, and whether it drafted at all (limit_nodes 1: the root alone)
+        self.step: tuple[Proposals, list[int], list[int], bool] | None = None
 
     def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
         self.chains = ChainSource(ids.tolist()) if self.ngrams else None
@@ -258,7 +260,7 @@ class GrownDrafter(Drafter):
     def propose(self, root: int) -> Proposal:
         if self.nodes == 1:  # the root alone: no tree to draft (the n-gram chain still learns the root)
             chain = self.chains.draft(root) if self.chains else []
-            self.step = Proposals(), [], chain
+            self.step = Proposals(), [], chain, False
             return Proposal(torch.tensor([root]), shape_layout((-1,), (-1,)))
         b0, b1 = self.latency.coefficients()
         cost = None if self.fixed else StepCost([b0 + b1 * rows for rows in range(self.nodes + 1)],
@@ -269,19 +271,22 @@ class GrownDrafter(Drafter):
         chosen = by_value(found, self.nodes - 1)
         if cost is not None:
             chosen = chosen[:cost.count([found.values[i] for i in chosen])]
-        self.step = found, chosen, chain
+        self.step = found, chosen, chain, True
         return Proposal(torch.tensor([root] + [found.tokens[i] for i in chosen]),  # [N]
                         shape_layout(*tree_shape(chosen, found.parents)))
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
-        found, chosen, chain = self.step
+        found, chosen, chain, drafted = self.step
+        if self.chains:
+            self.chains.update(chain, verified.accepted, verified.next_token)
+        if not drafted:  # the running figures say what drafting gives and costs: a step without it says nothing
+            return
         rate = self.rate
+        self.rows = (1 - rate) * self.rows + rate * proposal.rows
         self.drafting = (1 - rate) * self.drafting + rate * verified.seconds["draft"]
         self.latency.observe(proposal.layout.size, verified.seconds["verify"])
         self.kept = (1 - rate) * self.kept + rate * len(verified.accepted)
         self.estimated = (1 - rate) * self.estimated + rate * sum(math.exp(found.values[i]) for i in chosen)
-        if self.chains:
-            self.chains.update(chain, verified.accepted, verified.next_token)
 
 
 class FeatureDrafter(GrownDrafter):
