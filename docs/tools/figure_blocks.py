@@ -143,6 +143,14 @@ def serving_load_block(name: str, report: dict, docs_link: str) -> list[str]:
                          f"{_figure(row['latency_s_p50'], '.2f')} | {row['peak_rss_mib']:.0f} | "
                          f"{row['identical']}/{row['requests']} |")
     started = [f"`{s['name']}` {s['startup_s']:.0f} s" for s in report["servers"] if s["status"] == "ran"]
+    alone = report.get("decode_alone")
+    ppdkit = next((s for s in report["servers"] if s["name"] == "ppdkit" and s["status"] == "ran"), None)
+    if alone and ppdkit:  # what one client through the server is held to: `ppdkit decode` on the same prompts
+        one = ppdkit["levels"][0]
+        lines += ["", f"`ppdkit decode` alone on the same prompts ({alone['method']}): {alone['tokens_per_s']:.1f} "
+                      f"tok/s, {alone['tokens_per_step']:.2f} tokens per step; `ppdkit serve` at 1 client "
+                      f"{one['tokens_per_s'] / alone['tokens_per_s']:.2f}x of it, its answers equal to decode's: "
+                      f"{ppdkit['same_as_decode']}/{one['requests']}."]
     not_run = [f"`{s['name']}` {s['status']} ({s['reason']})" for s in report["servers"] if s["status"] != "ran"]
     return lines + ([""] + [f"Started in: {', '.join(started)}."] if started else []) + (
         [f"Not run: {'; '.join(not_run)}."] if not_run else [])

@@ -12,6 +12,7 @@
 #include "decoder_layers.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -278,25 +279,28 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
   const float* bs = bias ? bias->data_ptr<float>() : nullptr;
   float* as = attn.data_ptr<float>();
   float* ws = scratch.data_ptr<float>();
-  // Work items: up to kRowsTogether rows of one key/value head that see the same keys (all of a step's rows, or
-  // with a window one token's query heads), so the rows share the reads of those keys and values.
-  const int64_t together = window ? std::min<int64_t>(kRowsTogether, rows / tokens) : kRowsTogether;
-  const int64_t row_groups = window ? tokens * ((rows / tokens + together - 1) / together)
-                                    : (rows + together - 1) / together;
+  // Work items: up to kRowsTogether rows of one key/value head that see the same keys, so the rows share the reads of
+  // those keys and values. Consecutive tokens with the same window (all of a step's without one; a sequence's tree
+  // rows with one) form a span, whose rows are taken in the grouped layout's order: query head q of token r is row
+  // q T + r, so a span of one token groups its query heads (T rows apart) and a longer span runs along its tokens.
+  const int64_t g = rows / tokens;
+  std::vector<std::array<int64_t, kRowsTogether>> groups;
+  std::vector<int64_t> counts;
+  for (int64_t a = 0; a < tokens;) {
+    int64_t b = a + 1;
+    while (b < tokens && (!window || (window[3 * b] == window[3 * a] && window[3 * b + 1] == window[3 * a + 1]))) ++b;
+    for (int64_t i = 0; i < g * (b - a); ++i) {  // the span's rows: q major, token minor
+      if (i % kRowsTogether == 0) groups.emplace_back(), counts.push_back(0);
+      groups.back()[counts.back()++] = (i / (b - a)) * tokens + a + i % (b - a);
+    }
+    a = b;
+  }
+  const int64_t row_groups = static_cast<int64_t>(groups.size());
   at::parallel_for(0, hkv * row_groups, 1, [&](int64_t first, int64_t last) {
     std::vector<float> gathered(bs ? s + kLanes : 0);  // softmax's scratch, once per thread's items (n <= s)
     for (int64_t item = first; item < last; ++item) {
-      const int64_t head = item / row_groups, group = item % row_groups;
-      // the group's rows: r0, r0 + step, ... (a window's group: one token's query heads, `tokens` rows apart)
-      int64_t r0, step, count;
-      if (window) {
-        const int64_t per_token = (rows / tokens + together - 1) / together, token = group / per_token;
-        const int64_t first_head = (group % per_token) * together;
-        r0 = first_head * tokens + token, step = tokens, count = std::min(together, rows / tokens - first_head);
-      } else {
-        r0 = group * together, step = 1, count = std::min(together, rows - r0);
-      }
-      const int64_t token = r0 % tokens;  // grouped rows: query head (h % g) of token r sits at (h % g) T + r
+      const int64_t head = item / row_groups, group = item % row_groups, count = counts[group];
+      const int64_t token = groups[group][0] % tokens;  // every row of the group sees this token's keys
       const int64_t lo = window ? window[3 * token] : 0, n = window ? window[3 * token + 1] + 1 - lo : s;
       const float* kt = k + head * d * capacity + lo;
       const float* values = v + (head * capacity + lo) * d;
@@ -304,7 +308,7 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
       float* w[kRowsTogether];
       float* out[kRowsTogether];
       for (int64_t i = 0; i < count; ++i) {
-        const int64_t row = head * rows + r0 + i * step;
+        const int64_t row = head * rows + groups[group][i];
         qr[i] = qs + row * d, w[i] = ws + row * s, out[i] = as + row * d;
       }
       const int c = static_cast<int>(count);
@@ -314,7 +318,7 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
         chained_sums(c, qr, d, kt + j0, capacity, std::min(kChunk, n - j0), chunk);
       }
       for (int64_t i = 0; i < count; ++i)
-        softmax(w[i], n, bs ? bs + (r0 + i * step) * s : nullptr, scale, gathered.data());
+        softmax(w[i], n, bs ? bs + groups[group][i] * s : nullptr, scale, gathered.data());
       for (int64_t e0 = 0; e0 < d; e0 += kChunk) {  // outputs: sums over the keys
         float* chunk[kRowsTogether];
         for (int i = 0; i < c; ++i) chunk[i] = out[i] + e0;
