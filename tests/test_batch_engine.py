@@ -12,7 +12,7 @@ from conftest import plain_tiny_decoder, tiny_model_on, write_tiny_ppd_component
 from test_eagle3 import _decoder as eagle3_decoder
 from test_eagle3 import _draft_tensors
 
-from ppdkit.runtime.batch_engine import BatchEngine
+from ppdkit.runtime.batch_engine import BatchEngine, OneAtATime, decoding_engine
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.generate_options import GenerateOptions
 from ppdkit.runtime.openmp import release_openmp_threads
@@ -142,3 +142,18 @@ def test_a_thread_done_with_torch_hands_its_openmp_workers_back():
     thread.start()
     thread.join()
     assert counts[0] > before + 1 and counts[1] == before + 1, (before, counts)  # the thread, its workers; it alone
+
+
+def test_where_batching_cannot_run_answers_come_one_at_a_time(monkeypatch):
+    """Without the native kernels (the PyTorch layers: another device) the server's engine decodes answers one after
+    another in one thread, each still its generate answer."""
+    decoder = plain_tiny_decoder("pytorch", monkeypatch)
+    engine = decoding_engine(decoder, 8)
+    try:
+        assert isinstance(engine, OneAtATime)
+        asked = [(ids, GenerateOptions(method="anpd", max_new_tokens=budget)) for ids, budget in _prompts(4)]
+        futures = [engine.submit(ids, options) for ids, options in asked]
+        for (ids, options), future in zip(asked, futures):
+            assert future.result(60).tokens == decoder.generate(ids, options).tokens
+    finally:
+        engine.close()
