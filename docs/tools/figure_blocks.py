@@ -151,6 +151,11 @@ def serving_load_block(name: str, report: dict, docs_link: str) -> list[str]:
                       f"tok/s, {alone['tokens_per_step']:.2f} tokens per step; `ppdkit serve` at 1 client "
                       f"{one['tokens_per_s'] / alone['tokens_per_s']:.2f}x of it, its answers equal to decode's: "
                       f"{ppdkit['same_as_decode']}/{one['requests']}."]
+    if ppdkit:  # what batching gave over one stream, and what it cost each request's latency
+        one = ppdkit["levels"][0]
+        lines += ["", "`ppdkit serve` against its own 1 client: " + "; ".join(
+            f"{row['clients']} clients {row['tokens_per_s'] / one['tokens_per_s']:.2f}x the tokens/s, request p50 "
+            f"{row['latency_s_p50'] / one['latency_s_p50']:.1f}x" for row in ppdkit["levels"][1:]) + "."]
     not_run = [f"`{s['name']}` {s['status']} ({s['reason']})" for s in report["servers"] if s["status"] != "ran"]
     return lines + ([""] + [f"Started in: {', '.join(started)}."] if started else []) + (
         [f"Not run: {'; '.join(not_run)}."] if not_run else [])
