@@ -34,7 +34,7 @@ import torch
 from .answer_tokens import AnswerTokens, GenerateResult
 from .auto import AUTO
 from .batched_verify import Step, verify_steps
-from .decoding_methods import get_method
+from .decoding_methods import GROWN_NODES, get_method
 from .devices import on_device
 from .drafter import Drafter, Proposal
 from .generate_options import GenerateOptions, merged
@@ -101,7 +101,7 @@ class BatchEngine:
         # parallel loop, whose OpenMP workers would stay with the calling thread (runtime/openmp.py)
         self.cache = self.scratch = None
         self.ranges = SlotRanges(cache_positions or _default_positions(decoder, max_batch))
-        self.latency = latency_model(decoder.profile, 8)  # a step's forward seconds by its rows, all answers'
+        self.latency = latency_model(decoder.profile, GROWN_NODES)  # a step's forward seconds by its rows, all answers'
         self.waiting: collections.deque[_Answer] = collections.deque()
         self.active: list[_Answer] = []
         self.steps = 0
