@@ -145,7 +145,7 @@ class BatchEngine:
     def _run(self) -> None:
         with torch.inference_mode(), on_device(self.decoder.device):
             self.cache = self.model.new_cache(self.ranges.capacity)
-            self.scratch = self.model.new_cache(self.decoder.max_length + 64)  # one prompt's read, copied into its range
+            self.scratch = self.model.new_cache(self.decoder.max_length + 64)  # a prompt's read, copied into its range
             while True:
                 with self._wake:
                     while not self.waiting and not self.active:

@@ -73,8 +73,8 @@ def _blocks(steps: list[Step]) -> list[list[Step]]:
 def _forward(model: LeanLlama, cache: KVCache, block: list[Step], capture: tuple[int, ...]
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The block's rows through the base model -> final hidden states [T, H], and the captured states [T, len H]."""
-    x = torch.cat([model.embed_ids(s.proposal.tokens) if s.proposal.inputs is None else s.proposal.inputs.to(model.dtype)
-                   for s in block])  # [T, H]
+    x = torch.cat([model.embed_ids(s.proposal.tokens) if s.proposal.inputs is None
+                   else s.proposal.inputs.to(model.dtype) for s in block])  # [T, H]
     positions = torch.cat([s.segment.length + s.offsets for s in block])  # [T]
     window = torch.cat([_window(s) for s in block])  # [T, 3]
     bias = _bias(block, model.group, model.dtype) if any(s.proposal.rows > 1 for s in block) else None
