@@ -14,6 +14,7 @@ from test_eagle3 import _draft_tensors
 
 from ppdkit.runtime.batch_engine import BatchEngine, OneAtATime, decoding_engine
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.drafting_choice import PROBE, DraftingChoice
 from ppdkit.runtime.generate_options import GenerateOptions
 from ppdkit.runtime.openmp import release_openmp_threads
 
@@ -157,3 +158,18 @@ def test_where_batching_cannot_run_answers_come_one_at_a_time(monkeypatch):
             assert future.result(60).tokens == decoder.generate(ids, options).tokens
     finally:
         engine.close()
+
+
+def test_the_drafting_choice_follows_what_each_choice_measured():
+    choice = DraftingChoice()
+    assert choice.choose(1)  # alone: draft, as generate does
+    tried = {choice.choose(4), choice.choose(4)}
+    assert tried == {True}  # untried: drafting first, until measured
+    choice.observe(4, True, tokens=6, seconds=0.010)
+    assert choice.choose(4) is False  # the other is untried
+    choice.observe(4, False, tokens=4, seconds=0.005)  # 800 tok/s against 600
+    picks = [choice.choose(4) for _ in range(2 * PROBE)]
+    assert picks.count(False) == 2 * PROBE - 2 and picks.count(True) == 2  # the loser probed once in PROBE steps
+    for _ in range(20):
+        choice.observe(4, True, tokens=12, seconds=0.010)  # the text turned easy: drafting pays now
+    assert choice.choose(4) is True and choice.choose(8) is True  # another load: measured afresh (untried first)

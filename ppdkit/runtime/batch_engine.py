@@ -9,11 +9,12 @@ alone, whoever shares the step. A vLLM-style batch promises no such thing.
 How many rows an answer's step carries is chosen by what rows cost. A step costs about b0 + b1 * rows (a line fitted
 to the engine's own steps, seeded by the decoder's profile): b0 reads the weights, shared by every answer in the
 step, and each row adds b1. A grown tree (eagle3*, feature-grown*) sizes itself against its share of that line, b0 /
-answers + b1 * its rows: alone it weighs rows against the whole b0 as `generate` does, and among many it keeps only
-guesses likely enough to pay a row's full cost, so at high load the trees shrink toward the root alone. Rows per step
-are also capped so that all answers fit one forward of the native kernels (SKINNY_MAX_ROWS). Methods whose drafts run
-the base model outside the verification (skip, skip-ft) or prune it part-way (*-prune) cannot share a step: such an
-answer decodes alone, between two steps of the batch.
+answers + b1 * its rows: alone it weighs rows against the whole b0 as `generate` does, among many it keeps only
+guesses likely enough to pay a row's full cost. Whether the trees draft at all is chosen by the tokens per second each
+choice measured at this many answers (runtime/drafting_choice.py): at high load the root alone, `ar` inside the batch,
+comes to pay. Rows per step are capped so that all answers fit one forward of the native kernels (SKINNY_MAX_ROWS).
+Methods whose drafts run the base model outside the verification (skip, skip-ft) or prune it part-way (*-prune) cannot
+share a step: such an answer decodes alone, between two steps of the batch.
 
 Every answer's keys/values live in its own range of one shared cache (runtime/slot_ranges.py), as long as its prompt,
 its answer and one step; a prompt is read alone into a scratch cache, exactly as `generate` reads it, and copied in.
@@ -37,6 +38,7 @@ from .batched_verify import Step, verify_steps
 from .decoding_methods import GROWN_NODES, get_method
 from .devices import on_device
 from .drafter import Drafter, Proposal
+from .drafting_choice import DraftingChoice
 from .generate_options import GenerateOptions, merged
 from .grown_tree import GrownDrafter, latency_model
 from .kv_cache import CacheSegment
@@ -46,8 +48,6 @@ from .openmp import release_openmp_threads
 from .slot_ranges import SlotRanges
 
 log = logging.getLogger(__name__)
-
-PROBE = 16  # steps between two that draft whatever the running figures say (BatchEngine._drafting_pays)
 
 
 @dataclass(eq=False)
@@ -101,6 +101,8 @@ class BatchEngine:
         # parallel loop, whose OpenMP workers would stay with the calling thread (runtime/openmp.py)
         self.cache = self.scratch = None
         self.ranges = SlotRanges(cache_positions or _default_positions(decoder, max_batch))
+        self.drafting = DraftingChoice()  # whether grown trees draft at this load (runtime/drafting_choice.py)
+        self._drafted: tuple[bool, float] | None = None  # the last step's choice and its drafting's seconds
         self.latency = latency_model(decoder.profile, GROWN_NODES)  # a step's forward seconds by its rows, all answers'
         self.waiting: collections.deque[_Answer] = collections.deque()
         self.active: list[_Answer] = []
@@ -231,7 +233,8 @@ class BatchEngine:
     def _step(self) -> None:
         """One forward for every active answer's proposal, then each answer's next proposal."""
         grown = [a.drafter for a in self.active if isinstance(a.drafter, GrownDrafter)]
-        cap = max(1, self.max_rows // len(self.active)) if self._drafting_pays(grown) else 1
+        drafting = self.drafting.choose(len(self.active)) if grown else True
+        cap = max(1, self.max_rows // len(self.active)) if drafting else 1
         for drafter in grown:
             drafter.limit_nodes(cap)  # applies from its next proposal
         batch = [Step(a.segment, a.proposal, a.options.sampling, a.generator) for a in self.active]
@@ -248,6 +251,11 @@ class BatchEngine:
         seconds = time.perf_counter() - started
         self.latency.observe(sum(step.proposal.rows for step in batch), seconds)
         self.steps += 1
+        if self._drafted is not None:  # the last step's drafting and this forward that verified it
+            chosen, drafted_seconds = self._drafted
+            self.drafting.observe(len(batch), chosen, sum(len(v.accepted) + 1 for v in verified),
+                                  drafted_seconds + seconds)
+        drafted = time.perf_counter()
         still = []
         for answer, result in zip(self.active, verified):
             result.seconds = {"verify": seconds}
@@ -261,21 +269,7 @@ class BatchEngine:
             else:
                 still.append(answer)
         self.active = still
-
-    def _drafting_pays(self, grown: list[GrownDrafter]) -> bool:
-        """Whether the grown trees' answers yield more tokens per second drafting than with the root alone, by their
-        running figures: drafting adds each one's drafting time to the step (it runs answer after answer) and its
-        rows to the forward, and yields its kept guesses. Among many answers the forward's fixed part is shared and
-        rows cost the same, so the root alone comes to pay. An answer alone drafts, as `generate` does; and one step
-        in PROBE drafts whatever the figures say, so that they follow the text (a step that drafts nothing leaves
-        them as they were)."""
-        if len(self.active) == 1 or not grown or self.steps % PROBE == 0:
-            return True
-        b0, b1 = self.latency.coefficients()
-        b0, answers = max(b0, 1e-6), len(self.active)
-        tokens = answers + sum(d.kept for d in grown)
-        seconds = b0 + b1 * (answers + sum(d.rows - 1 for d in grown)) + sum(d.drafting for d in grown)
-        return tokens / seconds > answers / (b0 + b1 * answers)
+        self._drafted = (drafting, time.perf_counter() - drafted) if grown else None
 
     def _finish(self, answer: _Answer) -> None:
         self.ranges.give_back(answer.segment.start, answer.width)

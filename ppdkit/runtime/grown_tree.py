@@ -240,8 +240,8 @@ class GrownDrafter(Drafter):
         self.depth, self.rate, self.ngrams, self.chains = depth, rate, ngrams, None
         self.fixed = decoder.draft.grown_nodes is not None  # every tree takes the nodes - 1 best, whatever they cost
         self.latency = latency_model(decoder.profile, self.nodes)
-        # running: guesses kept, their estimate, drafting seconds, rows verified (of the steps that drafted)
-        self.kept, self.estimated, self.drafting, self.rows = 1.0, 1.0, 0.0, float(self.nodes)
+        # running: guesses kept, their estimate, drafting seconds (of the steps that drafted)
+        self.kept, self.estimated, self.drafting = 1.0, 1.0, 0.0
         # this step's proposals, chosen ones, chain, and whether it drafted at all (limit_nodes 1: the root alone)
         self.step: tuple[Proposals, list[int], list[int], bool] | None = None
 
@@ -282,7 +282,6 @@ class GrownDrafter(Drafter):
         if not drafted:  # the running figures say what drafting gives and costs: a step without it says nothing
             return
         rate = self.rate
-        self.rows = (1 - rate) * self.rows + rate * proposal.rows
         self.drafting = (1 - rate) * self.drafting + rate * verified.seconds["draft"]
         self.latency.observe(proposal.layout.size, verified.seconds["verify"])
         self.kept = (1 - rate) * self.kept + rate * len(verified.accepted)
