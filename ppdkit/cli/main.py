@@ -13,6 +13,7 @@ from .corpus_commands import add_corpus_commands
 from .decode_commands import add_decoding_commands
 from .errors import write_problem, write_problem_message
 from .job_commands import add_pipeline_commands
+from .kuberay_commands import add_kuberay_commands
 from .serve_bench_commands import add_serve_bench_commands
 from .service_commands import TORCH_FREE, add_service_commands
 
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_corpus_commands(sub)
     add_decoding_commands(sub)
     add_service_commands(sub)
+    add_kuberay_commands(sub)
     add_serve_bench_commands(sub)
     return parser
 

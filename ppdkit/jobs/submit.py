@@ -6,11 +6,13 @@ spec in its working_dir); the cluster provides the dependencies (its image or en
 
 import asyncio
 import os
+import shlex
 import shutil
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -60,6 +62,16 @@ def _is_loopback(address: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
+def entrypoint(spec_file: str, output: str | None, python: str = "python", overrides: Sequence[str] = ()) -> str:
+    """The command a ppdkit Ray job runs: `ppdkit run` on a spec file the cluster holds, by the cluster's interpreter
+    (`python`: the one on the PATH of the node that runs it). `ppdkit submit` and the KubeRay RayJob
+    (jobs/kuberay.py) both run this one. Quoted for the shell Ray runs an entrypoint in (an override's `[a, b]`)."""
+    entry = [python, "-m", "ppdkit.cli.main", "run", spec_file, *overrides]
+    if output:
+        entry += ["--output", output]
+    return shlex.join(entry)
+
+
 def submit(spec: JobSpec, address: str, output: str | None, python: str | None, env: dict[str, str]) -> str:
     jobs = client(address)
     staging = Path(tempfile.mkdtemp(prefix="ppdkit-submit-"))
@@ -70,16 +82,13 @@ def submit(spec: JobSpec, address: str, output: str | None, python: str | None, 
         (workdir / "job.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
         # A head on this machine runs the entrypoint with its own PATH: name this interpreter.
         interpreter = python or (sys.executable if _is_loopback(address) else "python")
-        entry = [interpreter, "-m", "ppdkit.cli.main", "run", "job.yaml"]
-        if output:
-            entry += ["--output", output]
         # The id is chosen here so that a submission whose answer was lost can be retried safely.
         submission_id = f"ppdkit-{spec.name}-{uuid.uuid4().hex[:10]}"
         deadline = time.monotonic() + SUBMIT_PATIENCE_S
         while True:
             try:
                 return jobs.submit_job(
-                    entrypoint=" ".join(entry), submission_id=submission_id,
+                    entrypoint=entrypoint("job.yaml", output, interpreter), submission_id=submission_id,
                     runtime_env={"py_modules": [str(package)], "working_dir": str(workdir), "env_vars": env},
                     metadata={"ppdkit_job": spec.name},
                 )
