@@ -39,6 +39,7 @@ from ppdkit.runtime.precision import resolve_dtype
 
 from .config import DataConfig, TeacherConfig
 from .conversations import Conversation, MalformedRow, ReadReport, to_write
+from .ray_placement import Placement, actor_strategy, describe, this_node
 from .regenerate import regenerate_conversations, regeneration_runtime
 from .teacher_cache import (FORMAT, ShardSequence, compress_head, compress_logits, mass_figures, read_rest_mass,
                             write_shard)
@@ -138,6 +139,7 @@ class TeacherWorker:
         # unquantized copy): the targets and features are then those of the model the decoder verifies with, and a
         # bfloat16 pass took half the time of transformers' on a CPU without AMX (pipeline.md).
         self.on_runtime = self.runtime is not None and (self.dtype in BLOCK_FORMATS or base.quantization == "none")
+        self.node = this_node()
         log.info("teacher worker (pid %d): %s (%s, %s) loaded in %.1f s on %d threads; teacher pass on %s; "
                  "regeneration on %s", os.getpid(), base.name, base.quantization, self.dtype, time.time() - started,
                  threads, teacher_engine(self.on_runtime),
@@ -145,7 +147,8 @@ class TeacherWorker:
 
     def ready(self) -> dict:
         vocab = sorted(self.base.tokenizer.get_vocab().items())
-        return {"pid": os.getpid(), "fingerprint": self.base.fingerprint, "compute_dtype": self.dtype,
+        return {"pid": os.getpid(), "node": self.node, "fingerprint": self.base.fingerprint,
+                "compute_dtype": self.dtype,
                 "regeneration_engine": regeneration_engine(self.runtime),
                 "teacher_engine": teacher_engine(self.on_runtime),
                 "vocab_size": self.base.model.config.vocab_size,
@@ -183,7 +186,8 @@ class TeacherWorker:
         record.update(split=job["split"], index=job["index"], rows=job["row_range"], skipped=dict(report.skipped),
                       skipped_examples=report.examples, generated_tokens=generated.total(),
                       # who computed it and how fast: the one part of a record that differs between two runs
-                      timing={"worker": os.getpid(), "generate_seconds": round(generate_seconds, 3),
+                      timing={"worker": os.getpid(), "node": self.node["node"],
+                              "generate_seconds": round(generate_seconds, 3),
                               "teacher_seconds": round(teacher_seconds, 3)})
         return record
 
@@ -267,13 +271,20 @@ def _resume_manifest(path: Path, header: dict, out_dir: Path) -> dict:
         manifest = {**header, "shards": {}, "complete": False}
     for split in SPLITS:
         (out_dir / split).mkdir(exist_ok=True)
-        for partial in (out_dir / split).glob(".*.tmp"):  # what an actor killed mid-write left (write_shard)
-            partial.unlink(missing_ok=True)
+    _remove_partial_shards(out_dir)
     # A recorded shard counts only while its file is there.
     manifest["shards"] = {sid: rec for sid, rec in manifest["shards"].items()
                           if all((out_dir / rec["split"] / entry["file"]).is_file()
                                  for entry in (rec, rec.get("features")) if entry)}
     return manifest
+
+
+def _remove_partial_shards(out_dir: Path) -> None:
+    """What an actor killed mid-write left (write_shard's temporary files, named by the writer's pid): an actor lost
+    with its node, or one a killed driver left writing."""
+    for split in SPLITS:
+        for partial in (out_dir / split).glob(".*.tmp"):
+            partial.unlink(missing_ok=True)
 
 
 def _compute(workers: list, jobs: list[dict], manifest: dict, manifest_path: Path, expected: int | None,
@@ -309,13 +320,15 @@ def _compute(workers: list, jobs: list[dict], manifest: dict, manifest_path: Pat
 
 def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfig, data_dir: Path, out_dir: Path,
                       on_shard_done: Callable[[dict, list[int]], None] | None = None,
-                      progress: Callable[[dict[str, float], int], None] | None = None) -> dict:
+                      progress: Callable[[dict[str, float], int], None] | None = None,
+                      placement: Placement = "spread") -> dict:
     """Compute every shard the manifest lacks; returns the stage's figures.
 
     `on_shard_done(record, worker_pids)` is called after each shard is recorded (tests use it to kill
     a worker process or to stop the driver mid-run). `progress(figures, shards_done)` gets the live figures
     (positions and generated tokens per second, per worker, the ETA) after each shard: the pipeline logs them
-    to MLflow while the stage runs.
+    to MLflow while the stage runs. `placement` (ray.placement) spreads the actors over the nodes or packs them.
+    An actor lost with its node is restarted by Ray where there is room, and its shards retried there.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / "manifest.json"
@@ -329,14 +342,15 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
                 "path": str(out_dir / p["split"] / f"{p['shard_id']}.safetensors"),
                 "rows": [{**r, "row": p["row_range"][0] + i} for i, r in enumerate(rows)]}
 
-    workers = [TeacherWorker.options(num_cpus=cfg.cpus_per_worker).remote(base, cfg, data.max_length,
-                                                                          cfg.cpus_per_worker,
-                                                                          str(out_dir / f"worker-{i}.log"))
+    workers = [TeacherWorker.options(num_cpus=cfg.cpus_per_worker, scheduling_strategy=actor_strategy(placement))
+               .remote(base, cfg, data.max_length, cfg.cpus_per_worker, str(out_dir / f"worker-{i}.log"))
                for i in range(cfg.workers)]
     try:
         started = time.time()
         infos = ray.get([w.ready.remote() for w in workers])
         startup_seconds = time.time() - started
+        for i, info in enumerate(infos):
+            log.info("teacher: worker %d (pid %d) on %s", i, info["pid"], describe(info["node"]))
         manifest = _resume_manifest(manifest_path, _header(base, cfg, data, infos[0]), out_dir)
         todo = [p for p in plan if p["shard_id"] not in manifest["shards"]]
         log.info("teacher: %d shards planned, %d already done, %d to compute on %d workers",
@@ -349,6 +363,10 @@ def run_teacher_stage(base: BaseModelConfig, data: DataConfig, cfg: TeacherConfi
     finally:
         for w in workers:
             ray.kill(w)
+    _remove_partial_shards(out_dir)
+    if done.by_node:
+        log.info("teacher: shards computed now, by node: %s",
+                 ", ".join(f"{node} {n}" for node, n in sorted(done.by_node.items())))
 
     figures = cache_figures(out_dir, manifest)
     manifest.update(complete=True, figures=figures)

@@ -13,6 +13,7 @@ class Throughput:
     positions: int = 0
     generated: int = 0
     by_worker: dict[int, list[float]] = field(default_factory=dict)  # pid -> [generated tokens, seconds generating]
+    by_node: dict[str, int] = field(default_factory=dict)  # node id -> shards it computed (ray_placement.this_node)
 
     def add(self, record: dict) -> None:
         self.shards += 1
@@ -21,6 +22,8 @@ class Throughput:
         mine = self.by_worker.setdefault(record["timing"]["worker"], [0, 0.0])
         mine[0] += record["generated_tokens"]
         mine[1] += record["timing"]["generate_seconds"]
+        node = record["timing"]["node"]
+        self.by_node[node] = self.by_node.get(node, 0) + 1
 
     def figures(self, remaining_shards: int) -> dict[str, float]:
         seconds = max(time.time() - self.started, 1e-9)
@@ -40,4 +43,5 @@ class Throughput:
                 "positions_per_second": figures.get("positions_per_s"),
                 "generated_tokens_per_second": figures.get("generated_tokens_per_s"),
                 "generated_tokens_per_second_by_worker":
-                    [v for k, v in figures.items() if k.startswith("worker_")] or None}
+                    [v for k, v in figures.items() if k.startswith("worker_")] or None,
+                "shards_by_node": dict(sorted(self.by_node.items()))}

@@ -68,7 +68,8 @@ def _run_teacher(ctx: StageContext) -> dict[str, Any]:
     # live figures while it runs (hours for a large regenerated set): positions and tokens per second, the ETA
     return run_teacher_stage(ctx.spec.base_model, ctx.spec.data, ctx.spec.teacher, ctx.output / "data", ctx.stage_dir,
                              progress=lambda figures, step: ctx.tracker.log_metrics(
-                                 {f"teacher.progress.{k}": v for k, v in figures.items()}, step=step))
+                                 {f"teacher.progress.{k}": v for k, v in figures.items()}, step=step),
+                             placement=ctx.spec.ray.placement)
 
 
 def _run_train(ctx: StageContext) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
     cfg = ctx.spec.train.model_copy(update={key: str(local_component(key, ctx.spec.train, ctx.tracker))
                                             for key in components_named(ctx.spec.train)})
     result = run_training(ctx.spec.base_model, cfg, ctx.output / "teacher", ctx.stage_dir, ctx.tracker.ref(),
-                          online=_online(ctx) if trains_online(cfg) else None)
+                          online=_online(ctx) if trains_online(cfg) else None, placement=ctx.spec.ray.placement)
     for folder in ("component", "plots"):
         ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
     figures = {"steps": result["steps"], "first_loss": result["first_loss"], "final_loss": result["final_loss"],

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
 from ppdkit.data_pipeline.corpus import corpus_source
+from ppdkit.data_pipeline.ray_placement import Placement
 from ppdkit.data_pipeline.readers import ENDLESS_SOURCES
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.registry.config import TrackingConfig
@@ -32,6 +33,10 @@ class RayConfig(Section):
                                 description="a running cluster ('auto' or host:port); default: an embedded local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for the embedded Ray (default: all)")
     object_store_mb: int = Field(512, ge=64, description="object store of the embedded Ray")
+    placement: Placement = Field(
+        "spread", description="where the teacher's actors and the training ranks go on a cluster of several nodes: "
+                              "spread puts them on different nodes where there is room (a lost node takes only its "
+                              "share, restarted elsewhere), pack fills one node first")
 
 
 class EvaluateConfig(Section):

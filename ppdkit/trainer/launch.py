@@ -8,18 +8,24 @@ from pathlib import Path
 
 import torch
 
+from ppdkit.data_pipeline.ray_placement import Placement, describe, training_strategy
 from ppdkit.models.config import BaseModelConfig
 
 from .config import WeightTrainingConfig
-from .worker import PROGRESS_FILE, train_loop_per_worker
+from .worker import PLACEMENT_FILE, PROGRESS_FILE, train_loop_per_worker
 
 log = logging.getLogger(__name__)
 
 
 def run_training(base: BaseModelConfig, cfg: WeightTrainingConfig, teacher_dir: Path, out_dir: Path, tracker_ref,
-                 online: dict | None = None) -> dict:
+                 online: dict | None = None, placement: Placement = "spread") -> dict:
     """Train (resuming from OUT/checkpoints if present); returns OUT/result.json. `online` (train.online): the data
-    stage's directory, the teacher's compute_dtype and top_k, in place of the teacher cache in `teacher_dir`."""
+    stage's directory, the teacher's compute_dtype and top_k, in place of the teacher cache in `teacher_dir`.
+    `placement` (ray.placement): the ranks on different nodes where there is room, or packed on one.
+
+    OUT must be storage every node sees: Ray Train's storage_path (OUT/ray) and the checkpoints each rank writes
+    (OUT/checkpoints) are there. A rank that dies, alone or with its node, fails the group; Ray Train starts it
+    again (train.max_failures times) where there is room, and every rank resumes from the last checkpoint."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -31,14 +37,24 @@ def run_training(base: BaseModelConfig, cfg: WeightTrainingConfig, teacher_dir: 
                            "output": str(out_dir), "tracker": tracker_ref, "online": online},
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=gpu,
-                                     resources_per_worker={"CPU": cfg.cpus_per_worker}),
+                                     resources_per_worker={"CPU": cfg.cpus_per_worker},
+                                     placement_strategy=training_strategy(placement)),
         run_config=RunConfig(name="train", storage_path=str((out_dir / "ray").resolve()),
                              failure_config=FailureConfig(max_failures=cfg.max_failures)),
     )
     (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    earlier = len(_attempts(out_dir))
     with _progress_bar(out_dir / PROGRESS_FILE):
         trainer.fit()
+    for attempt in _attempts(out_dir)[earlier:]:
+        log.info("training from step %d: %s", attempt["from_step"],
+                 ", ".join(f"rank {r} on {describe(node)}" for r, node in enumerate(attempt["ranks"])))
     return json.loads((out_dir / "result.json").read_text())
+
+
+def _attempts(out_dir: Path) -> list[dict]:
+    path = out_dir / PLACEMENT_FILE
+    return json.loads(path.read_text()) if path.is_file() else []
 
 
 @contextmanager

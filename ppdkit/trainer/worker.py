@@ -7,6 +7,7 @@ and writes the component artifact.
 """
 
 import importlib
+import json
 import logging
 import os
 import random
@@ -26,6 +27,7 @@ from .config import WeightTrainingConfig, train_config
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"  # rank 0's latest step, for the driver's bar (trainer/launch.py)
+PLACEMENT_FILE = "placement.json"  # each attempt's ranks and the nodes they ran on, for the driver's log
 RELEASE_MEMORY_EVERY = 10  # steps between handing the allocator's freed pages back (data_pipeline/worker_memory.py)
 
 
@@ -159,6 +161,7 @@ def train_loop_per_worker(config: dict) -> None:
     engine, total_steps, steps_per_epoch = _engine(cfg, run, len(train_seqs), ranks.world)
     t = Training(cfg, config, ranks, out, tracker, base, run, engine, train_seqs, holdout, total_steps, steps_per_epoch)
     _resume(t)
+    _record_placement(t)
     _evaluate_the_start(t)
     window = _Window(t.progress.step)
     while t.progress.step < t.total_steps:
@@ -228,6 +231,28 @@ def _resume(t: Training) -> None:
     if t.ranks.rank == 0:
         restore_best(t.checkpoints, t.out / "best", t.progress.best["step"])
     log.info("rank %d: resumed from %s at step %d", t.ranks.rank, resume.name, t.progress.step)
+
+
+def _record_placement(t: Training) -> None:
+    """Rank 0 appends this attempt (Ray Train restarts the whole group after a lost worker or node) to OUT/placement.json:
+    the step it starts from and the node of every rank."""
+    import ray
+
+    from ppdkit.data_pipeline.ray_placement import this_node
+
+    node = this_node() if ray.is_initialized() else {"node": "local", "head": True}  # a plain process: no Ray
+    nodes = [node]
+    if t.ranks.world > 1:
+        import torch.distributed as dist
+
+        nodes = [None] * t.ranks.world
+        dist.all_gather_object(nodes, node)
+    if t.ranks.rank != 0:
+        return
+    path = t.out / PLACEMENT_FILE
+    attempts = json.loads(path.read_text()) if path.is_file() else []
+    attempts.append({"from_step": t.progress.step, "ranks": nodes})
+    write_json_atomic(path, attempts)
 
 
 def _evaluate_the_start(t: Training) -> None:

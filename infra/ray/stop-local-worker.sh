@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Stop the worker node NAME started by add-local-worker.sh, and only it.
+set -euo pipefail
+name="${1:?usage: stop-local-worker.sh NAME}"
+state="${PPDKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ppdkit}/ray-worker-$name"
+[ -f "$state/worker.pid" ] || { echo "no worker node $name recorded in $state"; exit 0; }
+pid="$(cat "$state/worker.pid")"
+kill -TERM "$pid" 2>/dev/null || true
+for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+kill -KILL "$pid" 2>/dev/null || true
+rm -f "$state/worker.pid"
+echo "Ray worker node $name stopped"
