@@ -91,7 +91,7 @@ def _run_train(ctx: StageContext) -> dict[str, Any]:
         ctx.tracker.log_artifact(ctx.stage_dir / folder, folder)
     figures = {"steps": result["steps"], "first_loss": result["first_loss"], "final_loss": result["final_loss"],
                "best_step": result["best_step"], "peak_worker_rss_mb": result["peak_worker_rss_mb"],
-               "trained_positions": result["trained_positions"],
+               "trained_positions": result["trained_positions"], "positions_per_second": result["positions_per_second"],
                **{f"best_{k}": v for k, v in result["best"].items()}}
     return {**figures, "component": result["component"]}
 

@@ -47,8 +47,10 @@ def run_training(base: BaseModelConfig, cfg: WeightTrainingConfig, teacher_dir: 
     with _progress_bar(out_dir / PROGRESS_FILE):
         trainer.fit()
     for attempt in _attempts(out_dir)[earlier:]:
-        log.info("training from step %d: %s", attempt["from_step"],
-                 ", ".join(f"rank {r} on {describe(node)}" for r, node in enumerate(attempt["ranks"])))
+        cost = attempt["allreduce"] and " (an all-reduce of the {bytes} gradient bytes: {median_ms} ms)".format(
+            **attempt["allreduce"])
+        log.info("training from step %d: %s%s", attempt["from_step"],
+                 ", ".join(f"rank {r} on {describe(node)}" for r, node in enumerate(attempt["ranks"])), cost or "")
     return json.loads((out_dir / "result.json").read_text())
 
 

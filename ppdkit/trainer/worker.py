@@ -164,13 +164,15 @@ def train_loop_per_worker(config: dict) -> None:
     _record_placement(t)
     _evaluate_the_start(t)
     window = _Window(t.progress.step)
+    started, trained_before = time.time(), t.progress.trained
     while t.progress.step < t.total_steps:
         epoch = t.progress.step // t.steps_per_epoch
         step_loss, supervised = _optimizer_step(t)
         window.add(supervised * ranks.world)
         _record_step(t, step_loss, supervised, epoch, window)
         _evaluate_and_checkpoint(t)
-    _export(t, init)
+    # this attempt's steps alone (a resumed run's earlier steps took another attempt's time), evaluations included
+    _export(t, init, (t.progress.trained - trained_before) / max(time.time() - started, 1e-9))
 
 
 def _training_data(config: dict, cfg: WeightTrainingConfig) -> tuple[Any, Any, list, list]:
@@ -241,18 +243,36 @@ def _record_placement(t: Training) -> None:
     from ppdkit.data_pipeline.ray_placement import this_node
 
     node = this_node() if ray.is_initialized() else {"node": "local", "head": True}  # a plain process: no Ray
-    nodes = [node]
+    nodes, allreduce = [node], None
     if t.ranks.world > 1:
         import torch.distributed as dist
 
         nodes = [None] * t.ranks.world
         dist.all_gather_object(nodes, node)
+        allreduce = _allreduce_cost(t)
     if t.ranks.rank != 0:
         return
     path = t.out / PLACEMENT_FILE
     attempts = json.loads(path.read_text()) if path.is_file() else []
-    attempts.append({"from_step": t.progress.step, "ranks": nodes})
+    attempts.append({"from_step": t.progress.step, "ranks": nodes, "allreduce": allreduce})
     write_json_atomic(path, attempts)
+
+
+def _allreduce_cost(t: Training, repeats: int = 20) -> dict:
+    """What one all-reduce of the trainable parameters' gradients costs between these ranks (gloo on a CPU): the
+    traffic a step adds when the ranks are on different nodes, timed where they are."""
+    import torch.distributed as dist
+
+    numel = sum(p.numel() for p in t.engine.module.parameters() if p.requires_grad)
+    grads = torch.zeros(numel, dtype=torch.float32)  # [N]
+    dist.all_reduce(grads)  # the first one connects
+    seconds = []
+    for _ in range(repeats):
+        t.ranks.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(grads)
+        seconds.append(time.perf_counter() - started)
+    return {"bytes": 4 * numel, "median_ms": round(1000 * sorted(seconds)[repeats // 2], 3)}
 
 
 def _evaluate_the_start(t: Training) -> None:
@@ -348,7 +368,7 @@ def _evaluate_and_checkpoint(t: Training) -> None:
         prune(t.checkpoints)
 
 
-def _export(t: Training, init) -> None:
+def _export(t: Training, init, positions_per_second: float) -> None:
     """Rank 0 writes the component from the best checkpoint, with the run's figures; every rank waits for it."""
     from .export import export_component
 
@@ -362,7 +382,8 @@ def _export(t: Training, init) -> None:
                         "best %.4f): the exported one is the best checkpoint; keep using %s",
                         p.evals[0]["acc_top1_mean"], p.best["acc_top1_mean"], t.cfg.init_from)
         export_component(t.out, t.base, t.cfg, t.run, t.config, p.history, p.evals, p.best, started_from,
-                         extra={"peak_worker_rss_mb": peak, "trained_positions": p.trained})
+                         extra={"peak_worker_rss_mb": peak, "trained_positions": p.trained,
+                                "positions_per_second": positions_per_second})
     t.ranks.barrier()
 
 
