@@ -3,7 +3,8 @@
 # node with its own temp dir, ports and CPUs, so a job spreads over two nodes and a node can be lost without losing
 # the head. It runs in the background; stop-local-worker.sh NAME stops it (and only it).
 # Usage: infra/ray/add-local-worker.sh NAME [NUM_CPUS]        e.g. add-local-worker.sh w1 2
-# Its state (pid, log, raylet's temp dir) is in $PPDKIT_CACHE/ray-worker-NAME/.
+# Its pid and log are in $PPDKIT_CACHE/ray-worker-NAME/; its Ray temp dir (sockets, session logs) is
+# /tmp/ray-<GCS port>-NAME: a short path, as a Unix socket's path must be (107 bytes).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 ray="${RAY:-$here/.venv/bin/ray}"
@@ -23,7 +24,7 @@ rm -f "$state/worker.log"
 # --block keeps `ray start` as the parent of this node's processes: stopping it stops exactly them.
 nohup "$(dirname "$ray")/python" "$here/infra/ray/start_worker_node.py" start --address "127.0.0.1:$gcs" \
     --block --node-ip-address 127.0.0.1 --num-cpus "${2:-1}" \
-    --temp-dir "$state/tmp" --disable-usage-stats "${ports[@]}" > "$state/worker.log" 2>&1 &
+    --temp-dir "/tmp/ray-$gcs-$name" --disable-usage-stats "${ports[@]}" > "$state/worker.log" 2>&1 &
 echo $! > "$state/worker.pid"
 # `ray start` says so once this node's raylet has registered with the head's GCS.
 for _ in $(seq 120); do

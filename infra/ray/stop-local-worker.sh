@@ -9,4 +9,5 @@ kill -TERM "$pid" 2>/dev/null || true
 for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
 kill -KILL "$pid" 2>/dev/null || true
 rm -f "$state/worker.pid"
+rm -rf "/tmp/ray-${RAY_GCS_PORT:-6390}-$name"  # its Ray temp dir (add-local-worker.sh)
 echo "Ray worker node $name stopped"

@@ -28,6 +28,7 @@ from .config import DataConfig
 from .conversations import Conversation, MalformedRow, ReadReport
 from .corpus import corpus_source, open_corpus, read_rows, tokenizer_identity
 from .dataset_info import split_record
+from .ray_placement import largest_node_cpus
 from .readers import read_conversations
 from .templating import TokenizedConversation, encode_conversation
 
@@ -193,7 +194,7 @@ def run_data_stage(base: BaseModelConfig, cfg: DataConfig, out_dir: Path) -> dic
                  len(unwritten))
     if check_rows:
         log.info("base model %s (%s) scores %d held-out sequences on a Ray task", base.name, base.quantization, len(check_rows))
-        cpus = max(1, min(4, int(ray.available_resources().get("CPU", 1))))
+        cpus = max(1, min(4, int(ray.available_resources().get("CPU", 1)), largest_node_cpus()))
         summary.update(ray.get(_score_task.options(num_cpus=cpus).remote(base, check_rows)))
         summary["check_perplexity"] = math.exp(summary["check_nll"])
     return summary

@@ -32,3 +32,11 @@ def this_node() -> dict:
 
 def describe(node: dict) -> str:
     return f"node {node['node']} ({'head' if node['head'] else 'worker'})"
+
+
+def largest_node_cpus() -> int:
+    """The CPUs of the cluster's largest live node: the most one task can ask for (Ray places a task on one node, so
+    the cluster's total would leave a task on two nodes of 1 CPU each waiting for ever)."""
+    import ray
+
+    return max((int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"]), default=1)

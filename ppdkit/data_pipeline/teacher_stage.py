@@ -289,12 +289,17 @@ def _remove_partial_shards(out_dir: Path) -> None:
 
 def _compute(workers: list, jobs: list[dict], manifest: dict, manifest_path: Path, expected: int | None,
              on_done: Callable[[dict], None], progress: Callable[[dict[str, float], int], None] | None) -> Throughput:
-    """Run `jobs` on the actors, recording each finished shard; returns what they did."""
+    """Run `jobs` on the actors, recording each finished shard; returns what they did.
+
+    A shard whose actor was lost (killed, or gone with its node) is computed again, to the same bytes: on the same
+    actor once Ray has restarted it where there is room, or, once the actor is out of restarts, on the others."""
     queue, in_flight, done = list(jobs), {}, Throughput()
+    live = list(workers)
 
     def submit(worker) -> None:
         if queue:
-            in_flight[worker.process.remote(queue.pop(0))] = worker
+            job = queue.pop(0)
+            in_flight[worker.process.remote(job)] = (worker, job)
 
     unit, total = ("pos", expected) if expected is not None else ("shard", len(jobs))
     with tqdm(total=total, desc="teacher pass", unit=unit, unit_scale=True) as bar:
@@ -303,8 +308,20 @@ def _compute(workers: list, jobs: list[dict], manifest: dict, manifest_path: Pat
             submit(worker)
         while in_flight:
             ready, _ = ray.wait(list(in_flight), num_returns=1)
-            worker = in_flight.pop(ready[0])
-            record = ray.get(ready[0])
+            worker, job = in_flight.pop(ready[0])
+            try:
+                record = ray.get(ready[0])
+            except ray.exceptions.RayActorError as e:
+                queue.insert(0, job)
+                if isinstance(e, ray.exceptions.ActorDiedError):  # out of restarts: the others take its shards
+                    live.remove(worker)
+                    if not live:
+                        raise
+                    worker = min(live, key=lambda w: sum(v[0] is w for v in in_flight.values()))
+                log.warning("teacher: shard %s lost with its actor (%s); computing it again", job["shard_id"],
+                            type(e).__name__)
+                submit(worker)
+                continue
             manifest["shards"][f"{record['split']}-{record['index']:05d}"] = record
             write_json_atomic(manifest_path, manifest)
             done.add(record)

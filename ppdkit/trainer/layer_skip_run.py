@@ -8,6 +8,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from ppdkit.data_pipeline.ray_placement import largest_node_cpus
 from ppdkit.models.artifact import write_component
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.paths import write_json_atomic
@@ -70,7 +71,8 @@ def run_search(base: BaseModelConfig, cfg: LayerSkipConfig, data_dir: Path, out_
 
     out_dir.mkdir(parents=True, exist_ok=True)
     layers = AutoConfig.from_pretrained(materialize(base.name)).num_hidden_layers
-    cpus = cfg.num_workers * cfg.cpus_per_worker  # a trial gets what training would: the CPUs it is timed on
+    # a trial gets what training would, the CPUs it is timed on, as far as one node holds them (a trial is one task)
+    cpus = min(cfg.num_workers * cfg.cpus_per_worker, largest_node_cpus())
     timer = DevSetTimer(base.name, base.dtype, development_prompts(data_dir, cfg.search_prompts),
                         cfg.search_new_tokens, cpus)
     log.info("layer-skip search: %d trials over %d sub-layers on %d development prompts, %d new tokens each",
