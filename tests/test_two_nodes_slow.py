@@ -115,7 +115,8 @@ def test_a_node_lost_mid_teacher_leaves_the_shards_of_an_undisturbed_run(cluster
     out = cluster.root / "lost-teacher"
     driver = _driver(cluster, out, "data,teacher")
     log = out.parent / f"{out.name}.log"
-    wait_for(lambda: "(worker)" in log.read_text(), "teacher actor on the worker node", alive=lambda: driver.poll() is None)
+    running = lambda: driver.poll() is None  # noqa: E731
+    wait_for(lambda: "(worker)" in log.read_text(), "teacher actor on the worker node", alive=running)
     worker_node = next(line for line in log.read_text().splitlines() if "(worker)" in line).split("on node ")[1][:8]
     manifest = out / "teacher" / "manifest.json"
 
@@ -125,7 +126,7 @@ def test_a_node_lost_mid_teacher_leaves_the_shards_of_an_undisturbed_run(cluster
         except (OSError, ValueError):
             return False
 
-    wait_for(worker_shard_done, "a shard from the worker node", alive=lambda: driver.poll() is None)
+    wait_for(worker_shard_done, "a shard from the worker node", alive=running)
     done_before = len(_shards(out))
     cluster.lose("w1")
     _finish(driver, out)

@@ -11,8 +11,9 @@ machine and command it was measured with (its links relative to the page's folde
 The name is the report's path under docs/ without `.json`: a bench report (docs/results/NAME.json, what
 `ppdkit bench --out` writes), a step-cost report (docs/measurements/step-costs*.json, docs/tools/step_costs.py), a
 precision report (docs/measurements/precision*.json, `ppdkit precision`), a serving-load report
-(docs/measurements/serve-load*.json, `ppdkit serve-bench --out`) or the history (docs/measurements/history.json,
-figures transcribed from the pages before they had reports).
+(docs/measurements/serve-load*.json, `ppdkit serve-bench --out`), a cluster-throughput report
+(docs/measurements/cluster-throughput*.json, `infra/ray/cluster_throughput.py --out`) or the history
+(docs/measurements/history.json, figures transcribed from the pages before they had reports).
 
     .venv/bin/python docs/tools/figure_blocks.py           # rewrite every block from its report
     .venv/bin/python docs/tools/figure_blocks.py --check   # exit 1 when a block differs from its report, or when a
@@ -161,6 +162,35 @@ def serving_load_block(name: str, report: dict, docs_link: str) -> list[str]:
         [f"Not run: {'; '.join(not_run)}."] if not_run else [])
 
 
+def cluster_throughput_block(name: str, report: dict, docs_link: str) -> list[str]:
+    """A cluster-throughput report: the teacher's and training's positions per second in each cluster shape on the
+    same cores, the all-reduce of the trainable gradients where the ranks were, and an object got across nodes."""
+    lines = [provenance(report, "python infra/ray/cluster_throughput.py --out"), "",
+             f"`{report['spec']}` on `{report['base_model']}` ({report['quantization']}), overrides "
+             f"`{' '.join(report['overrides'])}`: the teacher stage on two actors and training on two DeepSpeed ranks "
+             f"(gloo), 1 CPU each, in each shape of one machine's cores "
+             f"([report]({docs_link}measurements/{name}.json)).",
+             "", "| shape | teacher positions/s | teacher actors' start s | training positions/s | ranks on the head | "
+             "all-reduce of the gradients (bytes) ms |", "|---|---:|---:|---:|---:|---:|"]
+    for shape in report["shapes"]:
+        reduce = shape["train"]["allreduce"]
+        lines.append(f"| {shape['shape']} | {shape['teacher']['positions_per_s']:.0f} | "
+                     f"{shape['teacher']['startup_s']:.1f} | {shape['train']['positions_per_s']:.1f} | "
+                     f"{shape['train']['ranks_on_head']} | "
+                     f"({reduce['bytes']}) {reduce['median_ms']:.2f} |")
+    one, *more = report["shapes"]
+    for shape in more:
+        lines += ["", f"{shape['shape']} against {one['shape']}: teacher "
+                      f"{shape['teacher']['positions_per_s'] / one['teacher']['positions_per_s']:.2f}x, training "
+                      f"{shape['train']['positions_per_s'] / one['train']['positions_per_s']:.2f}x."]
+        moved = shape.get("object_store_s")
+        if moved:
+            lines += ["", f"The object store: a {report['object_bytes'] / 2**20:.0f} MiB object the driver put, got by "
+                          f"a task on the head in {1000 * moved['head']:.0f} ms and on the worker node in "
+                          f"{1000 * moved['worker']:.0f} ms (median of {report.get('repeats', 5)})."]
+    return lines
+
+
 def history_block(name: str, report: dict, docs_link: str) -> list[str]:
     """The transcribed history: a heading per day, in date order, then one line per finding with its machine and
     command."""
@@ -179,6 +209,8 @@ def report_kind(report: dict):
     """The renderer for a report, by what it holds."""
     if report.get("kind") == "serving-load":
         return serving_load_block
+    if report.get("kind") == "cluster-throughput":
+        return cluster_throughput_block
     if "entries" in report and "transcribed_from" in report:
         return history_block
     if "results" in report and "prompts_source" in report:
@@ -187,7 +219,8 @@ def report_kind(report: dict):
         return step_cost_block
     if "perplexity" in report and "equal" in report:
         return precision_block
-    raise ValueError("not a report this tool renders: a bench, step-cost, precision, serving-load or history report")
+    raise ValueError("not a report this tool renders: a bench, step-cost, precision, serving-load, "
+                     "cluster-throughput or history report")
 
 
 def docs_prefix(page: Path, docs: Path = DOCS) -> str:
