@@ -1,6 +1,7 @@
-"""Two Ray nodes on one machine (infra/ray): a submitted job spread over both, then the worker node lost mid-teacher
-and, in a second run, mid-training. Each run ends with what the undisturbed job made: the same teacher shards, byte for
-byte, and the same loss curve and component."""
+"""The real way to use ppdkit, on two Ray nodes of one machine (infra/ray) and an MLflow server: a submitted job
+spread over both nodes, followed, registered, promoted and decoded from the registry; then the worker node lost
+mid-teacher and, in a second run, mid-training. Each run ends with what the undisturbed job made: the same teacher
+shards, byte for byte, and the same loss curve and component."""
 
 import json
 import subprocess
@@ -64,14 +65,20 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def undisturbed(cluster):
-    """The whole job, submitted to the two nodes: its output and its log."""
+    """The whole job, submitted to the two nodes and followed: its output, its id and its log."""
     out = cluster.root / "undisturbed"
     submitted = _ppdkit("submit", str(REPO / "ppdkit/jobs/configs/demo.yaml"), *_overrides(cluster.data),
-                        "--address", cluster.dashboard, "--output", str(out), "--wait", env=cluster.env)
-    assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
-    job_id = submitted.stdout.strip().splitlines()[0]
-    logs = _ppdkit("jobs", "logs", job_id, "--address", cluster.dashboard, env=cluster.env).stdout
-    return out, logs
+                        "--address", cluster.dashboard, "--output", str(out), env=cluster.env)
+    assert submitted.returncode == 0, submitted.stderr[-3000:] + _head_log(cluster)
+    job_id = submitted.stdout.strip().splitlines()[-1]
+    followed = _ppdkit("jobs", "logs", job_id, "--follow", "--address", cluster.dashboard, env=cluster.env,
+                       timeout=1500)
+    return out, job_id, followed.stdout
+
+
+def _head_log(cluster) -> str:
+    log = cluster.state_dir / f"ray-head-{cluster.env['RAY_DASHBOARD_PORT']}" / "head.log"
+    return "\n--- the head's log ---\n" + (log.read_text()[-3000:] if log.exists() else "(none)")
 
 
 def _ppdkit(*args: str, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -98,20 +105,39 @@ def _shards(out: Path) -> dict:
     return manifest["shards"]
 
 
-def test_a_submitted_job_spreads_over_two_nodes(undisturbed):
-    out, logs = undisturbed
+def test_a_submitted_job_spreads_over_two_nodes_and_its_component_decodes_from_the_registry(cluster, undisturbed):
+    out, job_id, logs = undisturbed
     assert "stages data, teacher, train, calibrate, evaluate, register complete" in logs, logs[-3000:]
+    assert "compare:   http://127.0.0.1:" in logs  # the server is the UI: its own link, no `ppdkit ui`
+    assert "View run" not in logs  # MLflow's own line at the run's end: the summary has the links
+    assert _ppdkit("jobs", "status", job_id, "--address", cluster.dashboard, env=cluster.env).stdout.strip() == \
+        "SUCCEEDED"
+    assert job_id in _ppdkit("jobs", "list", "--address", cluster.dashboard, env=cluster.env).stdout
     # which node ran what: the teacher's two actors, and the two training ranks, one on each node
     assert "teacher: worker 0" in logs and "(head)" in logs and "(worker)" in logs, logs[-3000:]
     attempts = json.loads((out / "train" / "placement.json").read_text())
     assert len(attempts) == 1 and sorted(r["head"] for r in attempts[0]["ranks"]) == [False, True]
     nodes = {r["timing"]["node"] for r in _shards(out).values()}
     assert len(nodes) == 2  # both nodes computed shards
-    assert (out / "register" / "summary.json").is_file()
+
+    registered = json.loads((out / "register" / "summary.json").read_text())
+    assert registered["name"] == "ppdkit-two-nodes"
+    promoted = _ppdkit("promote", "ppdkit-two-nodes", str(registered["version"]), env=cluster.env)
+    assert promoted.returncode == 0 and "now champion" in promoted.stdout, promoted.stderr
+    decoded = _ppdkit("decode", "--model", "models:/ppdkit-two-nodes@champion", "--prompt", "Hello there",
+                      "--max-new-tokens", "8", env=cluster.env)
+    assert decoded.returncode == 0, decoded.stderr[-3000:]
+    assert "[ppd] 8 tokens" in decoded.stderr
+    assert "Downloading artifacts" not in decoded.stderr  # MLflow's bar: not ours, off without --verbose
+    # what users meet: clear errors
+    missing = _ppdkit("decode", "--model", "models:/ppdkit-two-nodes@nosuchalias", "--prompt", "x", env=cluster.env)
+    assert missing.returncode == 2 and "registered models: ppdkit-two-nodes" in missing.stderr
+    nowhere = _ppdkit("jobs", "list", "--address", f"http://127.0.0.1:{free_port()}", env=cluster.env)
+    assert nowhere.returncode == 2 and "no Ray job API" in nowhere.stderr
 
 
 def test_a_node_lost_mid_teacher_leaves_the_shards_of_an_undisturbed_run(cluster, undisturbed):
-    reference, _ = undisturbed
+    reference = undisturbed[0]
     out = cluster.root / "lost-teacher"
     driver = _driver(cluster, out, "data,teacher")
     log = out.parent / f"{out.name}.log"
@@ -144,7 +170,7 @@ def test_a_node_lost_mid_teacher_leaves_the_shards_of_an_undisturbed_run(cluster
 
 
 def test_a_node_lost_mid_training_resumes_on_the_same_loss_curve(cluster, undisturbed):
-    reference, _ = undisturbed
+    reference = undisturbed[0]
     teacher_run = cluster.root / "lost-teacher"
     if not (teacher_run / "teacher" / "manifest.json").is_file():
         pytest.skip("needs the run of the test before: its data and teacher cache")
