@@ -39,6 +39,9 @@ class LocalCluster:
                     "RAY_DASHBOARD_PORT": str(dashboard), "RAY_AUTH_MODE": "disabled",
                     **{name: str(free_port()) for name in AGENT_PORTS}}
         self.env.pop("RAY_ADDRESS", None)
+        # a node stopped with work left (a job's supervisor, say) drains for up to 30 s first: these clusters are
+        # stopped when their work is done or lost
+        self.env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "3")
         self.address = f"127.0.0.1:{gcs}"  # for ray.address / ray.init
         self.dashboard = f"http://127.0.0.1:{dashboard}"  # the job API, for `ppdkit submit --address`
         self.state_dir = state_dir
