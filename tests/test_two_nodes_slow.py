@@ -206,3 +206,4 @@ def test_a_node_lost_mid_training_resumes_on_the_same_loss_curve(cluster, undist
     assert component.keys() == undisturbed_component.keys()
     for name, tensor in component.items():
         assert (tensor - undisturbed_component[name]).abs().max().item() <= 1e-6, name
+    assert not list((out / "train").rglob("*.tmp*")), "a half-written checkpoint file was kept"

@@ -28,7 +28,7 @@ nohup "$(dirname "$ray")/python" "$here/infra/ray/start_worker_node.py" start --
 echo $! > "$state/worker.pid"
 # `ray start` says so once this node's raylet has registered with the head's GCS.
 for _ in $(seq 120); do
-    if grep -q "Ray runtime started" "$state/worker.log"; then
+    if grep -qs "Ray runtime started" "$state/worker.log"; then
         echo "Ray worker node $name up: ${2:-1} CPU(s), joined 127.0.0.1:$gcs (log: $state/worker.log)"
         exit 0
     fi

@@ -4,11 +4,8 @@ set -euo pipefail
 dash="${RAY_DASHBOARD_PORT:-8265}"
 state="${PPDKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ppdkit}/ray-head-$dash"
 [ -f "$state/head.pid" ] || { echo "no head recorded in $state"; exit 0; }
-pid="$(cat "$state/head.pid")"
-kill -TERM "$pid" 2>/dev/null || true
-for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-kill -KILL "$pid" 2>/dev/null || true
-rm -f "$state/head.pid"
+source "$(dirname "$0")/stop_ray_start.sh"
+stop_ray_start "$state/head.pid"
 # `ray start` records the head for later `ray.init()` calls; forget it if it is this head
 current="${TMPDIR:-/tmp}/ray/ray_current_cluster"
 if [ -f "$current" ] && grep -q ":${RAY_GCS_PORT:-6390}\$" "$current"; then rm -f "$current"; fi
