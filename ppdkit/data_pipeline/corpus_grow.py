@@ -27,6 +27,7 @@ from pydantic import Field, model_validator
 from tqdm import tqdm
 
 from ppdkit.models.config import BaseModelConfig, Section
+from ppdkit.models.device_plan import current_device_plan
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.linear import SKINNY_MAX_ROWS
 from ppdkit.runtime.native import cpu_info
@@ -201,8 +202,9 @@ def grow_corpus(root: Path, cfg: CorpusConfig, max_shards: int | None = None, ho
     dtype = resolve_dtype(cfg.compute_dtype, device)
     loaded = load_base_model(cfg.base_model, "none", dtype)
     loaded.model.to(device)
+    # the plan of `device`, not of the machine: a GPU machine told `cpu` writes on the CPU's runtime
     runtime = regeneration_runtime(loaded, BaseModelConfig(name=cfg.base_model, quantization="none"), dtype,
-                                   cfg.max_length)
+                                   cfg.max_length, current_device_plan(device))
     corpus = create_corpus(root, cfg.base_model, loaded.fingerprint, loaded.tokenizer, cfg.max_length)
     with only_writer(root):
         if dropped := drop_unlisted(corpus):

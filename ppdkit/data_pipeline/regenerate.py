@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ppdkit.models.config import BaseModelConfig
+from ppdkit.models.device_plan import DevicePlan, current_device_plan
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.batched_decoding import Request, decode_many
 from ppdkit.runtime.llama import LeanLlama, end_tokens
@@ -178,11 +179,17 @@ def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conve
     return [Conversation(s.conv.id, tuple(_answered_to(s.messages))) for s in states]
 
 
-def regeneration_runtime(loaded, base: BaseModelConfig, dtype: str, max_length: int) -> LeanLlama | None:
+def regeneration_runtime(loaded, base: BaseModelConfig, dtype: str, max_length: int,
+                         plan: DevicePlan | None = None) -> LeanLlama | None:
     """The model greedy regeneration decodes on, and an unquantized teacher's pass reads with: the decoder's own
     (runtime/llama.py on the unquantized base in `dtype`, what `ppdkit decode` verifies with), so the regenerated
     text is what the decoder would write. A 4-bit teacher loads that model beside it. None where the native
-    kernels cannot run it (transformers' generate and forward then)."""
+    kernels cannot run it (transformers' generate and forward then), and where the device plan (default: this
+    process's) regenerates on the GPU the teacher was loaded on: transformers' generate in batches there, not an
+    unquantized copy on the CPU."""
+    plan = plan or current_device_plan()
+    if plan.regeneration_engine == "transformers" and next(loaded.model.parameters()).device.type == plan.device:
+        return None
     model = loaded.model if base.quantization == "none" else load_base_model(base.name, "none", dtype).model
     if next(model.parameters()).device.type != "cpu":
         return None

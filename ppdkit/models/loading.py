@@ -9,6 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .catalog import materialize
+from .device_plan import current_device_plan
 from .fingerprint import cached_fingerprint
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def load_base_model(
             bnb_4bit_compute_dtype=DTYPES[dtype],
             bnb_4bit_use_double_quant=False,
         )
-        kwargs["device_map"] = "cpu" if not torch.cuda.is_available() else "auto"
+        kwargs["device_map"] = current_device_plan().nf4_device_map  # bitsandbytes quantizes where it loads
     elif quantization != "none":
         raise ValueError(f"unknown quantization {quantization!r}; use 'none' or 'nf4'")
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

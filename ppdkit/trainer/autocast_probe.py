@@ -4,7 +4,8 @@ whichever this worker runs faster, timed once per process on the draft layer's s
 Neither flag of a CPU says which wins: AVX512-BF16 gives a bfloat16 dot product (VDPBF16PS), but on a CPU without
 AMX it may issue at a fraction of the rate of float32 FMAs (docs/devices.md#the-bfloat16-kernel), so the same draft
 trains markedly faster under autocast on one such CPU and slower on another. Timing the draft layer's own product
-where the worker runs settles it for that machine; on a GPU autocast always wins, so nothing is timed there.
+where the worker runs settles it for that machine; on a GPU with bfloat16 autocast always wins, so nothing is timed
+there (models/device_plan.py).
 """
 
 import logging
@@ -12,6 +13,8 @@ import time
 from functools import cache
 
 import torch
+
+from ppdkit.models.device_plan import current_device_plan
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +25,8 @@ def use_autocast(precision: str, device: torch.device) -> bool:
     """Whether a run of `precision` (Eagle3Config.precision) trains the draft under bfloat16 autocast on `device`."""
     if precision != "auto":
         return precision == "bf16-autocast"
-    return device.type == "cuda" or _autocast_is_faster()
+    choice = current_device_plan(device).autocast
+    return choice == "always" or (choice == "timed" and _autocast_is_faster())
 
 
 @cache

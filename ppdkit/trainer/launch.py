@@ -6,10 +6,9 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
-
 from ppdkit.data_pipeline.ray_placement import Placement, describe, training_strategy
 from ppdkit.models.config import BaseModelConfig
+from ppdkit.models.device_plan import DevicePlan, current_device_plan
 
 from .config import WeightTrainingConfig
 from .worker import PLACEMENT_FILE, PROGRESS_FILE, train_loop_per_worker
@@ -30,14 +29,13 @@ def run_training(base: BaseModelConfig, cfg: WeightTrainingConfig, teacher_dir: 
     from ray.train.torch import TorchConfig, TorchTrainer
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    gpu = torch.cuda.is_available()
+    devices = trainer_devices(current_device_plan(), cfg.cpus_per_worker)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg.model_dump(), "base_model": base.model_dump(), "teacher_dir": str(teacher_dir),
                            "output": str(out_dir), "tracker": tracker_ref, "online": online},
-        torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=gpu,
-                                     resources_per_worker={"CPU": cfg.cpus_per_worker},
+        torch_config=TorchConfig(**devices["torch_config"]),
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, **devices["scaling_config"],
                                      placement_strategy=training_strategy(placement)),
         run_config=RunConfig(name="train", storage_path=str((out_dir / "ray").resolve()),
                              failure_config=FailureConfig(max_failures=cfg.max_failures)),
@@ -52,6 +50,13 @@ def run_training(base: BaseModelConfig, cfg: WeightTrainingConfig, teacher_dir: 
         log.info("training from step %d: %s%s", attempt["from_step"],
                  ", ".join(f"rank {r} on {describe(node)}" for r, node in enumerate(attempt["ranks"])), cost or "")
     return json.loads((out_dir / "result.json").read_text())
+
+
+def trainer_devices(plan: DevicePlan, cpus_per_worker: int) -> dict[str, dict]:
+    """The device settings of the TorchTrainer, from the driver's plan: TorchConfig's and ScalingConfig's kwargs."""
+    return {"torch_config": {"backend": plan.distributed_backend},
+            "scaling_config": {"use_gpu": plan.ray_use_gpu,
+                               "resources_per_worker": plan.worker_resources(cpus_per_worker)}}
 
 
 def _attempts(out_dir: Path) -> list[dict]:

@@ -21,6 +21,7 @@ import torch
 
 from ppdkit.data_pipeline.worker_log import log_to_file
 from ppdkit.data_pipeline.worker_memory import bound_kernel_caches, release_freed_memory
+from ppdkit.models.device_plan import current_device_plan
 from ppdkit.models.paths import write_json_atomic
 
 from .config import WeightTrainingConfig, train_config
@@ -31,12 +32,13 @@ PLACEMENT_FILE = "placement.json"  # each attempt's ranks and the nodes they ran
 RELEASE_MEMORY_EVERY = 10  # steps between handing the allocator's freed pages back (data_pipeline/worker_memory.py)
 
 
-def _setup_deepspeed_cpu() -> None:
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # The shared-memory comm op is JIT-compiled on first use (35 s) and only speeds up CPU allreduce
-    # of large tensors; prompt tokens are a few KB.
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+def _setup_deepspeed_accelerator() -> None:
+    plan = current_device_plan()
+    os.environ.setdefault("DS_ACCELERATOR", plan.deepspeed_accelerator)
+    if plan.skip_shm_comm_build:
+        # The shared-memory comm op is JIT-compiled on first use (35 s) and only speeds up CPU allreduce
+        # of large tensors; prompt tokens are a few KB.
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
 def deepspeed_config(cfg) -> dict:
@@ -143,7 +145,7 @@ class Training:
 
 def train_loop_per_worker(config: dict) -> None:
     bound_kernel_caches()  # first: before any oneDNN kernel is made
-    _setup_deepspeed_cpu()
+    _setup_deepspeed_accelerator()
     from .training_methods import TRAINING_METHODS
     from .warm_start import starting_component
 
