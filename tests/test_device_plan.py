@@ -157,6 +157,24 @@ def test_a_teacher_on_the_gpu_regenerates_there_and_one_on_the_cpu_on_the_runtim
     assert regenerate.regeneration_runtime(on_cpu, unquantized, "float32", 64, CPU) is not None
 
 
+def test_a_training_batch_moves_whole_to_the_base_models_device():
+    """Prompt-token training, evaluation and calibration move each collated batch to the base model's device; the
+    meta device stands for a GPU here: every tensor of the batch goes, its layout stays."""
+    import random
+
+    from ppdkit.data_pipeline.teacher_cache import ShardSequence
+    from ppdkit.trainer.prompt_batch import collate
+
+    seq = ShardSequence(row=0, input_ids=torch.arange(12), positions=torch.arange(4, 11),
+                        topk_ids=torch.zeros(7, 4, dtype=torch.long), topk_logprobs=torch.zeros(7, 4),
+                        rest_mass=torch.zeros(7), features=None)
+    batch = collate([seq], 3, 1, 2, "ensemble", random.Random(0))
+    moved = batch.to(torch.device("meta"))
+    tensors = [name for name, value in vars(batch).items() if isinstance(value, torch.Tensor)]
+    assert len(tensors) == 11 and all(getattr(moved, name).device.type == "meta" for name in tensors)
+    assert moved.ordinary_len == batch.ordinary_len and batch.input_ids.device.type == "cpu"
+
+
 def test_the_wheel_closure_follows_extras_and_markers_and_stops_at_the_image():
     demo = _demo_wheels()
     requires = {"app": ["lib>=1", "extra-only; extra == 'web'", "old-python; python_version < '3.12'", "torch"],

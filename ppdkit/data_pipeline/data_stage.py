@@ -74,7 +74,7 @@ def score_with_base_model(base: BaseModelConfig, rows: list[TokenizedConversatio
     with torch.inference_mode():
         for row in rows:
             ids = torch.tensor([row.input_ids])
-            logits = loaded.model(ids).logits[0, :-1].float()  # [T-1, V]: prediction for token t+1
+            logits = loaded.model(ids.to(loaded.model.device)).logits[0, :-1].float().cpu()  # [T-1, V]: for t+1
             target = ids[0, 1:]
             mask = torch.tensor(row.loss_mask[1:], dtype=torch.bool)
             logp = torch.log_softmax(logits[mask], dim=-1)

@@ -88,15 +88,17 @@ def teacher_sequences(model, rows: list[dict], k: int, batch_size: int, features
         for b, r in enumerate(batch):
             ids[b, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
             attention[b, :len(r["input_ids"])] = 1
-        with torch.inference_mode():
-            hidden = decoder(input_ids=ids, attention_mask=attention).last_hidden_state  # [B, T, H]
+        with torch.inference_mode():  # on the model's device (a GPU's, models/device_plan.py); the shard on the CPU
+            hidden = decoder(input_ids=ids.to(model.device),
+                             attention_mask=attention.to(model.device)).last_hidden_state  # [B, T, H]
             for b, r in enumerate(batch):
                 positions = torch.tensor(supervised_positions(r["loss_mask"]), dtype=torch.long)  # [P]
-                topk_ids, topk_logprobs, rest = compress_logits(head(hidden[b, positions]), k)  # [P, V] -> top-k
+                compressed = compress_logits(head(hidden[b, positions.to(hidden.device)]), k)  # [P, V] -> top-k
+                topk_ids, topk_logprobs, rest = (part.cpu() for part in compressed)
                 n = len(r["input_ids"])
                 out.append(ShardSequence(row=r["row"], input_ids=ids[b, :n], positions=positions,
                                          topk_ids=topk_ids, topk_logprobs=topk_logprobs, rest_mass=rest,
-                                         features=hidden[b, :n].to(torch.float16) if features else None))
+                                         features=hidden[b, :n].to(torch.float16).cpu() if features else None))
     return out
 
 

@@ -43,17 +43,17 @@ def guess_ranks(base_model, component, sequences, groups: int, micro_batch: int,
     out = []
     with torch.no_grad():
         for i in tqdm(range(0, len(sequences), micro_batch), desc="calibrating", unit="batch"):
-            batch = collate(sequences[i:i + micro_batch], k, n, groups, h["mask"], rng)
+            batch = collate(sequences[i:i + micro_batch], k, n, groups, h["mask"], rng).to(base_model.device)
             logp, hidden = student_forward(base_model, emb, weights, k, n, batch, draft_head)  # [B,G,k,V], [B,T,H]
             # greedy token of the base at t + d (ordinary positions are untouched by prompt tokens)
             insert_at = batch.position_ids.gather(1, batch.group_slots[..., 0]) - 1  # [B, G]
-            at = insert_at[..., None] + torch.arange(1, k + 1)  # [B, G, k]
-            rows = torch.arange(len(at))[:, None, None]
+            at = insert_at[..., None] + torch.arange(1, k + 1, device=insert_at.device)  # [B, G, k]
+            rows = torch.arange(len(at), device=at.device)[:, None, None]
             greedy = lm_head(hidden[rows, at.clamp(max=hidden.shape[1] - 1)]).argmax(-1)  # [B, G, k]
             target_logp = logp.gather(-1, greedy[..., None])  # [B, G, k, 1]
             rank = (logp > target_logp).sum(-1)  # [B, G, k]
             valid = batch.group_valid[..., None] & batch.target_valid  # [B, G, k]
-            out.append(torch.where(valid, rank, torch.full_like(rank, -1)).flatten(0, 1))
+            out.append(torch.where(valid, rank, torch.full_like(rank, -1)).flatten(0, 1).cpu())
     return torch.cat(out)
 
 

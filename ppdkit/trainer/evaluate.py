@@ -22,11 +22,12 @@ def evaluate(base_model, embeddings: torch.Tensor, ept_weights: torch.Tensor | N
              head: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
     """{'acc_top1_d1': ..., 'kl_d1': ..., 'acc_top1_mean': ...} over fixed insertion points of `sequences`."""
     rng = random.Random(seed)  # the same points at every evaluation, so evaluations compare
-    hits = {top: torch.zeros(k) for top in TOPS}
-    kl_sum, count = torch.zeros(k), torch.zeros(k)
+    device = base_model.device  # a GPU's, or the CPU (models/device_plan.py)
+    hits = {top: torch.zeros(k, device=device) for top in TOPS}
+    kl_sum, count = torch.zeros(k, device=device), torch.zeros(k, device=device)
     with torch.no_grad():
         for i in range(0, len(sequences), micro_batch):
-            batch = collate(sequences[i:i + micro_batch], k, n, groups, mask, rng)
+            batch = collate(sequences[i:i + micro_batch], k, n, groups, mask, rng).to(device)
             logp = student_logprobs(base_model, embeddings, ept_weights, k, n, batch, head).flatten(0, 1)  # [N, k, V]
             valid = batch.target_valid.flatten(0, 1)  # [N, k]
             teacher_top1 = batch.teacher_ids.flatten(0, 1)[..., 0]  # [N, k]

@@ -1,7 +1,7 @@
 """Batches for prompt-token training: teacher-cache sequences -> multi-insertion layouts, padded."""
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -28,6 +28,11 @@ class TrainBatch:
 
     def mask(self, dtype: torch.dtype) -> torch.Tensor:
         return additive_mask(self.attention, dtype)
+
+    def to(self, device: torch.device) -> "TrainBatch":
+        """The batch on `device`, the base model's (a GPU's, models/device_plan.py): itself where it already is."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
     @property
     def supervised(self) -> int:

@@ -48,7 +48,8 @@ class PromptRun(TrainingRun):
     def loss(self, engine, sequences, rng: random.Random, step: int) -> tuple[torch.Tensor, int]:
         """(the loss of one micro-batch, its supervised positions), insertion points drawn from `rng`."""
         cfg = self.cfg
-        batch = collate(sequences, cfg.num_prompt_tokens, cfg.num_epts, cfg.groups_per_sequence, cfg.mask, rng)
+        batch = collate(sequences, cfg.num_prompt_tokens, cfg.num_epts, cfg.groups_per_sequence, cfg.mask,
+                        rng).to(self.base.model.device)
         emb, weights, head = engine(self.head_active(step))
         logp = student_logprobs(self.base.model, emb, weights, cfg.num_prompt_tokens, cfg.num_epts, batch, head)
         return prompt_token_loss(logp, batch, cfg.loss, cfg.alpha), batch.supervised

@@ -37,15 +37,15 @@ def student_forward(base_model, embeddings: torch.Tensor, ept_weights: torch.Ten
         prefix = decoder(inputs_embeds=tokens[:, :t], attention_mask=mask[:, :, :t, :t],
                          position_ids=batch.position_ids[:, :t], use_cache=True, **cache)  # hidden [B, T, H]
     slots = batch.ept_slot[:, t:]  # [B, L-T]
-    epts = embeddings.to(tokens.dtype)[slots.clamp_min(0)]  # [B, L-T, H]
+    epts = embeddings.to(tokens.device, tokens.dtype)[slots.clamp_min(0)]  # [B, L-T, H]
     x = torch.where((slots >= 0)[..., None], epts, tokens[:, t:])  # [B, L-T, H]
     groups = decoder(inputs_embeds=x, attention_mask=mask[:, :, t:, :], position_ids=batch.position_ids[:, t:],
                      use_cache=True, **cache).last_hidden_state  # [B, L-T, H]
-    rows = torch.arange(groups.shape[0])[:, None, None]
+    rows = torch.arange(groups.shape[0], device=groups.device)[:, None, None]
     # a sequence with fewer groups than the batch pads with slot 0: clamped here, masked by group_valid later
     per_ept = groups[rows, (batch.group_slots - t).clamp_min(0)]  # [B, G, k*n, H]
-    per_token = aggregate_epts(per_ept, k, n, ept_weights)  # [B, G, k, H]
+    per_token = aggregate_epts(per_ept, k, n, None if ept_weights is None else ept_weights.to(per_ept.device))
     if head is not None:  # the custom decoding head reads the prompt tokens' states; ordinary tokens never
-        per_token = apply_residual_head(per_token, *head)
+        per_token = apply_residual_head(per_token, *(part.to(per_token.device) for part in head))  # [B, G, k, H]
     logits = base_model.get_output_embeddings()(per_token)  # [B, G, k, V]
     return torch.log_softmax(logits.float(), dim=-1), prefix.last_hidden_state
