@@ -260,7 +260,7 @@ def _record_placement(t: Training) -> None:
     write_json_atomic(path, attempts)
 
 
-def _allreduce_cost(t: Training, repeats: int = 20) -> dict:
+def _allreduce_cost(t: Training, repeats: int = 5) -> dict:
     """What one all-reduce of the trainable parameters' gradients costs between these ranks (gloo on a CPU): the
     traffic a step adds when the ranks are on different nodes, timed where they are."""
     import torch.distributed as dist
