@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 PPDKIT = Path(sys.executable).with_name("ppdkit")
 ROWS = 240  # one teacher shard per row: a node lost after its first shard leaves most of the pass to go
-STEPS = 60  # a checkpoint every 10: a node lost after step 12 resumes from step 10
+STEPS = 100  # a checkpoint every 10: a node lost after step 12 resumes from step 10 (or a later one)
 COLOURS = ("red", "green", "blue", "amber", "violet", "white", "black")
 
 
@@ -191,8 +191,8 @@ def test_a_node_lost_mid_training_resumes_on_the_same_loss_curve(cluster, undist
     cluster.lose("w2")
     _finish(driver, out)
     attempts = json.loads(placement.read_text())
-    # the restarted group began at a checkpoint after the one the lost node's rank saw being written (it died some
-    # steps after step 12: the surviving rank's all-reduce fails once Ray has seen the node go)
+    # the restarted group began at the last checkpoint before the loss: step 10, or a later one when the steps went on
+    # while the kill was being made (tiny steps)
     assert len(attempts) == 2 and attempts[1]["from_step"] >= 10 and attempts[1]["from_step"] % 10 == 0
     assert attempts[1]["from_step"] < STEPS  # lost mid-training, not after it
     assert all(r["head"] for r in attempts[1]["ranks"])  # what was left: the head

@@ -62,12 +62,18 @@ class LocalCluster:
         return int((self.state_dir / f"ray-worker-{name}" / "worker.pid").read_text())
 
     def lose(self, name: str) -> None:
-        """Lose worker node `name` as a machine is lost: its raylet killed (SIGKILL); `ray start --block` then stops
-        the node's other processes (its workers, actors and agents die with it, as on a lost machine)."""
+        """Lose worker node `name` as a machine is lost: every process of it killed at once (SIGKILL), its raylet, its
+        workers (actors, training ranks) and agents. Killing the raylet alone leaves its workers running for a while
+        (they notice their raylet's death late), still answering their peers, as no lost machine does."""
         parent = psutil.Process(self.worker_pid(name))
-        raylets = [p for p in parent.children(recursive=True) if p.name() == "raylet"]
+        node = parent.children(recursive=True)
+        raylets = [p for p in node if p.name() == "raylet"]
         assert len(raylets) == 1, f"worker node {name} has {len(raylets)} raylets"
-        os.kill(raylets[0].pid, signal.SIGKILL)
+        for process in [*raylets, *node, parent]:  # the raylet first: nothing of the node is restarted by it
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         parent.wait(60)
         self._script("stop-local-worker.sh", name, check=False)  # its pid file and temp dir: nothing runs now
         self.workers.remove(name)
