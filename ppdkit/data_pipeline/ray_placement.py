@@ -8,7 +8,6 @@ fills one node first (Ray's default for actors, Ray Train's PACK): the ranks' al
 from typing import Literal
 
 Placement = Literal["spread", "pack"]
-PLACEMENTS: tuple[str, ...] = ("spread", "pack")
 
 
 def actor_strategy(placement: Placement) -> str:

@@ -45,10 +45,10 @@ def run_training(base: BaseModelConfig, cfg: WeightTrainingConfig, teacher_dir: 
     with _progress_bar(out_dir / PROGRESS_FILE):
         trainer.fit()
     for attempt in _attempts(out_dir)[earlier:]:
-        cost = attempt["allreduce"] and " (an all-reduce of the {bytes} gradient bytes: {median_ms} ms)".format(
-            **attempt["allreduce"])
-        log.info("training from step %d: %s%s", attempt["from_step"],
-                 ", ".join(f"rank {r} on {describe(node)}" for r, node in enumerate(attempt["ranks"])), cost or "")
+        ranks = ", ".join(f"rank {r} on {describe(node)}" for r, node in enumerate(attempt["ranks"]))
+        reduce = attempt["allreduce"]  # None with one rank
+        cost = f" (an all-reduce of the {reduce['bytes']} gradient bytes: {reduce['median_ms']} ms)" if reduce else ""
+        log.info("training from step %d: %s%s", attempt["from_step"], ranks, cost)
     return json.loads((out_dir / "result.json").read_text())
 
 

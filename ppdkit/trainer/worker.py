@@ -238,8 +238,8 @@ def _resume(t: Training) -> None:
 
 
 def _record_placement(t: Training) -> None:
-    """Rank 0 appends this attempt (Ray Train restarts the whole group after a lost worker or node) to OUT/placement.json:
-    the step it starts from and the node of every rank."""
+    """Rank 0 appends this attempt (Ray Train restarts the whole group after a lost worker or node) to
+    OUT/placement.json: the step it starts from, the node of every rank and what an all-reduce costs between them."""
     import ray
 
     from ppdkit.data_pipeline.ray_placement import this_node
@@ -261,18 +261,22 @@ def _record_placement(t: Training) -> None:
 
 
 def _allreduce_cost(t: Training, repeats: int = 5) -> dict:
-    """What one all-reduce of the trainable parameters' gradients costs between these ranks (gloo on a CPU): the
-    traffic a step adds when the ranks are on different nodes, timed where they are."""
+    """What one all-reduce of the trainable parameters' gradients costs between these ranks (gloo on a CPU, nccl on
+    GPUs): the traffic a step adds when the ranks are on different nodes, timed where they are."""
     import torch.distributed as dist
 
-    numel = sum(p.numel() for p in t.engine.module.parameters() if p.requires_grad)
-    grads = torch.zeros(numel, dtype=torch.float32)  # [N]
+    trainable = [p for p in t.engine.module.parameters() if p.requires_grad]
+    numel = sum(p.numel() for p in trainable)
+    # where the gradients are: nccl all-reduces GPU tensors only, and returns before a GPU has finished
+    grads = torch.zeros(numel, dtype=torch.float32, device=trainable[0].device)  # [N]
     dist.all_reduce(grads)  # the first one connects
     seconds = []
     for _ in range(repeats):
         t.ranks.barrier()
         started = time.perf_counter()
         dist.all_reduce(grads)
+        if grads.is_cuda:
+            torch.cuda.synchronize(grads.device)
         seconds.append(time.perf_counter() - started)
     return {"bytes": 4 * numel, "median_ms": round(1000 * sorted(seconds)[repeats // 2], 3)}
 
