@@ -106,3 +106,13 @@ def test_a_component_without_checksums_loads_with_a_warning(component, caplog):
     assert loaded.extras == {"trees": {"tau": 1.5}} and loaded.ngrams is not None
     add_files(component)  # listing it again makes it a checked component
     assert read_component(component).verified
+
+
+def test_a_folder_that_is_not_a_component_names_the_committed_one_of_its_name(tmp_path):
+    # the committed components moved from models/components to ppdkit/models/components: commands in older reports
+    # name the first
+    with pytest.raises(ArtifactError, match=r"no component.json\); the committed component of that name is "
+                                            "ppdkit/models/components/smollm2-135m-eagle3"):
+        read_component(tmp_path / "models" / "components" / "smollm2-135m-eagle3")
+    with pytest.raises(ArtifactError, match=r"not a ppdkit component \(no component.json\)$"):
+        read_component(tmp_path / "elsewhere")

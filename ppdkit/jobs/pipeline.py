@@ -110,7 +110,7 @@ def components_named(cfg) -> list[str]:
 def local_component(key: str, cfg, tracker: Tracker) -> Path:
     """train.`key` as the absolute directory of a readable component (a models:/ URI is downloaded from the run's
     registry); a clear error before any stage runs when it is missing or damaged."""
-    from ppdkit.models.artifact import read_component
+    from ppdkit.models.artifact import committed_named_as, read_component
 
     source = getattr(cfg, key)
     if source.startswith("models:/"):
@@ -119,9 +119,9 @@ def local_component(key: str, cfg, tracker: Tracker) -> Path:
         return resolve(source, tracker.ref().uri)
     directory = Path(source).expanduser().resolve()
     if not (directory / "component.json").is_file():
-        raise PipelineError(f"train.{key}={source}: no component there ({directory}/component.json is missing); "
-                            f"give {COMPONENT_KEYS[key]} (OUTPUT/calibrate/component, or a directory under "
-                            "models/components) or its registry URI models:/NAME@ALIAS")
+        raise PipelineError(f"train.{key}={source}: no component there ({directory}/component.json is missing"
+                            f"{committed_named_as(directory)}); give {COMPONENT_KEYS[key]} (OUTPUT/calibrate/component, "
+                            "or a directory under ppdkit/models/components) or its registry URI models:/NAME@ALIAS")
     read_component(directory)  # damaged files fail here, not in the train stage
     return directory
 

@@ -31,6 +31,7 @@ REQUIRED_BASE = ("name", "fingerprint")
 META_FILE = "component.json"
 WEIGHTS_FILE = "weights.safetensors"
 NGRAMS_FILE = "ngrams.safetensors"
+COMMITTED_COMPONENTS = Path(__file__).parent / "components"  # the components committed with ppdkit
 FIX = "export the component again (or download it again from the registry)"
 
 
@@ -134,10 +135,19 @@ def read_component(directory: Path, expect_fingerprint: str | None = None) -> Co
                      tensors, extras, ngrams, verified=listing is not None)
 
 
+def committed_named_as(directory: Path) -> str:
+    """A hint for a path that is not a component: the committed component of the same folder name, if there is one
+    (the committed components moved from models/components to ppdkit/models/components; old commands name the first)."""
+    committed = COMMITTED_COMPONENTS / Path(directory).name
+    if (committed / META_FILE).is_file():
+        return f"; the committed component of that name is {committed.relative_to(COMMITTED_COMPONENTS.parents[2])}"
+    return ""
+
+
 def _read_meta(directory: Path) -> dict:
     path = directory / META_FILE
     if not path.is_file():
-        raise ArtifactError(f"{directory} is not a ppdkit component (no {META_FILE})")
+        raise ArtifactError(f"{directory} is not a ppdkit component (no {META_FILE}){committed_named_as(directory)}")
     try:
         meta = json.loads(path.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
