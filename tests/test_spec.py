@@ -104,3 +104,12 @@ def test_cli_reports_a_bad_key_and_exits_2(tmp_path, capsys):
     assert main(["run", str(path), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "base_model.nme" in err and "quantization" in err
+
+
+def test_a_missing_spec_named_like_a_shipped_recipe_names_it():
+    # the recipes moved from jobs/configs to ppdkit/jobs/configs: older commands name the first
+    with pytest.raises(SpecError, match=r"job spec jobs/configs/demo.yaml does not exist; the recipe of that name "
+                                        r"ships with ppdkit: .*ppdkit/jobs/configs/demo.yaml"):
+        load_spec("jobs/configs/demo.yaml")
+    with pytest.raises(SpecError, match=r"job spec nothing.yaml does not exist$"):
+        load_spec("nothing.yaml")

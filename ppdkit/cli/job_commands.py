@@ -137,7 +137,7 @@ def add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     add_run_args(run)
     run.set_defaults(func=cmd_run)
 
-    demo = sub.add_parser("demo", help="run the demo job (jobs/configs/demo.yaml) end to end")
+    demo = sub.add_parser("demo", help="run the demo job (ppdkit/jobs/configs/demo.yaml) end to end")
     add_run_args(demo)
     demo.set_defaults(func=cmd_demo)
 

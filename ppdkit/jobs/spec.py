@@ -1,6 +1,6 @@
 """The job spec: one typed tree (pydantic, unknown keys rejected), read from YAML plus `key=value` overrides.
 
-    ppdkit run jobs/configs/demo.yaml data.limit=64 base_model.quantization=none
+    ppdkit run ppdkit/jobs/configs/demo.yaml data.limit=64 base_model.quantization=none
 """
 
 from pathlib import Path
@@ -23,6 +23,8 @@ from ppdkit.bench.llama_cpp import LLAMA_METHODS
 from ppdkit.trainer.config import (CLASS_OF_METHOD, CalibrateConfig, PromptTokenConfig, TrainSection, methods_taking,
                                    trains_online, with_default_method)
 
+
+RECIPES = Path(__file__).parent / "configs"  # the job specs that ship with ppdkit
 
 # The decoding methods `ppdkit bench` runs: transformers' two (bench/decoding.py) and the runtime's registry.
 EvalMethod = Literal[("hf-greedy", "hf-pld", *DECODING_METHODS, *LLAMA_METHODS)]
@@ -300,7 +302,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
     path = Path(path)
     if not path.is_file():
-        raise SpecError(f"job spec {path} does not exist")
+        recipe = RECIPES / path.name
+        hint = f"; the recipe of that name ships with ppdkit: {_shown(recipe)}" if recipe.is_file() else ""
+        raise SpecError(f"job spec {path} does not exist{hint}")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -308,6 +312,14 @@ def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"job spec {path} must be a mapping of sections, not {type(raw).__name__}")
     return spec_from_dict(apply_overrides(raw, list(overrides)), origin=str(path))
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory where it lies below it (a checkout), else whole (an installed wheel)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def spec_from_dict(raw: dict, origin: str = "(dict)") -> JobSpec:
