@@ -173,11 +173,12 @@ class BatchEngine:
                     self.waiting.popleft()
                     continue
                 try:
-                    answer.method = self.decoder.resolve_method(answer.options.method)  # auto's, measured once
-                    self.decoder.fit_prompt(answer.ids, answer.options.max_new_tokens, answer.method, None)
+                    if not answer.width:  # once, when it first reaches the head, not on every step it waits there
+                        answer.method = self.decoder.resolve_method(answer.options.method)  # auto's, measured once
+                        self.decoder.fit_prompt(answer.ids, answer.options.max_new_tokens, answer.method, None)
+                        answer.width = len(answer.ids) + answer.options.max_new_tokens + self.decoder.step_rows(
+                            answer.method) + 1
                     method = get_method(answer.method)
-                    answer.width = len(answer.ids) + answer.options.max_new_tokens + self.decoder.step_rows(
-                        answer.method) + 1
                     start = self.ranges.take(answer.width) if method.shares_steps else None
                 except BaseException as e:  # noqa: BLE001 - the answer's error, not the engine's
                     self.waiting.popleft()
