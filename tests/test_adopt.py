@@ -34,8 +34,14 @@ def test_a_better_draft_replaces_the_committed_one_and_both_are_recorded(tmp_pat
     worse = adopt(committed, good, limit=2)  # the bad draft as candidate: kept out
     assert not worse["adopted"] and worse["candidate_tokens_per_step"] <= worse["committed_tokens_per_step"]
     assert read_component(good).tensors["fc.weight"].dtype == torch.float32  # untouched
-    row = adopt(good, committed, tmp_path / "run", corpus_tokens=2_000_000, limit=2)
+    # the corpus the run's data stage read, not the committed one as it has grown since
+    (tmp_path / "run" / "data").mkdir()
+    (tmp_path / "run" / "data" / "summary.json").write_text(json.dumps({"datasets": [
+        {"name": "corpus", "context": "training", "profile": {"tokens": 1_900_000}},
+        {"name": "corpus", "context": "validation", "profile": {"tokens": 100_000}}]}))
+    row = adopt(good, committed, tmp_path / "run", corpus_tokens=3_000_000, limit=2)
     assert row["candidate_tokens_per_step"] > row["committed_tokens_per_step"] and row["adopted"]
+    assert row["corpus_tokens"] == 2_000_000
     assert row["heldout_top1_start"] == [0.2, 0.1] and row["heldout_top1"] == [0.4, 0.3]
     replaced = read_component(committed)  # sha256 of every listed file checked
     assert replaced.tensors["fc.weight"].dtype == torch.float16

@@ -45,7 +45,8 @@ def tokens_per_step(component: Path, prompts: list[str], measure: dict = MEASURE
 
 def run_figures(run_dir: Path | None) -> dict:
     """What the training run says of itself (its train/result.json): held-out top-1 by distance at step 0 (the
-    draft it started from) and at the kept step, and the positions it trained on."""
+    draft it started from) and at the kept step, and the positions it trained on; and, from its data stage, the
+    corpus tokens it read."""
     if run_dir is None or not (run_dir / "train" / "result.json").is_file():
         return {}
     result = json.loads((run_dir / "train" / "result.json").read_text())
@@ -56,13 +57,28 @@ def run_figures(run_dir: Path | None) -> dict:
 
     return {"heldout_top1_start": top1(evals[0]) if 0 in evals else None,
             "heldout_top1": top1(evals[result["best_step"]]) if result.get("best_step") in evals else None,
-            "trained_positions": result.get("trained_positions"), "best_step": result.get("best_step")}
+            "trained_positions": result.get("trained_positions"), "best_step": result.get("best_step"),
+            **corpus_read(run_dir)}
+
+
+def corpus_read(run_dir: Path) -> dict:
+    """{"corpus_tokens": N}: the tokens of the corpus as the run's data stage read it (its training and held-out
+    rows), or {} for a run that did not read a corpus. The committed corpus grows in the background of every
+    session, so by the time a run is judged it holds more than the run saw."""
+    summary = run_dir / "data" / "summary.json"
+    if not summary.is_file():
+        return {}
+    datasets = json.loads(summary.read_text()).get("datasets", [])
+    if not datasets or any(d.get("name") != "corpus" for d in datasets):
+        return {}
+    return {"corpus_tokens": sum(d["profile"]["tokens"] for d in datasets)}
 
 
 def adopt(candidate: Path, committed: Path, run_dir: Path | None = None, corpus_tokens: int | None = None,
           limit: int = MEASURE["limit"], dry_run: bool = False) -> dict:
     """Measure both drafts; replace `committed` by `candidate` (stored in float16) when it keeps more tokens per step.
-    Appends the row to committed/history.json and regenerates the README's history table. Returns the row."""
+    `corpus_tokens` is recorded where the run's data stage does not say what corpus it read. Appends the row to
+    committed/history.json and regenerates the README's history table. Returns the row."""
     from ppdkit.bench.decoding import load_prompts
 
     mine, theirs = read_component(candidate), read_component(committed)
