@@ -15,6 +15,7 @@ from ppdkit.data_pipeline.corpus import corpus_source
 from ppdkit.data_pipeline.ray_placement import Placement
 from ppdkit.data_pipeline.readers import ENDLESS_SOURCES
 from ppdkit.models.config import BaseModelConfig, Section
+from ppdkit.models.paths import shown
 from ppdkit.registry.config import TrackingConfig
 from ppdkit.runtime.dtypes import DTYPES
 from ppdkit.runtime.decoding_methods import COMPONENT_FREE, METHODS as DECODING_METHODS
@@ -303,7 +304,7 @@ def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
     path = Path(path)
     if not path.is_file():
         recipe = RECIPES / path.name
-        hint = f"; the recipe of that name ships with ppdkit: {_shown(recipe)}" if recipe.is_file() else ""
+        hint = f"; the recipe of that name ships with ppdkit: {shown(recipe)}" if recipe.is_file() else ""
         raise SpecError(f"job spec {path} does not exist{hint}")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
@@ -312,14 +313,6 @@ def load_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"job spec {path} must be a mapping of sections, not {type(raw).__name__}")
     return spec_from_dict(apply_overrides(raw, list(overrides)), origin=str(path))
-
-
-def _shown(path: Path) -> str:
-    """`path` relative to the working directory where it lies below it (a checkout), else whole (an installed wheel)."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def spec_from_dict(raw: dict, origin: str = "(dict)") -> JobSpec:

@@ -23,6 +23,8 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
+from ppdkit.models.paths import shown
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -140,7 +142,7 @@ def committed_named_as(directory: Path) -> str:
     (the committed components moved from models/components to ppdkit/models/components; old commands name the first)."""
     committed = COMMITTED_COMPONENTS / Path(directory).name
     if (committed / META_FILE).is_file():
-        return f"; the committed component of that name is {committed.relative_to(COMMITTED_COMPONENTS.parents[2])}"
+        return f"; the committed component of that name is {shown(committed)}"
     return ""
 
 

@@ -41,3 +41,12 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def shown(path: Path) -> str:
+    """`path` relative to the working directory where it lies below it (a checkout), else whole (an installed
+    wheel): how an error names a file that ships with ppdkit."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
