@@ -32,7 +32,7 @@ def test_every_recipes_init_from_is_a_committed_component(path):
     init_from = getattr(load_spec(path).train, "init_from", None)
     if init_from is None or init_from.startswith("models:/"):
         return
-    assert (REPO / init_from / "component.json").is_file(), f"{path.name}: train.init_from={init_from} is not a component"
+    assert (REPO / init_from / "component.json").is_file(), f"{path.name}: train.init_from={init_from} is no component"
 
 
 def test_the_train_section_is_its_methods_class_and_takes_its_keys_only():

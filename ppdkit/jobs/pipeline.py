@@ -120,8 +120,9 @@ def local_component(key: str, cfg, tracker: Tracker) -> Path:
     directory = Path(source).expanduser().resolve()
     if not (directory / "component.json").is_file():
         raise PipelineError(f"train.{key}={source}: no component there ({directory}/component.json is missing"
-                            f"{committed_named_as(directory)}); give {COMPONENT_KEYS[key]} (OUTPUT/calibrate/component, "
-                            "or a directory under ppdkit/models/components) or its registry URI models:/NAME@ALIAS")
+                            f"{committed_named_as(directory)}); give {COMPONENT_KEYS[key]} "
+                            "(OUTPUT/calibrate/component, or a directory under ppdkit/models/components) or its "
+                            "registry URI models:/NAME@ALIAS")
     read_component(directory)  # damaged files fail here, not in the train stage
     return directory
 
