@@ -6,7 +6,7 @@ import json
 import torch
 from test_eagle3 import _draft_tensors
 
-from ppdkit.jobs.adopt import BEGIN, adopt, history_table, write_history_table
+from ppdkit.jobs.adopt import BEGIN, adopt, history_table, kept_shares, write_history_table
 from ppdkit.models.artifact import read_component, write_component
 from ppdkit.models.loading import load_base_model
 
@@ -43,6 +43,9 @@ def test_a_better_draft_replaces_the_committed_one_and_both_are_recorded(tmp_pat
     assert row["candidate_tokens_per_step"] > row["committed_tokens_per_step"] and row["adopted"]
     assert row["corpus_tokens"] == 2_000_000
     assert row["heldout_top1_start"] == [0.2, 0.1] and row["heldout_top1"] == [0.4, 0.3]
+    for shares in (row["committed_kept_share"], row["candidate_kept_share"]):  # a share of steps by depth
+        assert len(shares) == 5 and all(1 >= a >= b >= 0 for a, b in zip(shares, shares[1:]))
+    assert sum(row["candidate_kept_share"]) > sum(row["committed_kept_share"])  # more guesses kept a step
     replaced = read_component(committed)  # sha256 of every listed file checked
     assert replaced.tensors["fc.weight"].dtype == torch.float16
     torch.testing.assert_close(replaced.tensors["fc.weight"].float(), read_component(good).tensors["fc.weight"],
@@ -51,3 +54,9 @@ def test_a_better_draft_replaces_the_committed_one_and_both_are_recorded(tmp_pat
     assert readme.startswith("# committed") and BEGIN in readme and "| **yes** |" in readme and "2.00M" in readme
     assert not write_history_table(committed)  # current: nothing to rewrite
     assert history_table([]).count("\n") == 2
+
+
+def test_kept_shares_count_the_steps_that_kept_each_depth():
+    # steps emitting 1 (nothing kept), 2, 4 and 6 tokens: >=1 kept in 3 of 4, >=2 in 2, >=3 in 2, >=4 and >=5 in 1
+    assert kept_shares([1, 2, 4, 6]) == [0.75, 0.5, 0.5, 0.25, 0.25]
+    assert kept_shares([]) == [0.0] * 5

@@ -102,7 +102,8 @@ def render() -> str:
         "## The committed draft's history: the data-scaling table",
         "",
         f"Each candidate against the committed draft on one fixed measure ({measure}), with the held-out top-1 "
-        "accuracy at distances 1-4 of the run that trained it. Step 0 is the committed draft it started from.",
+        "accuracy at distances 1-4 of the run that trained it (step 0 is the committed draft it started from) and, "
+        "on the measure's own steps, the share that kept at least 1, 2 and 3 guesses.",
         "",
         history_table(history) if history else "No candidate has been measured yet.\n",
     ]
