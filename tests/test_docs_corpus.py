@@ -38,3 +38,33 @@ def test_a_stale_page_exits_1_saying_what_to_run(tool, tmp_path, capsys):
         assert "is out of date: run python docs/tools/corpus_page.py" in capsys.readouterr().err
     finally:
         tool["main"].__globals__["OUT"] = original
+
+
+def test_draft_gap_reads_the_run_s_held_out_prompts_from_the_committed_corpus(tmp_path):
+    import datasets
+
+    from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus, read_rows
+
+    gap = runpy.run_path(str(SCRIPT.parent / "draft_gap.py"))
+    rows = read_rows(open_corpus(committed_corpus("smollm2-135m")))
+    by_group = {}
+    for row in rows:
+        by_group.setdefault(row.source.split("-")[0], []).append(row)
+    held = [by_group["sharegpt"][0], by_group["magpie"][0], by_group["magpie"][1], by_group["chitchat"][0]]
+    datasets.Dataset.from_dict({"id": [r.id for r in held]}).save_to_disk(str(tmp_path / "data" / "holdout"))
+    prompts = gap["held_out_prompts"](tmp_path, limit=1)  # one a group: the first magpie row only
+    assert {g: len(p) for g, p in prompts.items()} == {"magpie": 1, "sharegpt": 1, "chitchat": 1}
+    first = held[1]
+    assert prompts["magpie"][0] == first.input_ids[:first.answer_spans[0][0]]  # the ids before the first answer
+    datasets.Dataset.from_dict({"id": ["not-in-the-corpus"]}).save_to_disk(str(tmp_path / "data" / "holdout"))
+    with pytest.raises(SystemExit, match="not in the committed corpus"):
+        gap["held_out_prompts"](tmp_path, limit=1)
+
+
+def test_the_gap_table_has_a_row_a_prompt_set(tool):
+    report = {"sets": {"mt-bench": {"prompts": 80, "tokens_per_step": 2.41, "kept_share": [.6, .4, .2, .1, .05]},
+                       "held-out magpie": {"prompts": 40, "tokens_per_step": 2.9, "kept_share": [.7, .5, .3, .2, .1]}},
+              "heldout_top1": [.66, .62, .6, .57], "run": "r", "date": "2026-11-29"}
+    section = tool["gap_section"](report)
+    assert "| mt-bench | 80 | 2.410 | .600/.400/.200/.100/.050 |" in section
+    assert "| held-out magpie | 40 | 2.900 |" in section and ".660/.620/.600/.570" in section

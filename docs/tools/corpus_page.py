@@ -3,7 +3,9 @@ committed. The page reads:
 - the corpus's manifest (ppdkit/data_pipeline/corpora/smollm2-135m/corpus.json), for its mix;
 - the online-training measurements (docs/measurements/online-training-*.json);
 - the committed EAGLE-3 draft's history (ppdkit/models/components/smollm2-135m-eagle3/history.json), which is the
-  data-scaling table: corpus tokens, positions trained, held-out top-1 and MT-Bench tokens per step.
+  data-scaling table: corpus tokens, positions trained, held-out top-1 and MT-Bench tokens per step;
+- the gate's measure on held-out corpus prompts against MT-Bench (docs/measurements/draft-gap.json, written by
+  docs/tools/draft_gap.py).
 
     .venv/bin/python docs/tools/corpus_page.py           # after the corpus grew or a draft was adopted
     .venv/bin/python docs/tools/corpus_page.py --check   # exit 1 when the committed page is out of date
@@ -16,7 +18,8 @@ from pathlib import Path
 from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus
 from ppdkit.jobs.adopt import MEASURE, history_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py, beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py and draft_gap.py, beside this script
+from draft_gap import gap_table  # noqa: E402
 from page_check import page_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +63,17 @@ def online_table(path: Path) -> str:
                  f"{two['online_positions_per_second'] / two['precomputed_positions_per_second']:.2f} |")
     return (f"{report['cpu']}, {report['date']} ([{path.name}](measurements/{path.name})): {report['what']}.\n\n"
             + "\n".join(lines) + "\n")
+
+
+def gap_section(report: dict) -> str:
+    """The gate's measure on held-out corpus prompts beside MT-Bench's (docs/tools/draft_gap.py)."""
+    top1 = "/".join(f"{v:.3f}".lstrip("0") for v in report["heldout_top1"])
+    return ("## Where the draft stops: held-out corpus prompts against MT-Bench\n\n"
+            f"The gate's measure for the draft of run `{report['run']}` (held-out top-1 at distances 1-4: {top1}) on "
+            "MT-Bench first turns and on the first turns of that run's held-out corpus conversations, by source "
+            f"({report['date']}, [draft-gap.json](measurements/draft-gap.json), `python docs/tools/draft_gap.py`). "
+            "The same draft keeps more guesses where the model's answers are easier to foresee: the held-out rows "
+            "bound what more data of the same mix can give on MT-Bench.\n\n" + gap_table(report))
 
 
 def render() -> str:
@@ -107,6 +121,9 @@ def render() -> str:
         "",
         history_table(history) if history else "No candidate has been measured yet.\n",
     ]
+    gap = ROOT / "docs" / "measurements" / "draft-gap.json"
+    if gap.is_file():
+        parts += ["", gap_section(json.loads(gap.read_text()))]
     return "\n".join(parts).rstrip("\n") + "\n"
 
 

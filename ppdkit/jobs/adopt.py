@@ -51,15 +51,16 @@ def kept_shares(per_step: list[int], depths: int = KEPT_DEPTHS) -> list[float]:
     return [round(sum(k >= d for k in kept) / max(len(kept), 1), 4) for d in range(1, depths + 1)]
 
 
-def measure_component(component: Path, prompts: list[str], measure: dict = MEASURE) -> Measured:
-    """The measure of one component."""
+def measure_component(component: Path, prompts: list[str] | list[list[int]], measure: dict = MEASURE,
+                      label: str | None = None) -> Measured:
+    """The measure of one component on prompts (user turns, templated here, or prompt ids already templated)."""
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained(component, dtype=measure["dtype"], tree_size=measure["tree_size"])
     tokens, steps, outputs, per_step = 0, 0, [], []
-    for prompt in tqdm(prompts, desc=f"measure {component.name}", unit="prompt"):
-        result = decoder.generate(decoder.encode_chat(prompt), max_new_tokens=measure["max_new_tokens"],
-                                  method=measure["method"])
+    for prompt in tqdm(prompts, desc=f"measure {label or component.name}", unit="prompt"):
+        ids = decoder.encode_chat(prompt) if isinstance(prompt, str) else prompt
+        result = decoder.generate(ids, max_new_tokens=measure["max_new_tokens"], method=measure["method"])
         tokens, steps = tokens + len(result.tokens), steps + result.steps
         outputs.append(result.tokens)
         per_step += result.accepted_per_step[1:]  # the prompt's step emits one token and guesses nothing
