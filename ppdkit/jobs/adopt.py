@@ -7,7 +7,8 @@ out, data_pipeline/contamination.py). Tokens per step depend on the draft and th
 machine is, so the gate can run beside other work; fixed trees and float32 keep it the same on every CPU kind.
 Beside it: the share of MT-Bench steps that kept at least 1, 2, ... guesses (where the held-out top-1 of the corpus
 and the chat the measure decodes part ways), the held-out top-1 at distances 1-4 of the training run (step 0 is the
-committed draft it started from), the corpus's tokens and the positions the run trained on. Both drafts must give the same tokens (each is `ar`'s).
+committed draft it started from), the corpus's tokens and the positions the run trained on. Both drafts must give
+the same tokens (each is `ar`'s).
 """
 
 import datetime
