@@ -69,7 +69,8 @@ class LocalCluster:
         node = parent.children(recursive=True)
         raylets = [p for p in node if p.name() == "raylet"]
         assert len(raylets) == 1, f"worker node {name} has {len(raylets)} raylets"
-        for process in [*raylets, *node, parent]:  # the raylet first: nothing of the node is restarted by it
+        rest = [p for p in node if p.pid != raylets[0].pid]
+        for process in [*raylets, *rest, parent]:  # the raylet first: nothing of the node is restarted by it
             try:
                 os.kill(process.pid, signal.SIGKILL)
             except ProcessLookupError:
