@@ -10,7 +10,7 @@ from ppdkit.data_pipeline.contamination import benchmark_index
 from ppdkit.data_pipeline.corpus import (CorpusError, CorpusRow, answer_spans, committed_corpus,
                                          load_corpus, open_corpus, read_rows)
 from ppdkit.data_pipeline.corpus_grow import CorpusConfig, grow_corpus, next_source
-from ppdkit.data_pipeline.data_stage import run_data_stage
+from ppdkit.data_pipeline.data_stage import run_data_stage, split_holdout_by_id
 from ppdkit.data_pipeline.readers import iter_rows
 from ppdkit.jobs.spec import SpecError, spec_from_dict
 from ppdkit.models.config import BaseModelConfig
@@ -145,3 +145,17 @@ def test_the_committed_corpus_is_whole_mixed_and_free_of_benchmark_prompts():
         if (item := index.match(asked)) is not None:
             copies.append((row.id, item))
     assert not copies
+
+
+def test_a_held_out_row_stays_held_out_as_the_corpus_grows():
+    """Continual training judges each run on held-out rows: one that an earlier, smaller corpus held out must never
+    be trained on later."""
+    rows = [CorpusRow(id=f"magpie-writing-{i:07d}", source="magpie-writing", input_ids=[1], answer_spans=[(0, 1)],
+                      seed=0, temperature=0.0, prompt_temperature=0.8) for i in range(4000)]
+    train_small, held_small = split_holdout_by_id(rows[:1000], 0.02, seed=0)
+    train_big, held_big = split_holdout_by_id(rows, 0.02, seed=0)
+    assert {r.id for r in held_small} <= {r.id for r in held_big}
+    assert not {r.id for r in held_small} & {r.id for r in train_big}
+    assert 40 <= len(held_big) <= 120 and len(train_big) + len(held_big) == 4000  # about 2%
+    assert len(split_holdout_by_id(rows[:3], 0.02, seed=0)[1]) == 1  # a tiny set still holds one out
+    assert split_holdout_by_id(rows[:3], 0.0, seed=0)[1] == []

@@ -19,8 +19,9 @@ class DataConfig(Section):
     limit: int | None = Field(512, ge=1, description="usable conversations to read (null: all; magpie: how many "
                                                      "the model writes)")
     max_length: int = Field(512, ge=8, description="tokens kept per conversation; at most the base model's context")
-    holdout: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of conversations held out for evaluation")
-    seed: int = Field(0, description="seed of the shuffle that picks the held-out conversations")
+    holdout: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of conversations held out for evaluation (of a "
+                           "corpus: chosen by id, so a row held out once stays held out as the corpus grows)")
+    seed: int = Field(0, description="seed of the choice of held-out conversations")
     shards: int = Field(2, ge=1, description="Ray tasks that template and tokenize in parallel")
     check_sequences: int = Field(8, ge=0, description="held-out sequences the base model scores as a data check")
 

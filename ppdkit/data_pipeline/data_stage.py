@@ -6,6 +6,7 @@ loss and top-1 accuracy on assistant tokens), which proves the data and the mode
 before hours of teacher pass and training are spent on them.
 """
 
+import hashlib
 import json
 import logging
 import math
@@ -43,6 +44,22 @@ def split_holdout(conversations: list[Conversation], fraction: float, seed: int)
     holdout = sorted(order[:n_holdout])
     train = sorted(order[n_holdout:])
     return [conversations[i] for i in train], [conversations[i] for i in holdout]
+
+
+def split_holdout_by_id(rows: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(train, holdout) of rows with an `id`: a row is held out when its id's seeded hash falls below `fraction`, so a
+    row held out once stays held out however the set grows (a corpus grows every session, and continual training
+    judges each run on held-out rows no earlier run trained on); at least one held-out row when fraction > 0 and
+    n >= 2 (the one with the lowest hash: a tiny set only)."""
+    def share(row) -> float:
+        digest = hashlib.sha256(f"{seed}:{row.id}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2 ** 64
+
+    shares = [share(r) for r in rows]
+    held = {i for i, s in enumerate(shares) if s < fraction}
+    if fraction > 0 and not held and len(rows) >= 2:
+        held = {min(range(len(rows)), key=shares.__getitem__)}
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
 
 
 def tokenize_shard(tokenizer, conversations: list[Conversation], max_length: int) -> tuple[list[TokenizedConversation], ReadReport]:
@@ -140,7 +157,7 @@ def _tokenized_splits(base: BaseModelConfig, cfg: DataConfig, tokenizer):
     of the source: a corpus's rows as stored, any other source read and templated on Ray tasks."""
     if (root := corpus_source(cfg.source, base.name)) is not None:
         rows, read_report = read_corpus_rows(root, base, tokenizer, cfg)
-        train, holdout = split_holdout(rows, cfg.holdout, cfg.seed)
+        train, holdout = split_holdout_by_id(rows, cfg.holdout, cfg.seed)
         stored = tuple(ReadReport(source=f"templating ({what}): none, a corpus is stored tokenized", rows=len(split),
                                   kept=len(split)) for what, split in (("train", train), ("holdout", holdout)))
         return train, holdout, [], [], read_report, stored
