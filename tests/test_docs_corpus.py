@@ -56,6 +56,10 @@ def test_draft_gap_reads_the_run_s_held_out_prompts_from_the_committed_corpus(tm
     assert {g: len(p) for g, p in prompts.items()} == {"magpie": 1, "sharegpt": 1, "chitchat": 1}
     first = held[1]
     assert prompts["magpie"][0] == first.input_ids[:first.answer_spans[0][0]]  # the ids before the first answer
+    # an earlier run of the lineage trained on the first magpie row: the second one is measured instead
+    datasets.Dataset.from_dict({"id": [first.id]}).save_to_disk(str(tmp_path / "earlier" / "data" / "train"))
+    again = gap["held_out_prompts"](tmp_path, limit=1, trained=(tmp_path / "earlier",))
+    assert again["magpie"][0] == held[2].input_ids[:held[2].answer_spans[0][0]]
     datasets.Dataset.from_dict({"id": ["not-in-the-corpus"]}).save_to_disk(str(tmp_path / "data" / "holdout"))
     with pytest.raises(SystemExit, match="not in the committed corpus"):
         gap["held_out_prompts"](tmp_path, limit=1)
