@@ -68,12 +68,16 @@ def online_table(path: Path) -> str:
 def gap_section(report: dict) -> str:
     """The gate's measure on held-out corpus prompts beside MT-Bench's (docs/tools/draft_gap.py)."""
     top1 = "/".join(f"{v:.3f}".lstrip("0") for v in report["heldout_top1"])
+    runs = report.get("trained_runs_left_out") or []
+    left_out = (f" Rows that an earlier run of the draft's lineage trained on ({', '.join(runs)}) are left out." if runs
+                else "")
     return ("## Where the draft stops: held-out corpus prompts against MT-Bench\n\n"
             f"The gate's measure for the draft of run `{report['run']}` (held-out top-1 at distances 1-4: {top1}) on "
             "MT-Bench first turns and on the first turns of that run's held-out corpus conversations, by source "
             f"({report['date']}, [draft-gap.json](measurements/draft-gap.json), `python docs/tools/draft_gap.py`). "
-            "The same draft keeps more guesses where the model's answers are easier to foresee: the held-out rows "
-            "bound what more data of the same mix can give on MT-Bench.\n\n" + gap_table(report))
+            "Where the held-out rows keep many more guesses than MT-Bench, the prompts are what the draft lacks; "
+            "where they keep about as many, it is the draft itself, and more of the same data gives what the "
+            "data-scaling table above shows." + left_out + "\n\n" + gap_table(report))
 
 
 def render() -> str:
