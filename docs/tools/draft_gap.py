@@ -1,7 +1,7 @@
 """Where the draft's held-out accuracy and chat part ways: the gate's measure (`ppdkit adopt`: eagle3-anpd, trees of 8
 nodes, float32, greedy, 128 new tokens) on MT-Bench first turns and on the first turns of the training run's own
-held-out corpus conversations (never trained on), by source. A draft keeps more guesses where the model's answers
-are easier to foresee, so the held-out sets bound what more of the same data can give on MT-Bench.
+held-out corpus conversations (never trained on), by source. Where the held-out rows keep many more guesses than
+MT-Bench, the prompts are what the draft lacks; where they keep about as many, it is the draft itself.
 
     python docs/tools/draft_gap.py --model <cache>/runs/<run>/train/component --run <cache>/runs/<run> \
         --trained <cache>/runs/<an earlier run of its lineage> ...
