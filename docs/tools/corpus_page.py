@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus
-from ppdkit.jobs.adopt import MEASURE, history_table
+from ppdkit.jobs.adopt import MEASURE, format_shares, history_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py and draft_gap.py, beside this script
 from draft_gap import gap_table  # noqa: E402
@@ -67,7 +67,7 @@ def online_table(path: Path) -> str:
 
 def gap_section(report: dict) -> str:
     """The gate's measure on held-out corpus prompts beside MT-Bench's (docs/tools/draft_gap.py)."""
-    top1 = "/".join(f"{v:.3f}".lstrip("0") for v in report["heldout_top1"])
+    top1 = format_shares(report["heldout_top1"])
     runs = report.get("trained_runs_left_out") or []
     left_out = (f" Rows that an earlier run of the draft's lineage trained on ({', '.join(runs)}) are left out." if runs
                 else "")

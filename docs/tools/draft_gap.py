@@ -24,7 +24,7 @@ import datasets
 
 from ppdkit.bench.decoding import load_prompts, machine_info
 from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus, read_rows
-from ppdkit.jobs.adopt import MEASURE, measure_component
+from ppdkit.jobs.adopt import MEASURE, format_shares, measure_component
 
 OUT = Path(__file__).resolve().parents[1] / "measurements" / "draft-gap.json"
 GROUPS = ("magpie", "sharegpt", "chitchat")  # a corpus source by its first word: magpie-writing -> magpie
@@ -70,7 +70,7 @@ def gap_table(report: dict) -> str:
             "|---|---|---|---|\n")
     return head + "".join(
         f"| {name} | {s['prompts']} | {s['tokens_per_step']:.3f} | "
-        f"{'/'.join(f'{v:.3f}'.lstrip('0') for v in s['kept_share'])} |\n" for name, s in report["sets"].items())
+        f"{format_shares(s['kept_share'])} |\n" for name, s in report["sets"].items())
 
 
 def main(argv: list[str] | None = None) -> int:
