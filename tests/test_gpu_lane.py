@@ -51,6 +51,7 @@ def test_the_gpu_lane_runs_without_ray_deepspeed_mlflow_and_its_results_come_hom
     grown, trained = report["stages"]["corpus"], report["stages"]["train"]
     assert grown["ok"] and grown["shards_written"] >= 1 and trained["ok"] and trained["steps"] >= 1
     assert len(trained["heldout_top1_before"]) == len(trained["heldout_top1_after"]) == 3
+    assert trained["distributed"] == {"backend": "gloo", "world_size": 1}  # each step's gradients all-reduced
     back = [p for p in out.rglob("*") if p.is_file()]
     assert len(back) <= 8 and all(len(p.relative_to(out).parts) <= 3 for p in back)  # the device tool's limits
     lane = open_corpus(out / "corpus")

@@ -6,11 +6,9 @@ loss and top-1 accuracy on assistant tokens), which proves the data and the mode
 before hours of teacher pass and training are spent on them.
 """
 
-import hashlib
 import json
 import logging
 import math
-import random
 import shutil
 from pathlib import Path
 
@@ -29,37 +27,12 @@ from .config import DataConfig
 from .conversations import Conversation, MalformedRow, ReadReport
 from .corpus import corpus_source, open_corpus, read_rows, tokenizer_identity
 from .dataset_info import split_record
+from .holdout import split_holdout, split_holdout_by_id
 from .ray_placement import largest_node_cpus
 from .readers import read_conversations
 from .templating import TokenizedConversation, encode_conversation
 
 log = logging.getLogger(__name__)
-
-
-def split_holdout(conversations: list[Conversation], fraction: float, seed: int) -> tuple[list, list]:
-    """(train, holdout): a seeded shuffle; at least one held-out conversation when fraction > 0 and n >= 2."""
-    order = list(range(len(conversations)))
-    random.Random(seed).shuffle(order)
-    n_holdout = 0 if fraction == 0 or len(order) < 2 else max(1, round(fraction * len(order)))
-    holdout = sorted(order[:n_holdout])
-    train = sorted(order[n_holdout:])
-    return [conversations[i] for i in train], [conversations[i] for i in holdout]
-
-
-def split_holdout_by_id(rows: list, fraction: float, seed: int) -> tuple[list, list]:
-    """(train, holdout) of rows with an `id`: a row is held out when its id's seeded hash falls below `fraction`, so a
-    row held out once stays held out however the set grows (a corpus grows every session, and continual training
-    judges each run on held-out rows no earlier run trained on); at least one held-out row when fraction > 0 and
-    n >= 2 (the one with the lowest hash: a tiny set only)."""
-    def share(row) -> float:
-        digest = hashlib.sha256(f"{seed}:{row.id}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2 ** 64
-
-    shares = [share(r) for r in rows]
-    held = {i for i, s in enumerate(shares) if s < fraction}
-    if fraction > 0 and not held and len(rows) >= 2:
-        held = {min(range(len(rows)), key=shares.__getitem__)}
-    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
 
 
 def tokenize_shard(tokenizer, conversations: list[Conversation], max_length: int) -> tuple[list[TokenizedConversation], ReadReport]:

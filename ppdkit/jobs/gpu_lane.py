@@ -7,8 +7,12 @@ get there). Two stages, each with its own time budget, each reported whatever th
    own under OUT/corpus (merged here with `ppdkit corpus merge`);
 2. train: the committed draft trained further on the committed corpus and the new shards, online (the base computes
    the targets and states on the GPU), with a plain PyTorch loop: the device image has no Ray, DeepSpeed, MLflow or
-   bitsandbytes, and one call cannot carry Ray's 79 MB wheel. Held-out top-1 at distances 1-4 before and after. The
+   bitsandbytes, and one call cannot carry Ray's 79 MB wheel. Each step's gradients are averaged over the ranks
+   through torch.distributed with the device plan's backend (nccl on a GPU), as DDP would: one rank here, so it
+   proves nccl under a real training step, not scaling. Held-out top-1 at distances 1-4 before and after. The
    draft goes to OUT/component (float16), for `ppdkit adopt`.
+`--total-minutes` bounds both: training stops early enough to evaluate and write within it whatever the corpus
+stage took (its deadline is checked between shards, so its last shard may run over).
 What comes back fits the device tool's limits: at most 8 files of at most 16 MiB, two folders down (OUT/corpus/shards/
 with at most 4 shards, OUT/corpus/corpus.json, the component's two files and OUT/lane.json).
 """
@@ -22,17 +26,24 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from ppdkit.bench.serving_backends import free_port
 from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus, read_rows
 from ppdkit.data_pipeline.corpus_grow import CorpusConfig, grow_corpus
+from ppdkit.data_pipeline.holdout import split_holdout_by_id
 from ppdkit.data_pipeline.prompt_kinds import KINDS
 from ppdkit.models.artifact import read_component, write_component
+from ppdkit.models.device_plan import current_device_plan
 from ppdkit.models.loading import load_base_model
 
 log = logging.getLogger("ppdkit.gpu_lane")
 COMPONENT = Path(__file__).resolve().parents[1] / "models" / "components" / "smollm2-135m-eagle3"
 MAX_SHARDS = 4  # 8 files back: the shards, corpus.json, the component's weights and component.json, lane.json
-HOLDOUT_EVERY = 50  # every 50th conversation is held out (2%, as the recipes' data.holdout)
+# held out as the continual recipe holds them out (data.holdout 0.02, data.seed 0): by id, so the lane's held-out
+# rows are rows no recipe run trained on either
+HOLDOUT, HOLDOUT_SEED = 0.02, 0
+FINISH_SECONDS = 60  # kept from --total-minutes for the held-out evaluation after training and writing the draft
 
 
 def corpus_stage(out: Path, base: str, device: str, minutes: float, seed: int, batch: int, rows: int) -> dict:
@@ -45,20 +56,43 @@ def corpus_stage(out: Path, base: str, device: str, minutes: float, seed: int, b
 def _sequences(teacher, corpora: list[Path], fingerprint: str, tokenizer):
     from ppdkit.data_pipeline.corpus import tokenizer_identity
 
-    train, holdout = [], []
+    rows = []
     for root in corpora:
         corpus = open_corpus(root)
         corpus.check_base_model(fingerprint, tokenizer_identity(tokenizer))
-        for row in read_rows(corpus):
-            split = holdout if (len(train) + len(holdout)) % HOLDOUT_EVERY == 0 else train
-            split.append({"input_ids": row.input_ids, "loss_mask": row.loss_mask()})
+        rows += read_rows(corpus)
+    train, holdout = ([{"input_ids": row.input_ids, "loss_mask": row.loss_mask()} for row in split]
+                      for split in split_holdout_by_id(rows, HOLDOUT, HOLDOUT_SEED))
     return ([s for s in teacher.sequences(train, "train") if len(s.positions) > 1],
             [s for s in teacher.sequences(holdout, "holdout") if len(s.positions) > 1])
 
 
+def join_ranks(device: str) -> dict:
+    """This process as rank 0 of 1 in a torch.distributed group on the device plan's backend (nccl on a GPU)."""
+    backend = current_device_plan(device).distributed_backend
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(torch.device(device).index or 0)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None
+    return {"backend": backend, "world_size": dist.get_world_size(), **({"nccl": nccl} if nccl else {})}
+
+
+def average_gradients(parameters) -> None:
+    """Each gradient averaged over the ranks in one all-reduce of them all flattened, as DDP's buckets do."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])  # (sum of sizes,)
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list[Path], component: Path,
-                micro_batch: int, lr: float, eval_sequences: int) -> dict:
-    """The committed draft trained further for `minutes` on `corpora`, online; its component in OUT/component."""
+                micro_batch: int, lr: float, eval_sequences: int, deadline: float) -> dict:
+    """The committed draft trained further for `minutes` on `corpora` (and no later than `deadline` less the time
+    to finish), online; its component in OUT/component."""
     from ppdkit.trainer.config import TrainConfig
     from ppdkit.trainer.training_methods import TRAINING_METHODS, cosine
     from ppdkit.trainer.online_teacher import OnlineTeacher
@@ -78,10 +112,15 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
                                            teacher=teacher)
     run.module.to(device)
     before = run.evaluate(run.module, holdout, 0)
+    try:
+        ranks = join_ranks(device)
+    except Exception as e:  # training goes on without the collective; the report says why
+        log.exception("torch.distributed on %s did not start", device)
+        ranks = {"error": f"{type(e).__name__}: {e}"}
     optimizer = torch.optim.AdamW(run.module.parameters(), lr=lr, weight_decay=0.0)
     order, step, positions, started = list(range(len(train))), 0, 0, time.time()
     random.Random(0).shuffle(order)
-    budget, planned = minutes * 60, None
+    budget, planned = min(minutes * 60, deadline - FINISH_SECONDS - started), None
     while time.time() - started < budget:
         rows = [order[(step * micro_batch + j) % len(order)] for j in range(micro_batch)]
         if planned is not None:  # cosine over the steps the budget holds, estimated after the first 20
@@ -89,6 +128,8 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
                 group["lr"] = lr * cosine(step, planned)
         loss, supervised = run.loss(run.module, [train[r] for r in rows], random.Random(step), step)
         loss.backward()
+        if dist.is_initialized():
+            average_gradients(run.module.parameters())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step, positions = step + 1, positions + supervised
@@ -97,6 +138,8 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
         if step % 100 == 0:
             log.info("step %d loss %.4f  %.0f positions/s", step, loss.item(), positions / (time.time() - started))
     seconds = time.time() - started
+    if dist.is_initialized():
+        dist.destroy_process_group()
     after = run.evaluate(run.module, holdout, step)
     tensors = {k: v.detach().cpu().half() if v.is_floating_point() else v.detach().cpu()
                for k, v in run.export_tensors(run.module.state_dict()).items()}
@@ -104,7 +147,7 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
                     {"gpu_lane": True, "steps": step, "started_from": str(component)}, tensors)
     return {"steps": step, "seconds": round(seconds, 1), "positions": positions,
             "positions_per_second": round(positions / max(seconds, 1e-9), 1), "train_sequences": len(train),
-            "heldout_sequences": len(holdout), "base_forwards": teacher.forwards,
+            "heldout_sequences": len(holdout), "base_forwards": teacher.forwards, "distributed": ranks,
             "heldout_top1_before": [round(before[f"acc_top1_d{d}"], 4) for d in range(1, 5) if f"acc_top1_d{d}" in before],
             "heldout_top1_after": [round(after[f"acc_top1_d{d}"], 4) for d in range(1, 5) if f"acc_top1_d{d}" in after],
             "device": torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"}
@@ -117,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--corpus-minutes", type=float, default=4.0)
     parser.add_argument("--train-minutes", type=float, default=4.0)
+    parser.add_argument("--total-minutes", type=float, default=9.0, help="both stages end within this (the device "
+                        "call's limit less the start and the transfers)")
     parser.add_argument("--seed", type=int, default=1, help="the lane's own seed: other Magpie prompts than the CPU's")
     parser.add_argument("--batch", type=int, default=512, help="conversations generated together")
     parser.add_argument("--rows-per-shard", type=int, default=2048)
@@ -130,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + args.total_minutes * 60
     report = {"device": args.device, "torch": torch.__version__, "stages": {}}
     for name, stage in (("corpus", lambda: corpus_stage(out, args.base, args.device, args.corpus_minutes, args.seed,
                                                         args.batch, args.rows_per_shard)),
@@ -138,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        *([out / "corpus"] if (out / "corpus" / "corpus.json").is_file()
                                                          else [])],
                                                       Path(args.component), args.micro_batch, args.lr,
-                                                      args.eval_sequences))):
+                                                      args.eval_sequences, deadline))):
         started = time.time()
         try:
             report["stages"][name] = {"ok": True, **stage()}
