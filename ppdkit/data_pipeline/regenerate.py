@@ -115,8 +115,10 @@ def regenerate_conversations(model, tokenizer, conversations: list[Conversation]
                                    temperature, seed, prompt_temperature)
     states = [_Progress(c) for c in conversations]
     generator_seed = seed
-    pad_side = tokenizer.padding_side
+    pad_side, pad = tokenizer.padding_side, tokenizer.pad_token
     tokenizer.padding_side = "left"
+    if pad is None:  # a batch needs one (SmolLM2's tokenizer names none): end-of-text pads, left of each prompt
+        tokenizer.pad_token = tokenizer.eos_token
     try:
         while True:
             waiting = [s for s in states if not s.done and _advance(s, tokenizer, max_length) is not None]
@@ -143,7 +145,7 @@ def regenerate_conversations(model, tokenizer, conversations: list[Conversation]
                 if on_tokens:
                     on_tokens(int((new_tokens != tokenizer.pad_token_id).sum()))
     finally:
-        tokenizer.padding_side = pad_side
+        tokenizer.padding_side, tokenizer.pad_token = pad_side, pad
     return [Conversation(s.conv.id, tuple(_answered_to(s.messages))) for s in states]
 
 

@@ -51,7 +51,7 @@ def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
     group = hq // keys[0].shape[1]
     k0, v0 = keys[0].repeat_interleave(group, 1), values[0].repeat_interleave(group, 1)  # [B, Hq, T, D]
     scores = q @ k0.transpose(-1, -2) / math.sqrt(d)  # [B, Hq, T, T]
-    visible = torch.ones(t, t, dtype=torch.bool).tril() & real[:, None, None, :]  # [B, 1, T, T]
+    visible = torch.ones(t, t, dtype=torch.bool, device=real.device).tril() & real[:, None, None, :]  # [B, 1, T, T]
     scores = scores.masked_fill(~visible, -math.inf)
     own = [(q * k.repeat_interleave(group, 1)).sum(-1, keepdim=True) / math.sqrt(d) for k in keys[1:]]  # [B,Hq,T,1]
     weights = torch.cat([scores, *own], dim=-1).softmax(-1)  # [B, Hq, T, T + k]
@@ -149,7 +149,7 @@ class Eagle3Run(TrainingRun):
     def loss(self, engine, sequences, rng: random.Random, step: int) -> tuple[torch.Tensor, int]:
         steps = self._per_step(engine(), self.batch(sequences, "train"))
         # decay_mean over [N, D] wants one row per path: each step's mean, then the decayed mean over steps
-        weights = self.cfg.alpha ** torch.arange(1, len(steps) + 1, dtype=torch.float32)
+        weights = self.cfg.alpha ** torch.arange(1, len(steps) + 1, dtype=torch.float32, device=self.device)
         means = torch.stack([(ce * valid).sum() / valid.sum().clamp_min(1) for ce, valid, _, _ in steps])
         return (means * weights).mean(), int(steps[0][1].sum())
 
@@ -157,7 +157,9 @@ class Eagle3Run(TrainingRun):
         """Top-1/5/10 agreement with the teacher's most likely token at distances 1 .. D (the training-time
         test's steps, each on the draft's own earlier outputs), the loss by distance."""
         d = self.cfg.head_depth
-        hits, loss_sum, count = {top: torch.zeros(d) for top in TOPS}, torch.zeros(d), torch.zeros(d)
+        on = self.device  # the sums stay where the positions are scored (a GPU's), read once at the end
+        hits, loss_sum, count = {top: torch.zeros(d, device=on) for top in TOPS}, torch.zeros(d, device=on), \
+            torch.zeros(d, device=on)
         with torch.no_grad():
             w = engine()
             for i in range(0, len(holdout), self.cfg.micro_batch):

@@ -84,6 +84,7 @@ def load_weights(run, init: Component) -> None:
             if name == "draft_vocab":
                 continue  # the run's: the component's, or grown from it (draft_vocabulary)
             if name in by_token:
-                tensor[place] = init.tensors[name].to(tensor.dtype)  # a new token's row keeps the run's start
+                # a new token's row keeps the run's start; the vocabulary may sit on the base's GPU
+                tensor[place.to(tensor.device)] = init.tensors[name].to(tensor.device, tensor.dtype)
             else:
                 tensor.copy_(init.tensors[name])
