@@ -6,7 +6,7 @@ import json
 import torch
 from test_eagle3 import _draft_tensors
 
-from ppdkit.jobs.adopt import BEGIN, adopt, history_table, kept_shares, write_history_table
+from ppdkit.jobs.adopt import BEGIN, adopt, history_table, kept_shares, run_figures, write_history_table
 from ppdkit.models.artifact import read_component, write_component
 from ppdkit.models.loading import load_base_model
 
@@ -60,3 +60,14 @@ def test_kept_shares_count_the_steps_that_kept_each_depth():
     # steps emitting 1 (nothing kept), 2, 4 and 6 tokens: >=1 kept in 3 of 4, >=2 in 2, >=3 in 2, >=4 and >=5 in 1
     assert kept_shares([1, 2, 4, 6]) == [0.75, 0.5, 0.5, 0.25, 0.25]
     assert kept_shares([]) == [0.0] * 5
+
+
+def test_a_gpu_lanes_report_gives_the_history_its_figures(tmp_path):
+    trained = {"ok": True, "steps": 202, "positions": 1444215, "heldout_top1_before": [0.69, 0.66, 0.63, 0.61],
+               "heldout_top1_after": [0.7, 0.67, 0.64, 0.61]}
+    (tmp_path / "lane.json").write_text(json.dumps({"stages": {"corpus": {"ok": False}, "train": trained}}))
+    assert run_figures(tmp_path) == {"heldout_top1_start": [0.69, 0.66, 0.63, 0.61],
+                                     "heldout_top1": [0.7, 0.67, 0.64, 0.61], "trained_positions": 1444215,
+                                     "best_step": 202}
+    (tmp_path / "lane.json").write_text(json.dumps({"stages": {"train": {"ok": False, "error": "OOM"}}}))
+    assert run_figures(tmp_path) == {}  # a lane whose training failed has no figures to give

@@ -27,7 +27,7 @@ start)
     echo "corpus job: pid $(cat "$PIDFILE"), log $LOG" ;;
 pause) signal STOP ;;
 resume) signal CONT ;;
-stop) signal TERM ;;
+stop) signal TERM; signal CONT ;;  # a paused job takes its TERM once it runs again
 stage)
     signal STOP
     trap 'signal CONT' EXIT

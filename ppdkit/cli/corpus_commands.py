@@ -111,7 +111,7 @@ def add_adopt_command(sub: argparse._SubParsersAction) -> None:
     adopt.add_argument("candidate", help="the newly trained component (a run's train/component)")
     adopt.add_argument("--component", required=True, help="the committed component it would replace")
     adopt.add_argument("--run", help="the candidate's run directory (its train/result.json: held-out top-1, "
-                                     "positions trained)")
+                                     "positions trained), or what a GPU lane brought back (its lane.json)")
     adopt.add_argument("--corpus", help="the corpus it trained on, for the history, where the run's data stage does "
                                         "not say (default: the committed one)")
     adopt.add_argument("--limit", type=int, help="first N MT-Bench turns only (a quick look: the measure is all 80)")

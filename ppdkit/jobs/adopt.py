@@ -74,6 +74,8 @@ def run_figures(run_dir: Path | None) -> dict:
     """What the training run says of itself (its train/result.json): held-out top-1 by distance at step 0 (the
     draft it started from) and at the kept step, and the positions it trained on; and, from its data stage, the
     corpus tokens it read."""
+    if run_dir is not None and (run_dir / "lane.json").is_file():
+        return lane_figures(run_dir)
     if run_dir is None or not (run_dir / "train" / "result.json").is_file():
         return {}
     result = json.loads((run_dir / "train" / "result.json").read_text())
@@ -86,6 +88,16 @@ def run_figures(run_dir: Path | None) -> dict:
             "heldout_top1": top1(evals[result["best_step"]]) if result.get("best_step") in evals else None,
             "trained_positions": result.get("trained_positions"), "best_step": result.get("best_step"),
             **corpus_read(run_dir)}
+
+
+def lane_figures(out: Path) -> dict:
+    """The same figures from a GPU lane's report (jobs/gpu_lane.py, its lane.json in what came back): held-out top-1
+    before and after its training, the positions it trained on."""
+    trained = json.loads((out / "lane.json").read_text())["stages"].get("train", {})
+    if not trained.get("ok"):
+        return {}
+    return {"heldout_top1_start": trained["heldout_top1_before"], "heldout_top1": trained["heldout_top1_after"],
+            "trained_positions": trained["positions"], "best_step": trained["steps"]}
 
 
 def corpus_read(run_dir: Path) -> dict:

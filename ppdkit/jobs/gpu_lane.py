@@ -144,7 +144,7 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
     tensors = {k: v.detach().cpu().half() if v.is_floating_point() else v.detach().cpu()
                for k, v in run.export_tensors(run.module.state_dict()).items()}
     write_component(out / "component", "eagle3", run.hyperparameters(), base, loaded.fingerprint,
-                    {"gpu_lane": True, "steps": step, "started_from": str(component)}, tensors)
+                    {"gpu_lane": True, "steps": step, "started_from": component.name}, tensors)
     return {"steps": step, "seconds": round(seconds, 1), "positions": positions,
             "positions_per_second": round(positions / max(seconds, 1e-9), 1), "train_sequences": len(train),
             "heldout_sequences": len(holdout), "base_forwards": teacher.forwards, "distributed": ranks,
