@@ -56,10 +56,12 @@ def test_the_gpu_lane_runs_without_ray_deepspeed_mlflow_and_its_results_come_hom
     assert len(back) <= 8 and all(len(p.relative_to(out).parts) <= 3 for p in back)  # the device tool's limits
     lane = open_corpus(out / "corpus")
     assert {s["settings"]["seed"] for s in lane.shards} == {1} and all(s["engine"] for s in lane.shards)
+    assert all(r.id.endswith("-s1") for r in read_rows(lane))  # other conversations than seed 0's of the same rows
     before = len(read_rows(open_corpus(corpus)))
     added = merge_corpus(open_corpus(corpus), lane)
     assert len(added) == len(lane.shards) and not merge_corpus(open_corpus(corpus), open_corpus(out / "corpus"))
-    assert len(read_rows(open_corpus(corpus))) == before + sum(s["rows"] for s in added)
+    merged = read_rows(open_corpus(corpus))
+    assert len(merged) == before + sum(s["rows"] for s in added) == len({r.id for r in merged})
     decoder = Decoder.from_pretrained(out / "component", dtype="float32", tree_size=None)
     ids = [5, 17, 99, 5, 17, 99, 5, 17]
     assert decoder.generate(ids, max_new_tokens=16, method="eagle3-anpd").tokens == decoder.generate(ids,
@@ -75,3 +77,17 @@ def test_a_corpus_of_another_model_does_not_merge(tmp_path):
     other.manifest["fingerprint"] = "sha256:another"
     with pytest.raises(CorpusError, match="another base model"):
         merge_corpus(open_corpus(ours), other)
+
+
+def test_a_shard_that_repeats_the_corpus_s_ids_does_not_merge(tmp_path):
+    kernels_or_skip("native")
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    grow_corpus(ours, CorpusConfig(**TINY), max_shards=1)
+    grow_corpus(theirs, CorpusConfig(**TINY), max_shards=1)  # the same rows, the same ids, in a shard named apart
+    other = open_corpus(theirs)
+    renamed = "shards/another-name.parquet"
+    (theirs / other.shards[0]["file"]).rename(theirs / renamed)
+    other.shards[0]["file"] = renamed
+    with pytest.raises(CorpusError, match="repeats .* conversation ids"):
+        merge_corpus(open_corpus(ours), other)
+    assert len(open_corpus(ours).shards) == 1  # nothing copied

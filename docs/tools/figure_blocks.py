@@ -12,7 +12,8 @@ The name is the report's path under docs/ without `.json`: a bench report (docs/
 `ppdkit bench --out` writes), a step-cost report (docs/measurements/step-costs*.json, docs/tools/step_costs.py), a
 precision report (docs/measurements/precision*.json, `ppdkit precision`), a serving-load report
 (docs/measurements/serve-load*.json, `ppdkit serve-bench --out`), a cluster-throughput report
-(docs/measurements/cluster-throughput*.json, `infra/ray/cluster_throughput.py --out`) or the history
+(docs/measurements/cluster-throughput*.json, `infra/ray/cluster_throughput.py --out`), a GPU lane's report
+(docs/measurements/gpu-lane*.json, the lane.json `python -m ppdkit.jobs.gpu_lane` writes) or the history
 (docs/measurements/history.json, figures transcribed from the pages before they had reports).
 
     .venv/bin/python docs/tools/figure_blocks.py           # rewrite every block from its report
@@ -191,6 +192,33 @@ def cluster_throughput_block(name: str, report: dict, docs_link: str) -> list[st
     return lines
 
 
+def gpu_lane_block(name: str, report: dict, docs_link: str) -> list[str]:
+    """A GPU lane's report (ppdkit/jobs/gpu_lane.py): what each stage made, in how long, and held-out top-1 before
+    and after its training; a failed stage by its error."""
+    stages = report["stages"]
+    lines = [provenance(report, "python -m ppdkit.jobs.gpu_lane"), "",
+             f"The lane's report: [{name}]({docs_link}measurements/{name}.json).", "",
+             "| stage | made | seconds | rate |", "|---|---|---:|---:|"]
+    grown, trained = stages.get("corpus", {}), stages.get("train", {})
+    if grown.get("ok"):
+        lines.append(f"| corpus | {grown['rows']:,} conversations in {grown['shards_written']} shard{'s' if grown['shards_written'] != 1 else ''}, "
+                     f"{grown['tokens']:,} tokens ({grown['generated_tokens']:,} written by the model) | "
+                     f"{grown['seconds']:.0f} | {grown['generated_tokens_per_s']:,.0f} generated tok/s |")
+    if trained.get("ok"):
+        ranks = trained.get("distributed", {})
+        reduce = (f"gradients all-reduced by {ranks['backend']}{' ' + ranks['nccl'] if ranks.get('nccl') else ''} "
+                  f"over {ranks['world_size']} rank" if "backend" in ranks else "no collective")
+        lines.append(f"| train | {trained['steps']} steps, {trained['positions']:,} positions online from "
+                     f"{trained['train_sequences']:,} sequences, {trained['base_forwards']:,} base forwards; {reduce} "
+                     f"| {trained['seconds']:.0f} | {trained['positions_per_second']:,.0f} positions/s |")
+        lines += ["", f"Held-out top-1 at distances 1-{len(trained['heldout_top1_after'])} on "
+                      f"{trained['heldout_sequences']} held-out sequences: "
+                      f"{adopt.format_shares(trained['heldout_top1_before'])} before, "
+                      f"{adopt.format_shares(trained['heldout_top1_after'])} after."]
+    failed = [f"{stage} ({s['error']})" for stage, s in stages.items() if not s.get("ok")]
+    return lines + (["", f"Failed: {'; '.join(failed)}."] if failed else [])
+
+
 def history_block(name: str, report: dict, docs_link: str) -> list[str]:
     """The transcribed history: a heading per day, in date order, then one line per finding with its machine and
     command."""
@@ -211,6 +239,8 @@ def report_kind(report: dict):
         return serving_load_block
     if report.get("kind") == "cluster-throughput":
         return cluster_throughput_block
+    if report.get("kind") == "gpu-lane":
+        return gpu_lane_block
     if "entries" in report and "transcribed_from" in report:
         return history_block
     if "results" in report and "prompts_source" in report:
@@ -220,7 +250,7 @@ def report_kind(report: dict):
     if "perplexity" in report and "equal" in report:
         return precision_block
     raise ValueError("not a report this tool renders: a bench, step-cost, precision, serving-load, "
-                     "cluster-throughput or history report")
+                     "cluster-throughput, GPU lane or history report")
 
 
 def docs_prefix(page: Path, docs: Path = DOCS) -> str:

