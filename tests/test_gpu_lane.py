@@ -12,7 +12,7 @@ from conftest import kernels_or_skip
 from test_adopt import _component
 from test_corpus import TINY
 
-from ppdkit.data_pipeline.corpus import CorpusError, merge_corpus, open_corpus, read_rows
+from ppdkit.data_pipeline.corpus import CorpusError, merge_corpus, open_corpus, read_rows, unpack_corpus
 from ppdkit.data_pipeline.corpus_grow import CorpusConfig, grow_corpus
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.decoder import Decoder
@@ -44,7 +44,7 @@ def test_the_gpu_lane_runs_without_ray_deepspeed_mlflow_and_its_results_come_hom
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-c", WITHOUT, "--out", str(out), "--base", "tiny-llama", "--device", "cpu",
                            "--corpus-minutes", "0.02", "--train-minutes", "0.1", "--batch", "8",
-                           "--rows-per-shard", "4", "--corpus", str(corpus), "--component", str(start),
+                           "--rows-per-shard", "2", "--corpus", str(corpus), "--component", str(start),
                            "--micro-batch", "2", "--eval-sequences", "4"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "lane.json").read_text())
@@ -54,12 +54,14 @@ def test_the_gpu_lane_runs_without_ray_deepspeed_mlflow_and_its_results_come_hom
     assert trained["distributed"] == {"backend": "gloo", "world_size": 1}  # each step's gradients all-reduced
     back = [p for p in out.rglob("*") if p.is_file()]
     assert len(back) <= 8 and all(len(p.relative_to(out).parts) <= 3 for p in back)  # the device tool's limits
-    lane = open_corpus(out / "corpus")
+    assert report["corpus_parts"] and all((out / name).is_file() for name in report["corpus_parts"])
+    (tmp_path / "back").mkdir()
+    lane = open_corpus(unpack_corpus(out, tmp_path / "back"))
     assert {s["settings"]["seed"] for s in lane.shards} == {1} and all(s["engine"] for s in lane.shards)
     assert all(r.id.endswith("-s1") for r in read_rows(lane))  # other conversations than seed 0's of the same rows
     before = len(read_rows(open_corpus(corpus)))
     added = merge_corpus(open_corpus(corpus), lane)
-    assert len(added) == len(lane.shards) and not merge_corpus(open_corpus(corpus), open_corpus(out / "corpus"))
+    assert len(added) == len(lane.shards) and not merge_corpus(open_corpus(corpus), lane)
     merged = read_rows(open_corpus(corpus))
     assert len(merged) == before + sum(s["rows"] for s in added) == len({r.id for r in merged})
     decoder = Decoder.from_pretrained(out / "component", dtype="float32", tree_size=None)
@@ -91,3 +93,17 @@ def test_a_shard_that_repeats_the_corpus_s_ids_does_not_merge(tmp_path):
     with pytest.raises(CorpusError, match="repeats .* conversation ids"):
         merge_corpus(open_corpus(ours), other)
     assert len(open_corpus(ours).shards) == 1  # nothing copied
+
+
+def test_a_packed_corpus_comes_apart_only_into_its_own_folder(tmp_path):
+    import tarfile
+
+    (tmp_path / "evil.txt").write_text("x")
+    with tarfile.open(tmp_path / "corpus.tar", "w") as packed:
+        packed.add(tmp_path / "evil.txt", arcname="../evil.txt")
+    (tmp_path / "corpus.tar").rename(tmp_path / "corpus.tar.part-00")
+    (tmp_path / "into").mkdir()
+    with pytest.raises(CorpusError, match="holds what a corpus does not"):
+        unpack_corpus(tmp_path, tmp_path / "into")
+    with pytest.raises(CorpusError, match="no packed one"):
+        unpack_corpus(tmp_path / "into", tmp_path)

@@ -138,3 +138,25 @@ def test_the_online_benchmark_times_both_modes_on_the_same_batches(teacher_dir):
     assert report["base_forwards"] == EAGLE3_TRAIN.micro_batch * (1 + 2 * 2)
     with pytest.raises(ValueError, match="bench-online measures eagle3, not feature-head"):
         online_benchmark(BASE, TrainConfig(method="feature-head"), TeacherConfig(), teacher_dir.parent / "data")
+
+
+def test_a_padded_forward_of_many_sequences_gives_each_its_own_results(teacher_dir):  # noqa: F811
+    """prefetch (a GPU's engine, transformers): one forward of a micro-batch, right-padded, gives each sequence the
+    targets and features of its own forward, and later reads run no forward."""
+    base = load_base_model("tiny-llama", "none", "float32")
+    rows = load_from_disk(str(teacher_dir.parent / "data" / "train"))
+    alone, together = (OnlineTeacher(base.model, 16, keep_bytes=1e9) for _ in range(2))
+    for teacher in (alone, together):
+        teacher.runtime = None  # transformers, as on a GPU
+        teacher.serve_features(aux_layers(base.model.config.num_hidden_layers))
+    mine, theirs = alone.sequences(rows, "train"), together.sequences(rows, "train")
+    assert len({len(s.input_ids) for s in theirs}) > 1  # padding is exercised
+    together.prefetch(theirs)
+    assert together.forwards == len(theirs)
+    for one, many in zip(mine, theirs):
+        assert torch.equal(one.topk_ids, many.topk_ids)
+        assert torch.allclose(one.topk_logprobs.float(), many.topk_logprobs.float(), atol=2e-3)
+        assert torch.allclose(one.features.float(), many.features.float(), atol=2e-2)
+    assert together.forwards == len(theirs)  # every read was the prefetched result
+    together.prefetch(theirs)
+    assert together.forwards == len(theirs)  # nothing left to compute

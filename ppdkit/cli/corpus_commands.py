@@ -59,12 +59,17 @@ def cmd_corpus_show(args: argparse.Namespace) -> int:
 
 
 def cmd_corpus_merge(args: argparse.Namespace) -> int:
-    from ppdkit.data_pipeline.corpus import merge_corpus, open_corpus
+    import tempfile
+
+    from ppdkit.data_pipeline.corpus import MANIFEST, merge_corpus, open_corpus, unpack_corpus
     from ppdkit.data_pipeline.corpus_grow import only_writer
 
     into = open_corpus(_root(args, "smollm2-135m"))
-    with only_writer(into.root):
-        added = merge_corpus(into, open_corpus(Path(args.other).expanduser()))
+    other = Path(args.other).expanduser()
+    with only_writer(into.root), tempfile.TemporaryDirectory() as scratch:
+        if not (other / MANIFEST).is_file():  # what a GPU lane brings back: the corpus packed in parts
+            other = unpack_corpus(other, Path(scratch))
+        added = merge_corpus(into, open_corpus(other))
     print(f"merged {len(added)} shards ({sum(s['tokens'] for s in added)} tokens) into {into.root}")
     return 0
 
@@ -86,7 +91,8 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=cmd_corpus_show)
     merge = actions.add_parser("merge", help="copy another corpus's shards of the same base model into this one (a "
                                             "GPU lane's, brought back through $OUT)")
-    merge.add_argument("other", help="the corpus folder whose shards come in")
+    merge.add_argument("other", help="the corpus folder whose shards come in, or a folder holding one packed in parts "
+                                     "(corpus.tar.part-00, ...: what a GPU lane brings back)")
     merge.add_argument("--corpus", help="the corpus they go into (default: the committed SmolLM2 corpus)")
     merge.set_defaults(func=cmd_corpus_merge)
     add_adopt_command(sub)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import tarfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from ppdkit.models.paths import file_sha256, write_json_atomic
 FORMAT = "ppdkit-corpus/1"
 MANIFEST = "corpus.json"
 SHARDS = "shards"
+PACKED = "corpus.tar.part-"  # a corpus packed to travel: one tar in numbered parts (a device call brings back 8 files)
 _ZSTD_LEVEL = 19  # shards are written once and read many times: the slowest level's extra time is paid once
 
 
@@ -255,6 +257,44 @@ def merge_corpus(into: Corpus, other: Corpus) -> list[dict]:
         write_json_atomic(into.root / MANIFEST, into.manifest)
         added.append(entry)
     return added
+
+
+def pack_corpus(root: Path, out: Path, part_bytes: int) -> list[Path]:
+    """The corpus folder `root` as one uncompressed tar (its shards are zstd already) cut into parts of at most
+    `part_bytes`, out/corpus.tar.part-00, -01, ...; `root` is removed. `unpack_corpus` puts it together again."""
+    tar = out / "corpus.tar"
+    with tarfile.open(tar, "w") as packed:
+        packed.add(root, arcname="corpus")
+    parts = []
+    with open(tar, "rb") as whole:
+        while chunk := whole.read(part_bytes):
+            parts.append(out / f"{PACKED}{len(parts):02d}")
+            parts[-1].write_bytes(chunk)
+    tar.unlink()
+    shutil.rmtree(root)
+    return parts
+
+
+def unpack_corpus(folder: Path, into: Path) -> Path:
+    """The corpus packed in folder/corpus.tar.part-* (pack_corpus), extracted under `into`; its root. Only plain
+    files and folders inside the tar's own corpus/ are taken: a part that is missing or altered fails the corpus's
+    sha256 check when it is opened."""
+    parts = sorted(folder.glob(f"{PACKED}*"))
+    if not parts:
+        raise CorpusError(f"{folder} holds no corpus and no packed one ({PACKED}00, ...)")
+    tar = into / "corpus.tar"
+    with open(tar, "wb") as whole:
+        for part in parts:
+            whole.write(part.read_bytes())
+    with tarfile.open(tar) as packed:
+        members = packed.getmembers()
+        unsafe = [m.name for m in members if not (m.isfile() or m.isdir()) or Path(m.name).is_absolute()
+                  or ".." in Path(m.name).parts or Path(m.name).parts[0] != "corpus"]
+        if unsafe:
+            raise CorpusError(f"the packed corpus in {folder} holds what a corpus does not: {unsafe[:3]}")
+        packed.extractall(into, members=members)
+    tar.unlink()
+    return into / "corpus"
 
 
 def read_rows(corpus: Corpus) -> list[CorpusRow]:

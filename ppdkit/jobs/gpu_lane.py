@@ -4,17 +4,20 @@ Run on the device machine by infra/gpu/lane.sh (docs/gpu-lane.md says how the ba
 get there). Two stages, each with its own time budget, each reported whatever the other did:
 1. corpus: the base model writes Magpie conversations of the eight kinds with its own seed (`--seed`, not the CPU
    job's 0, so its prompts are new ones), through transformers' generate in large batches, into a corpus of its
-   own under OUT/corpus (merged here with `ppdkit corpus merge`);
+   own, a shard of `--rows-per-shard` conversations at a time, each of the kind furthest below its share;
 2. train: the committed draft trained further on the committed corpus and the new shards, online (the base computes
-   the targets and states on the GPU), with a plain PyTorch loop: the device image has no Ray, DeepSpeed, MLflow or
+   the targets and states on the GPU, one padded forward per micro-batch: OnlineTeacher.prefetch), with a plain
+   PyTorch loop: the device image has no Ray, DeepSpeed, MLflow or
    bitsandbytes, and one call cannot carry Ray's 79 MB wheel. Each step's gradients are averaged over the ranks
    through torch.distributed with the device plan's backend (nccl on a GPU), as DDP would: one rank here, so it
    proves nccl under a real training step, not scaling. Held-out top-1 at distances 1-4 before and after. The
    draft goes to OUT/component (float16), for `ppdkit adopt`.
 `--total-minutes` bounds both: training stops early enough to evaluate and write within it whatever the corpus
 stage took (its deadline is checked between shards, so its last shard may run over).
-What comes back fits the device tool's limits: at most 8 files of at most 16 MiB, two folders down (OUT/corpus/shards/
-with at most 4 shards, OUT/corpus/corpus.json, the component's two files and OUT/lane.json).
+What comes back fits the device tool's limits (at most 8 files of at most 16 MiB, 64 MiB in all): the new corpus
+packed in parts (OUT/corpus.tar.part-00, ...; `ppdkit corpus merge OUT` here), the component's two files and
+OUT/lane.json. The corpus stage stops short of what five parts hold (~40M tokens, far more than a lane's minutes
+write)
 """
 
 import argparse
@@ -31,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ppdkit.bench.serving_backends import free_port
-from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus, read_rows
+from ppdkit.data_pipeline.corpus import MANIFEST, committed_corpus, open_corpus, pack_corpus, read_rows
 from ppdkit.data_pipeline.corpus_grow import CorpusConfig, grow_corpus, who_writes
 from ppdkit.data_pipeline.holdout import split_holdout_by_id
 from ppdkit.data_pipeline.prompt_kinds import KINDS
@@ -41,7 +44,9 @@ from ppdkit.models.loading import load_base_model
 
 log = logging.getLogger("ppdkit.gpu_lane")
 COMPONENT = Path(__file__).resolve().parents[1] / "models" / "components" / "smollm2-135m-eagle3"
-MAX_SHARDS = 4  # 8 files back: the shards, corpus.json, the component's weights and component.json, lane.json
+PART_BYTES = 15 * 2**20  # a packed corpus's part: under the device tool's 16 MiB a file
+MAX_PARTS = 5  # 8 files back: the parts, the component's weights and component.json, lane.json
+ROW_BYTES = 700  # a corpus row at most on disk (512 tokens at ~1.3 bytes): what bounds the shards the parts hold
 # held out as the continual recipe holds them out (data.holdout 0.02, data.seed 0): by id, so the lane's held-out
 # rows are rows no recipe run trained on either
 HOLDOUT, HOLDOUT_SEED = 0.02, 0
@@ -58,7 +63,9 @@ def machine(device: str) -> dict:
 def corpus_stage(out: Path, base: str, device: str, minutes: float, seed: int, batch: int, rows: int) -> dict:
     cfg = CorpusConfig(base_model=base, seed=seed, generate_batch=batch, rows_per_shard=rows,
                        mix={f"magpie-{kind}": 1.0 for kind in KINDS})
-    report = grow_corpus(out / "corpus", cfg, max_shards=MAX_SHARDS, hours=minutes / 60, device=device)
+    report = grow_corpus(out / "corpus", cfg, max_shards=MAX_PARTS * PART_BYTES // (rows * ROW_BYTES),
+                         hours=minutes / 60, device=device)
+    (out / "corpus" / ".grow.lock").unlink(missing_ok=True)
     return report.summary()
 
 
@@ -120,6 +127,8 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
     run = TRAINING_METHODS["eagle3"].start(cfg, loaded, train, starting_component(cfg, loaded.fingerprint),
                                            teacher=teacher)
     run.module.to(device)
+    for i in range(0, len(holdout), micro_batch):  # kept: the evaluation after training reads them again
+        teacher.prefetch(holdout[i:i + micro_batch])
     before = run.evaluate(run.module, holdout, 0)
     try:
         ranks = join_ranks(device)
@@ -135,7 +144,9 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
         if planned is not None:  # cosine over the steps the budget holds, estimated after the first 20
             for group in optimizer.param_groups:
                 group["lr"] = lr * cosine(step, planned)
-        loss, supervised = run.loss(run.module, [train[r] for r in rows], random.Random(step), step)
+        batch = [train[r] for r in rows]
+        teacher.prefetch(batch)  # one base forward for the micro-batch
+        loss, supervised = run.loss(run.module, batch, random.Random(step), step)
         loss.backward()
         if dist.is_initialized():
             average_gradients(run.module.parameters())
@@ -172,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total-minutes", type=float, default=9.0, help="both stages end within this (the device "
                         "call's limit less the start and the transfers)")
     parser.add_argument("--seed", type=int, default=1, help="the lane's own seed: other Magpie prompts than the CPU's")
-    parser.add_argument("--batch", type=int, default=512, help="conversations generated together")
+    parser.add_argument("--batch", type=int, default=2048, help="conversations generated together")
     parser.add_argument("--rows-per-shard", type=int, default=2048)
     parser.add_argument("--corpus", default=None, help="the corpus trained on with the new shards (default: "
                                                       "the committed one of --base)")
@@ -204,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
             report["stages"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         report["stages"][name]["wall_seconds"] = round(time.time() - started, 1)
         (out / "lane.json").write_text(json.dumps(report, indent=2))
-    for lock in out.rglob(".grow.lock"):  # one file fewer to bring back
-        lock.unlink()
+    if (out / "corpus" / MANIFEST).is_file():  # trained on above; now packed to travel
+        report["corpus_parts"] = [p.name for p in pack_corpus(out / "corpus", out, PART_BYTES)]
+        (out / "lane.json").write_text(json.dumps(report, indent=2))
     return 0 if all(s["ok"] for s in report["stages"].values()) else 1
 
 

@@ -116,14 +116,38 @@ class OnlineTeacher:
         if found is None:
             found = self._forward(seq)
             self.forwards += 1
-            if self.kept_bytes + found.nbytes <= self.keep_bytes:
-                self._known[key] = found
-                self.kept_bytes += found.nbytes
-            else:  # past the budget: kept for the rest of its batch only (a step reads a sequence's fields apart)
-                self._recent[key] = found
-                while len(self._recent) > RECENT:
-                    self._recent.popitem(last=False)
+            self._keep(key, found)
         return found
+
+    def _keep(self, key: tuple[str, int], found: _Computed) -> None:
+        if self.kept_bytes + found.nbytes <= self.keep_bytes:
+            self._known[key] = found
+            self.kept_bytes += found.nbytes
+        else:  # past the budget: kept for the rest of its batch only (a step reads a sequence's fields apart)
+            self._recent[key] = found
+            while len(self._recent) > RECENT:
+                self._recent.popitem(last=False)
+
+    def prefetch(self, seqs: list[OnlineSequence]) -> None:
+        """Compute those of `seqs` not yet known in one padded forward through transformers (a GPU's engine): a step
+        of 32 sequences then pays one call's overhead, not 32, which is where a GPU's time went. Padding goes on the
+        right, after every real token, so under the causal mask no real token sees it: each sequence's results are
+        its own forward's. On the runtime (a CPU) each sequence is still computed alone when first read."""
+        todo = list({(s.split, s.row): s for s in seqs if (s.split, s.row) not in self._known
+                     and (s.split, s.row) not in self._recent}.values())
+        if self.runtime is not None or not todo:
+            return
+        ids = torch.zeros(len(todo), max(len(s.input_ids) for s in todo), dtype=torch.long)  # [B, T], 0 pads
+        for i, s in enumerate(todo):
+            ids[i, :len(s.input_ids)] = s.input_ids
+        head = self.model.get_output_embeddings()
+        with torch.no_grad():
+            final, features = self._on_transformers(ids)  # [B, T, H], [B, T, F] or None
+            for i, s in enumerate(todo):
+                top, logprobs, rest = compress_logits(head(final[i, s.positions.to(final.device)]), self.top_k)
+                kept = None if features is None else features[i, :len(s.input_ids)].clone()  # not the batch's storage
+                self._keep((s.split, s.row), _Computed(top.to(torch.int32), logprobs.to(torch.float16), rest, kept))
+        self.forwards += len(todo)
 
     def forget(self) -> None:
         """Drop every kept result (a benchmark's next mode computes them again)."""
@@ -137,7 +161,8 @@ class OnlineTeacher:
                 final, features = self._on_runtime(seq.input_ids)
                 ids, logprobs, rest = compress_head(self.runtime.logits, final[seq.positions], self.top_k)
             else:
-                final, features = self._on_transformers(seq.input_ids)
+                final, features = self._on_transformers(seq.input_ids[None])
+                final, features = final[0], None if features is None else features[0]
                 head = self.model.get_output_embeddings()
                 ids, logprobs, rest = compress_logits(head(final[seq.positions.to(final.device)]), self.top_k)
         return _Computed(ids.to(torch.int32), logprobs.to(torch.float16), rest, features)
@@ -156,11 +181,11 @@ class OnlineTeacher:
         return final, kept.to(torch.float16 if isinstance(self.layer, int) else torch.bfloat16)
 
     def _on_transformers(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = self.model.get_decoder()(input_ids=ids[None].to(self.model.device),
-                                       output_hidden_states=self.layer is not None)
-        final = out.last_hidden_state[0]
+        """ids [B, T] -> (final states [B, T, H], the method's features [B, T, F])."""
+        out = self.model.get_decoder()(input_ids=ids.to(self.model.device), output_hidden_states=self.layer is not None)
+        final = out.last_hidden_state
         if self.layer is None:
             return final, final.to(torch.float16)
         if isinstance(self.layer, int):
-            return final, out.hidden_states[self.layer][0].to(torch.float16)
-        return final, torch.cat([out.hidden_states[n] for n in self.layer], dim=-1)[0].to(torch.bfloat16)
+            return final, out.hidden_states[self.layer].to(torch.float16)
+        return final, torch.cat([out.hidden_states[n] for n in self.layer], dim=-1).to(torch.bfloat16)
