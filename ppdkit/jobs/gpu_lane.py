@@ -111,7 +111,7 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
     to finish), online; its component in OUT/component."""
     from ppdkit.trainer.config import TrainConfig
     from ppdkit.trainer.training_methods import TRAINING_METHODS, cosine
-    from ppdkit.trainer.online_teacher import OnlineTeacher
+    from ppdkit.trainer.online_teacher import OnlineTeacher, prefetch
     from ppdkit.trainer.warm_start import starting_component
 
     dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
@@ -128,7 +128,7 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
                                            teacher=teacher)
     run.module.to(device)
     for i in range(0, len(holdout), micro_batch):  # kept: the evaluation after training reads them again
-        teacher.prefetch(holdout[i:i + micro_batch])
+        prefetch(holdout[i:i + micro_batch])
     before = run.evaluate(run.module, holdout, 0)
     try:
         ranks = join_ranks(device)
@@ -145,7 +145,7 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
             for group in optimizer.param_groups:
                 group["lr"] = lr * cosine(step, planned)
         batch = [train[r] for r in rows]
-        teacher.prefetch(batch)  # one base forward for the micro-batch
+        prefetch(batch)  # one base forward for the micro-batch
         loss, supervised = run.loss(run.module, batch, random.Random(step), step)
         loss.backward()
         if dist.is_initialized():

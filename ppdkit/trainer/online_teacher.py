@@ -189,3 +189,10 @@ class OnlineTeacher:
         if isinstance(self.layer, int):
             return final, out.hidden_states[self.layer].to(torch.float16)
         return final, torch.cat([out.hidden_states[n] for n in self.layer], dim=-1).to(torch.bfloat16)
+
+
+def prefetch(seqs: list) -> None:
+    """A micro-batch's targets and features in one forward where train.online computes them on transformers (a
+    GPU); a teacher cache's sequences, or the runtime's, are read as before."""
+    if seqs and isinstance(seqs[0], OnlineSequence):
+        seqs[0].teacher.prefetch(seqs)

@@ -293,6 +293,8 @@ def _evaluate_the_start(t: Training) -> None:
 
 def _optimizer_step(t: Training) -> tuple[float, int]:
     """One optimizer step of grad_accum micro-steps on this rank's rows: (its mean loss, its supervised positions)."""
+    from .online_teacher import prefetch
+
     cfg, rank, world = t.cfg, t.ranks.rank, t.ranks.world
     epoch, in_epoch = divmod(t.progress.step, t.steps_per_epoch)
     order = epoch_order(len(t.train_seqs), cfg.seed, epoch)
@@ -300,7 +302,9 @@ def _optimizer_step(t: Training) -> tuple[float, int]:
     for micro in range(cfg.grad_accum):
         rows = micro_batch_rows(order, in_epoch, micro, cfg, rank, world)
         rng = random.Random(f"insert-{cfg.seed}-{epoch}-{in_epoch}-{micro}-{rank}")  # redrawn every epoch
-        loss, positions = t.run.loss(t.engine, [t.train_seqs[r] for r in rows], rng, t.progress.step)
+        batch = [t.train_seqs[r] for r in rows]
+        prefetch(batch)  # train.online on a GPU: one base forward for the micro-batch
+        loss, positions = t.run.loss(t.engine, batch, rng, t.progress.step)
         t.engine.backward(loss)
         t.engine.step()
         step_loss += loss.item() / cfg.grad_accum
