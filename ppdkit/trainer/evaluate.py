@@ -66,10 +66,11 @@ class DraftVocabTally:
 
     def add(self, logp: torch.Tensor, index: torch.Tensor, probs: torch.Tensor, valid: torch.Tensor) -> None:
         """logp [N, 1, V'], index and probs [N, 1, K] (losses.on_draft_vocab's), valid [N, 1]."""
+        # summed on the CPU: a GPU's batch sends one number of each
         for top, hit in topk_hits(logp, index[..., 0], tuple(self.hits)).items():
-            self.hits[top] += (hit & valid).sum(0)
-        self.loss += (soft_cross_entropy(logp, index, probs) * valid).sum(0)
-        self.count += valid.sum(0)
+            self.hits[top] += (hit & valid).sum(0).cpu()
+        self.loss += (soft_cross_entropy(logp, index, probs) * valid).sum(0).cpu()
+        self.count += valid.sum(0).cpu()
 
     def figures(self) -> dict[str, float]:
         return by_distance(self.hits, {"loss": self.loss}, self.count)

@@ -76,10 +76,11 @@ class HeadRun(TrainingRun):
                 batch = self.batch(holdout[i:i + self.cfg.micro_batch], rng, "holdout")
                 logp, states = self._logp(engine, batch)
                 valid = batch.valid  # [N, D]
+                # each batch's sums come to the CPU (one number a distance), wherever the batch was computed
                 for top, hit in topk_hits(logp, batch.teacher_top1, TOPS).items():
-                    hits[top] += (hit & valid).sum(0)
-                loss_sum += (self.per_depth_loss(logp, states, batch) * valid).sum(0)
-                count += valid.sum(0)
+                    hits[top] += (hit & valid).sum(0).cpu()
+                loss_sum += (self.per_depth_loss(logp, states, batch) * valid).sum(0).cpu()
+                count += valid.sum(0).cpu()
                 covered += float(((batch.teacher_top1 >= 0) & valid).sum())
         return {**by_distance(hits, {"loss": loss_sum}, count),
                 "draft_vocab_coverage": covered / max(count.sum().item(), 1.0)}

@@ -29,7 +29,7 @@ def hard_label_ce(student_logp: torch.Tensor, targets: torch.Tensor) -> torch.Te
 def decay_mean(per_distance: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
     """mean over distance i of (mean over valid groups of loss_i) * alpha^i; per_distance, valid: [N, k]."""
     k = per_distance.shape[-1]
-    weights = alpha ** torch.arange(1, k + 1, dtype=per_distance.dtype)  # [k]
+    weights = alpha ** torch.arange(1, k + 1, dtype=per_distance.dtype, device=per_distance.device)  # [k]
     valid = valid.to(per_distance.dtype)
     per_i = (per_distance * valid).sum(0) / valid.sum(0).clamp_min(1.0)  # [k]
     return (per_i * weights).mean()

@@ -40,10 +40,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def committed_visibility(t: int) -> torch.Tensor:
+def committed_visibility(t: int, device: torch.device | None = None) -> torch.Tensor:
     """[T, 2T] bool: row t sees the committed keys of positions < t (first T columns) and its own (column T + t)."""
-    rows = torch.arange(t)[:, None]
-    cols = torch.arange(t)[None]
+    rows = torch.arange(t, device=device)[:, None]
+    cols = torch.arange(t, device=device)[None]
     return torch.cat([cols < rows, cols == rows], dim=1)
 
 
@@ -57,8 +57,8 @@ def draft_states(base_model, input_ids: torch.Tensor, skip: tuple[int, ...],
     with torch.no_grad():
         decoder(input_ids=input_ids, use_cache=True, **cache_kwargs(decoder, committed))
     x = decoder.embed_tokens(input_ids).float()  # [B, T, H]
-    cos, sin = decoder.rotary_emb(x, torch.arange(input_ids.shape[1])[None])  # [1, T, D]
-    visible = committed_visibility(input_ids.shape[1])
+    cos, sin = decoder.rotary_emb(x, torch.arange(input_ids.shape[1], device=x.device)[None])  # [1, T, D]
+    visible = committed_visibility(input_ids.shape[1], x.device)
     for i, layer in enumerate(decoder.layers):
         if not skip[i] & SKIP_ATTENTION:
             keys, values = committed.layers[i].keys, committed.layers[i].values

@@ -59,12 +59,17 @@ def _distributed():
     return 0, 1, lambda: None
 
 
+def _collective_device(dist) -> torch.device:
+    """Where a collective's tensor must live: nccl reduces GPU tensors only (this rank's GPU), gloo CPU ones."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def _mean_across_ranks(value: float, world: int) -> float:
     if world == 1:
         return value
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=_collective_device(dist))
     dist.all_reduce(t)
     return t.item() / world
 
@@ -424,6 +429,6 @@ def _peak_rss_mb(world: int) -> float:
         return mine
     import torch.distributed as dist
 
-    t = torch.tensor([mine], dtype=torch.float64)
+    t = torch.tensor([mine], dtype=torch.float64, device=_collective_device(dist))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
