@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from conftest import REPO
@@ -33,6 +35,20 @@ def test_every_recipes_init_from_is_a_committed_component(path):
     if init_from is None or init_from.startswith("models:/"):
         return
     assert (REPO / init_from / "component.json").is_file(), f"{path.name}: train.init_from={init_from} is no component"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_recipe_sizes_its_draft_as_the_component_it_starts_from(path):
+    # a continual run must start from the committed draft's shape: adopting a draft of another vocabulary left the
+    # recipe asking for the old one, which warm start refuses
+    train = load_spec(path).train
+    init_from = getattr(train, "init_from", None)
+    if init_from is None or init_from.startswith("models:/"):
+        return
+    shape = json.loads((REPO / init_from / "component.json").read_text())["hyperparameters"]
+    for key in ("draft_vocab", "head_depth"):
+        if key in shape and hasattr(train, key):
+            assert getattr(train, key) == shape[key], f"{path.name}: train.{key} is not {init_from}'s {shape[key]}"
 
 
 def test_the_train_section_is_its_methods_class_and_takes_its_keys_only():
