@@ -224,6 +224,11 @@ def append_shard(corpus: Corpus, name: str, rows: list[CorpusRow], record: dict)
     return entry
 
 
+def _shard_ids(corpus: Corpus, shard: dict) -> list[str]:
+    """A shard's row ids, its id column alone (not the token ids)."""
+    return pq.read_table(corpus.root / shard["file"], columns=["id"]).column("id").to_pylist()
+
+
 def merge_corpus(into: Corpus, other: Corpus) -> list[dict]:
     """Copy `other`'s shards that `into` lacks (by file name) into it, each checked against its sha256 and both
     corpora against one base model; returns the entries added. A GPU lane's corpus comes home this way."""
@@ -233,11 +238,10 @@ def merge_corpus(into: Corpus, other: Corpus) -> list[dict]:
         raise CorpusError(f"corpus {other.root} stores ids as {other.manifest['id_type']}, {into.root} as "
                           f"{into.manifest['id_type']}")
     have = {Path(s["file"]).name for s in into.shards}
-    ids = {r.id for r in read_rows(into)}
+    ids = {i for shard in into.shards for i in _shard_ids(into, shard)}
     for shard in other.shards:
         if Path(shard["file"]).name not in have:
-            repeated = [r["id"] for r in pq.read_table(other.root / shard["file"], columns=["id"]).to_pylist()
-                        if r["id"] in ids]
+            repeated = [i for i in _shard_ids(other, shard) if i in ids]
             if repeated:
                 raise CorpusError(f"shard {shard['file']} of {other.root} repeats {len(repeated)} conversation ids of "
                                   f"{into.root} (first: {repeated[0]}): each id names one conversation. A corpus "
