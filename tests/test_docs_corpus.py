@@ -72,3 +72,30 @@ def test_the_gap_table_has_a_row_a_prompt_set(tool):
     section = tool["gap_section"](report)
     assert "| mt-bench | 80 | 2.410 | .600/.400/.200/.100/.050 |" in section
     assert "| held-out magpie | 40 | 2.900 |" in section and ".660/.620/.600/.570" in section
+
+
+def _row(adopted: bool, positions: int, before: float, after: float) -> dict:
+    return {"adopted": adopted, "trained_positions": positions, "committed_tokens_per_step": before,
+            "candidate_tokens_per_step": after, "date": "2026-11-30"}
+
+
+def test_the_cost_curve_counts_the_adopted_lineage_s_positions_and_fits_them_in_log2():
+    curve = runpy.run_path(str(SCRIPT.parent / "draft_curve.py"))
+    # a thrown-away run's positions are not the lineage's: 1M, then (2M rejected), then 1M more = 2M
+    rows = [_row(True, 1_000_000, 2.30, 2.40), _row(False, 2_000_000, 2.40, 2.39), _row(True, 1_000_000, 2.40, 2.45)]
+    start, points = curve["lineage"](rows)
+    assert start == 2.30 and [p.positions for p in points] == [1_000_000, 2_000_000]
+    fit = curve["log_fit"](points)
+    assert abs(fit.per_doubling - 0.05) < 1e-12  # one doubling, +.05
+    assert abs(fit.positions_for(2.60) - 16_000_000) < 1  # three more doublings from 2M
+    text = curve["section"](rows, {"a machine": 1000.0}, "images/x.png")
+    assert "+0.050 tokens per step each time" in text and "about **16M positions**" in text
+    assert "a machine: 4 hours at 1,000 positions/s" in text and "](images/x.png)" in text
+
+
+def test_a_curve_that_does_not_rise_asks_no_positions():
+    curve = runpy.run_path(str(SCRIPT.parent / "draft_curve.py"))
+    rows = [_row(True, 1_000_000, 2.3, 2.45), _row(True, 1_000_000, 2.45, 2.40)]
+    assert curve["log_fit"](curve["lineage"](rows)[1]).positions_for(2.6) is None
+    assert "more of the same data is not the way" in curve["section"](rows, {}, None)
+    assert "no curve" in curve["section"](rows[:1], {}, None)

@@ -5,7 +5,9 @@ committed. The page reads:
 - the committed EAGLE-3 draft's history (ppdkit/models/components/smollm2-135m-eagle3/history.json), which is the
   data-scaling table: corpus tokens, positions trained, held-out top-1 and MT-Bench tokens per step;
 - the gate's measure on held-out corpus prompts against MT-Bench (docs/measurements/draft-gap.json, written by
-  docs/tools/draft_gap.py).
+  docs/tools/draft_gap.py);
+- the history again, as the cost curve of docs/tools/draft_curve.py, at the training speeds the reports measured
+  (drawn into docs/images/draft-scaling.png when the page is written).
 
     .venv/bin/python docs/tools/corpus_page.py           # after the corpus grew or a draft was adopted
     .venv/bin/python docs/tools/corpus_page.py --check   # exit 1 when the committed page is out of date
@@ -19,6 +21,7 @@ from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus
 from ppdkit.jobs.adopt import MEASURE, format_shares, history_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py and draft_gap.py, beside this script
+from draft_curve import draw, section  # noqa: E402
 from draft_gap import gap_table  # noqa: E402
 from page_check import page_main  # noqa: E402
 
@@ -27,6 +30,8 @@ OUT = ROOT / "docs" / "corpus.md"
 COMMAND = "python docs/tools/corpus_page.py"
 BASE = "smollm2-135m"
 COMPONENT = ROOT / "ppdkit" / "models" / "components" / "smollm2-135m-eagle3"
+MEASUREMENTS = ROOT / "docs" / "measurements"
+CURVE = ROOT / "docs" / "images" / "draft-scaling.png"
 
 
 def mix_table(corpus) -> str:
@@ -80,10 +85,28 @@ def gap_section(report: dict) -> str:
             "data-scaling table above shows." + left_out + "\n\n" + gap_table(report))
 
 
+def history_rows() -> list[dict]:
+    path = COMPONENT / "history.json"
+    return json.loads(path.read_text())["rows"] if path.is_file() else []
+
+
+def training_rates() -> dict[str, float]:
+    """Online EAGLE-3 training speeds the committed reports measured: label -> positions per second."""
+    rates = {}
+    for path in sorted(MEASUREMENTS.glob("online-training-*.json")):
+        report = json.loads(path.read_text())
+        rates[f"two CPU workers online, {report['cpu']} ([{path.name}](measurements/{path.name}))"] = \
+            report["two_workers_1_thread_each"]["online_positions_per_second"]
+    for path in sorted(MEASUREMENTS.glob("gpu-lane-*.json")):
+        report = json.loads(path.read_text())
+        rates[f"the GPU lane, {report['machine']['gpu']} ([{path.name}](measurements/{path.name}))"] = \
+            report["stages"]["train"]["positions_per_second"]
+    return rates
+
+
 def render() -> str:
     corpus = open_corpus(committed_corpus(BASE))
-    history_path = COMPONENT / "history.json"
-    history = json.loads(history_path.read_text())["rows"] if history_path.is_file() else []
+    history = history_rows()
     measure = ", ".join(f"{k} {v}" for k, v in MEASURE.items())
     parts = [
         "# The corpus, online training and continual training",
@@ -109,7 +132,7 @@ def render() -> str:
         "## Online against precomputed targets",
         "",
     ]
-    for path in sorted((ROOT / "docs" / "measurements").glob("online-training-*.json")):
+    for path in sorted(MEASUREMENTS.glob("online-training-*.json")):
         parts += [online_table(path)]
     parts += [
         "Online, every sequence costs the base's forward in the step, so a step costs about twice what it costs on "
@@ -125,14 +148,18 @@ def render() -> str:
         "",
         history_table(history) if history else "No candidate has been measured yet.\n",
     ]
-    gap = ROOT / "docs" / "measurements" / "draft-gap.json"
+    parts += ["", section(history, training_rates(), CURVE.relative_to(ROOT / "docs").as_posix())]
+    gap = MEASUREMENTS / "draft-gap.json"
     if gap.is_file():
         parts += ["", gap_section(json.loads(gap.read_text()))]
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    return page_main(argv, __doc__, OUT, render, COMMAND, ROOT)
+    status = page_main(argv, __doc__, OUT, render, COMMAND, ROOT)
+    if status == 0 and "--check" not in (sys.argv[1:] if argv is None else argv):
+        draw(history_rows(), CURVE)  # the page's picture, made with it (a check writes nothing)
+    return status
 
 
 if __name__ == "__main__":
