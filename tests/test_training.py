@@ -173,6 +173,32 @@ def test_ept_head_two_stage_trains_the_head_from_its_start_step_only(teacher_dir
     assert component.tensors["head_weight"].shape == (64, 64) and component.tensors["head_bias"].shape == (64,)
 
 
+def test_warmup_steps_start_the_lr_low_on_the_deepspeed_run(teacher_dir, tmp_path):
+    """train.warmup_steps scales the first steps' lr on the workers' schedule: AdamW's first update moves each weight
+    by about lr times the factor, so over 1000 warm-up steps the prompt tokens move about 0.01/1000 after step 1."""
+    from ppdkit.models.state_io import load_state
+    from ppdkit.trainer.training_methods import TRAINING_METHODS
+
+    cfg = train_as("ept", groups_per_sequence=4, warmup_steps=1000, max_steps=1)
+    run_training(BASE, cfg, teacher_dir, tmp_path / "train", TrackerRef())
+    start = TRAINING_METHODS["ept"].start(cfg, load_base_model("tiny-llama"), []).module.state_dict()
+    after = load_state(tmp_path / "train" / "checkpoints" / "step-000001" / "rank-0")["module"]
+    moved = max((after[k] - start[k]).abs().max().item() for k in start)
+    assert 0 < moved < 3 * cfg.lr / cfg.warmup_steps, moved  # without the warm-up: about cfg.lr
+
+
+def test_the_warmup_factor_rises_linearly_and_multiplies_the_schedule():
+    from ppdkit.trainer.training_methods import cosine, warmed, warmup
+
+    assert [warmup(s, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup(0, 0) == 1.0
+    decay = lambda s: cosine(s, 10)  # noqa: E731
+    assert warmed(decay, 0) is decay
+    assert warmed(decay, 4)(1) == pytest.approx(0.5 * cosine(1, 10)) and warmed(decay, 4)(7) == cosine(7, 10)
+    with pytest.raises(ValueError):
+        TrainConfig(warmup_steps=-1)
+
+
 def test_a_head_step_changes_only_the_drafts(teacher_dir):
     """One 1-stage ept-head step on the 4-bit base: prompt tokens and head move, the base stays bit-identical."""
     from ppdkit.trainer.training_methods import TRAINING_METHODS

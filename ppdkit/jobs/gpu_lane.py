@@ -106,11 +106,11 @@ def average_gradients(parameters) -> None:
 
 
 def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list[Path], component: Path,
-                micro_batch: int, lr: float, eval_sequences: int, deadline: float) -> dict:
+                micro_batch: int, lr: float, eval_sequences: int, deadline: float, warmup_steps: int = 0) -> dict:
     """The committed draft trained further for `minutes` on `corpora` (and no later than `deadline` less the time
     to finish), online; its component in OUT/component."""
     from ppdkit.trainer.config import TrainConfig
-    from ppdkit.trainer.training_methods import TRAINING_METHODS, cosine
+    from ppdkit.trainer.training_methods import TRAINING_METHODS, cosine, warmup
     from ppdkit.trainer.online_teacher import OnlineTeacher, prefetch
     from ppdkit.trainer.warm_start import starting_component
 
@@ -119,8 +119,8 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
     loaded.model.to(device)
     shape = read_component(component).hyperparameters  # the draft's own depth and vocabulary
     cfg = TrainConfig(method="eagle3", online=True, init_from=str(component), head_depth=shape["head_depth"],
-                      draft_vocab=shape["draft_vocab"], precision="auto", lr=lr, micro_batch=micro_batch,
-                      num_workers=1)
+                      draft_vocab=shape["draft_vocab"], precision="auto", lr=lr, warmup_steps=warmup_steps,
+                      micro_batch=micro_batch, num_workers=1)
     teacher = OnlineTeacher(loaded.model, 64, keep_bytes=4e10 if dtype == "bfloat16" else 2e9)
     train, holdout = _sequences(teacher, corpora, loaded.fingerprint, loaded.tokenizer)
     holdout = holdout[:eval_sequences]
@@ -141,9 +141,8 @@ def train_stage(out: Path, base: str, device: str, minutes: float, corpora: list
     budget, planned = min(minutes * 60, deadline - FINISH_SECONDS - started), None
     while time.time() - started < budget:
         rows = [order[(step * micro_batch + j) % len(order)] for j in range(micro_batch)]
-        if planned is not None:  # cosine over the steps the budget holds, estimated after the first 20
-            for group in optimizer.param_groups:
-                group["lr"] = lr * cosine(step, planned)
+        for group in optimizer.param_groups:  # cosine over the steps the budget holds, estimated after the first 20
+            group["lr"] = lr * warmup(step, warmup_steps) * (cosine(step, planned) if planned is not None else 1.0)
         batch = [train[r] for r in rows]
         prefetch(batch)  # one base forward for the micro-batch
         loss, supervised = run.loss(run.module, batch, random.Random(step), step)
@@ -190,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--component", default=str(COMPONENT), help="the draft training starts from")
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--warmup-steps", type=int, default=0, help="steps of linear lr warm-up (train.warmup_steps)")
     parser.add_argument("--eval-sequences", type=int, default=64)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        *([out / "corpus"] if (out / "corpus" / "corpus.json").is_file()
                                                          else [])],
                                                       Path(args.component), args.micro_batch, args.lr,
-                                                      args.eval_sequences, deadline))):
+                                                      args.eval_sequences, deadline, args.warmup_steps))):
         started = time.time()
         try:
             report["stages"][name] = {"ok": True, **stage()}

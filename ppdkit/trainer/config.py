@@ -79,12 +79,15 @@ class WeightTrainingConfig(TrainConfig):
                                   "models:/NAME@ALIAS; the same method, base model and shapes) and draft vocabulary, "
                                   "not a fresh draw: more epochs, or new data; the lr schedule starts anew. A larger "
                                   "draft_vocab grows the component's by this run's most frequent other tokens")
-    # the optimisation (AdamW, cosine, no warm-up: section 6.1.2)
+    # the optimisation (AdamW, cosine, no warm-up by default: section 6.1.2)
     # AdamW moves every weight by about lr per step whatever the gradient's scale, and prompt tokens
     # start as copies of token embeddings whose elements are far below 1: an lr above 1 throws every
     # element past its whole range in one step, so it is a typo (the paper's is 0.01), not a setting.
     lr: float = Field(0.01, gt=0.0, le=1.0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay; negative would grow the weights")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps over which the lr rises linearly to train.lr "
+                              "before the method's schedule (0: none, the paper's). A run from a trained component "
+                              "starts a fresh AdamW state at full lr otherwise")
     epochs: int = Field(1, ge=1, description="passes over the training sequences, insertion points redrawn each; "
                                              "max_steps stops sooner")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")

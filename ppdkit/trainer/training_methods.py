@@ -23,12 +23,25 @@ skip-finetune the aggressive skip (D&V paper appendix F): the top of a layer-ski
 
 import importlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
 def cosine(step: int, total: int) -> float:
     """The lr factor of a cosine decay without warm-up (section 6.1.2), as CosineAnnealingLR gives it."""
     return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
+
+
+def warmup(step: int, steps: int) -> float:
+    """The lr factor of a linear warm-up over `steps` optimizer steps (step 0 at 1/steps, full from step steps - 1
+    on), as transformers' schedules with warmup_steps rise; 1 throughout for steps 0. It multiplies a method's own
+    factors (train.warmup_steps)."""
+    return 1.0 if steps <= 0 else min(1.0, (step + 1) / steps)
+
+
+def warmed(factor: Callable[[int], float], steps: int) -> Callable[[int], float]:
+    """A step's lr factor `factor` after `steps` of linear warm-up: their product (factor itself for no warm-up)."""
+    return factor if steps <= 0 else lambda step: warmup(step, steps) * factor(step)
 
 
 @dataclass(frozen=True)

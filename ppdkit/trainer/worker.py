@@ -25,6 +25,7 @@ from ppdkit.models.device_plan import current_device_plan
 from ppdkit.models.paths import write_json_atomic
 
 from .config import WeightTrainingConfig, train_config
+from .training_methods import warmed
 
 log = logging.getLogger(__name__)
 PROGRESS_FILE = "progress.json"  # rank 0's latest step, for the driver's bar (trainer/launch.py)
@@ -215,15 +216,15 @@ def _training_data(config: dict, cfg: WeightTrainingConfig) -> tuple[Any, Any, l
 
 
 def _engine(cfg: WeightTrainingConfig, run, sequences: int, world: int) -> tuple[Any, int, int]:
-    """(the DeepSpeed engine of the run's module, its optimizer on a cosine schedule without warm-up (6.1.2), the
-    steps of the run, the steps of an epoch)."""
+    """(the DeepSpeed engine of the run's module, its optimizer on the method's schedule (cosine: 6.1.2) after
+    train.warmup_steps of linear warm-up, the steps of the run, the steps of an epoch)."""
     import deepspeed
 
     steps_per_epoch = max(1, sequences // (cfg.micro_batch * cfg.grad_accum * world))
     total_steps = min(cfg.max_steps or 10**12, steps_per_epoch * cfg.epochs)
     groups, lr_factors = run.param_groups(total_steps)
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factors)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [warmed(f, cfg.warmup_steps) for f in lr_factors])
     engine, _, _, _ = deepspeed.initialize(model=run.module, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=deepspeed_config(cfg))
     return engine, total_steps, steps_per_epoch
