@@ -99,3 +99,14 @@ def test_a_curve_that_does_not_rise_asks_no_positions():
     assert curve["log_fit"](curve["lineage"](rows)[1]).positions_for(2.6) is None
     assert "more of the same data is not the way" in curve["section"](rows, {}, None)
     assert "no curve" in curve["section"](rows[:1], {}, None)
+
+
+def test_the_second_layer_section_says_what_the_ab_measured(tool):
+    report = {"settings": {"steps": 2, "batch": 8, "lr": 3e-4, "depth": 4}, "started_from": "d", "heldout_sequences": 9,
+              "date": "2026-12-01T00:00:00+00:00", "machine": {"cpu": "Some CPU"},
+              "train_seconds": {"one layer": 10.0, "two layers": 19.0},
+              "evals": [{"step": 0, "positions": 0, "one layer": [.7, .6], "two layers": [.7, .6]},
+                        {"step": 2, "positions": 900, "one layer": [.71, .6], "two layers": [.73, .59]}]}
+    text = tool["layers_section"](report)
+    assert "| 2 | 900 | .710/.600 | .730/.590 |" in text
+    assert "+0.0200/-0.0100 at distances 1-2" in text and "1.90x" in text and "ended +0.0100 from it" in text

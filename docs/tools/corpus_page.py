@@ -6,6 +6,7 @@ committed. The page reads:
   data-scaling table: corpus tokens, positions trained, held-out top-1 and MT-Bench tokens per step;
 - the gate's measure on held-out corpus prompts against MT-Bench (docs/measurements/draft-gap.json, written by
   docs/tools/draft_gap.py);
+- the A/B of a second draft layer (docs/measurements/draft-layers.json, written by docs/tools/draft_layers.py);
 - the history again, as the cost curve of docs/tools/draft_curve.py, at the training speeds the reports measured
   (drawn into docs/images/draft-scaling.png when the page is written).
 
@@ -85,6 +86,32 @@ def gap_section(report: dict) -> str:
             "data-scaling table above shows." + left_out + "\n\n" + gap_table(report))
 
 
+def layers_section(report: dict) -> str:
+    """The A/B of a one-layer against a two-layer draft on the same batches (docs/tools/draft_layers.py)."""
+    s = report["settings"]
+    lines = ["| step | answer positions read | one layer: top-1 d1-4 | two layers: top-1 d1-4 |", "|---|---|---|---|"]
+    lines += [f"| {e['step']} | {e['positions']:,} | {format_shares(e['one layer'])} | "
+              f"{format_shares(e['two layers'])} |" for e in report["evals"]]
+    seconds = report["train_seconds"]
+    last = report["evals"][-1]
+    gain = [b - a for a, b in zip(last["one layer"], last["two layers"])]
+    start = report["evals"][0]["one layer"][0]
+    low = min(e["one layer"][0] for e in report["evals"]) - start
+    return ("## A second draft layer\n\n"
+            f"Both arms start from the committed draft ({report['started_from']}); the second layer starts as the "
+            f"identity, so step 0 is the same for both. {s['steps']} steps of {s['batch']} corpus conversations, lr "
+            f"{s['lr']} cosine, the training-time test {s['depth']} steps deep, held-out top-1 on "
+            f"{report['heldout_sequences']} held-out conversations ({report['date'][:10]}, {report['machine']['cpu']}, "
+            "[draft-layers.json](measurements/draft-layers.json), `python docs/tools/draft_layers.py`):\n\n"
+            + "\n".join(lines) + "\n\n"
+            f"At the end the second layer changed top-1 by {'/'.join(f'{g:+.4f}' for g in gain)} at distances "
+            f"1-{len(gain)}, and it cost {seconds['two layers'] / seconds['one layer']:.2f}x the one-layer arm's "
+            "training time (the base's forward left out). The one-layer arm's top-1 at distance 1 was at its lowest "
+            f"{low:+.4f} from its start and ended {last['one layer'][0] - start:+.4f} from it: a continual run from a "
+            "fresh AdamW state at full lr loses first what it then wins back (train.warmup_steps is there to try "
+            "against that).")
+
+
 def history_rows() -> list[dict]:
     path = COMPONENT / "history.json"
     return json.loads(path.read_text())["rows"] if path.is_file() else []
@@ -149,6 +176,9 @@ def render() -> str:
         history_table(history) if history else "No candidate has been measured yet.\n",
     ]
     parts += ["", section(history, training_rates(), CURVE.relative_to(ROOT / "docs").as_posix())]
+    layers = MEASUREMENTS / "draft-layers.json"
+    if layers.is_file():
+        parts += ["", layers_section(json.loads(layers.read_text()))]
     gap = MEASUREMENTS / "draft-gap.json"
     if gap.is_file():
         parts += ["", gap_section(json.loads(gap.read_text()))]
