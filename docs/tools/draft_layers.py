@@ -29,11 +29,10 @@ from ppdkit.data_pipeline.corpus import committed_corpus
 from ppdkit.jobs.gpu_lane import COMPONENT, _sequences
 from ppdkit.models.artifact import read_component
 from ppdkit.models.draft_heads import apply_linear
-from ppdkit.models.eagle3 import layer_input, layer_output, readout, rms_norm
+from ppdkit.models.eagle3 import rms_norm
 from ppdkit.models.loading import load_base_model
-from ppdkit.runtime.llama import rotate  # x [B, heads, T, D], cos/sin [T, D]
 from ppdkit.trainer.config import TrainConfig
-from ppdkit.trainer.eagle3_run import Eagle3Run, unrolled_attention
+from ppdkit.trainer.eagle3_run import Eagle3Run
 from ppdkit.trainer.online_teacher import OnlineTeacher
 from ppdkit.trainer.training_methods import TRAINING_METHODS, cosine
 from ppdkit.trainer.warm_start import starting_component
@@ -67,35 +66,14 @@ def add_second_layer(run: Eagle3Run, seed: int = 1) -> None:
 class TwoLayerRun(Eagle3Run):
     """Eagle3Run's training-time test with the second layer after the first at every step."""
 
-    def _unroll(self, w, batch):
-        b, t = batch.real.shape
-        hidden = nn.functional.linear(batch.fused_input, w["fc.weight"])  # [B, T, H] g
-        keys, values, keys1, values1, out = [], [], [], [], []
-        for k in range(self.cfg.head_depth):
-            cos, sin = self.cos[k:k + t], self.sin[k:k + t]  # rotary position t + k
-            x = layer_input(self.embed[batch.ids[:, 1 + k:1 + k + t]], hidden, w, self.eps)  # [B, T, 2H]
-            first = self._attended(w, x, "midlayer.", keys, values, cos, sin, batch.real)
-            h0 = layer_output(first, hidden, w, self.eps)  # [B, T, H]
-            x1 = rms_norm(h0, w[SECOND + "input_layernorm.weight"], self.eps)
-            second = self._attended(w, x1, SECOND, keys1, values1, cos, sin, batch.real)
-            u = h0 + apply_linear(second, w[SECOND + "self_attn.o_proj.weight"])
-            y = rms_norm(u, w[SECOND + "post_attention_layernorm.weight"], self.eps)
-            gate, up = (apply_linear(y, w[SECOND + f"mlp.{m}_proj.weight"]) for m in ("gate", "up"))
-            hidden = u + apply_linear(nn.functional.silu(gate) * up, w[SECOND + "mlp.down_proj.weight"])
-            target = batch.entry[:, 1 + k:1 + k + t]  # [B, T] the teacher's entry for token t + 2 + k
-            chosen = (target >= 0) & batch.real
-            out.append((torch.log_softmax(readout(hidden[chosen], w, self.eps).float(), dim=-1), target[chosen]))
-        return out
-
-    def _attended(self, w, x, prefix, keys, values, cos, sin, real):
-        """One layer's attention heads [B, T, Q] at step len(keys), its key and value appended to keys, values."""
-        b, t = real.shape
-        q = nn.functional.linear(x, w[prefix + "self_attn.q_proj.weight"]).view(b, t, self.heads, -1)
-        key = nn.functional.linear(x, w[prefix + "self_attn.k_proj.weight"]).view(b, t, self.kv_heads, -1)
-        value = nn.functional.linear(x, w[prefix + "self_attn.v_proj.weight"]).view(b, t, self.kv_heads, -1)
-        keys.append(rotate(key.transpose(1, 2), cos, sin))
-        values.append(value.transpose(1, 2))
-        return unrolled_attention(rotate(q.transpose(1, 2), cos, sin), keys, values, real)
+    def _draft_step(self, w, x, hidden, kv, cos, sin, real):
+        h0 = super()._draft_step(w, x, hidden, kv, cos, sin, real)  # [B, T, H] the first layer's
+        x1 = rms_norm(h0, w[SECOND + "input_layernorm.weight"], self.eps)
+        u = h0 + apply_linear(self._attended(w, x1, SECOND, kv[SECOND], cos, sin, real),
+                              w[SECOND + "self_attn.o_proj.weight"])
+        y = rms_norm(u, w[SECOND + "post_attention_layernorm.weight"], self.eps)
+        gate, up = (apply_linear(y, w[SECOND + f"mlp.{m}_proj.weight"]) for m in ("gate", "up"))
+        return u + apply_linear(nn.functional.silu(gate) * up, w[SECOND + "mlp.down_proj.weight"])
 
 
 def top1(metrics: dict, depth: int) -> list[float]:

@@ -12,6 +12,7 @@ The base's hidden states come from trainer/features.py, computed in the teacher'
 
 import math
 import random
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
@@ -112,24 +113,36 @@ class Eagle3Run(TrainingRun):
             return self._unroll(w, batch)
 
     def _unroll(self, w: dict[str, torch.Tensor], batch: SequenceBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        b, t = batch.real.shape
+        t = batch.real.shape[1]
         hidden = nn.functional.linear(batch.fused_input, w["fc.weight"])  # [B, T, H] g
-        keys, values, out = [], [], []
+        kv, out = defaultdict(lambda: ([], [])), []  # a layer's prefix -> its keys and values of steps 0..k
         for k in range(self.cfg.head_depth):
             x = layer_input(self.embed[batch.ids[:, 1 + k:1 + k + t]], hidden, w, self.eps)  # [B, T, 2H]
             cos, sin = self.cos[k:k + t], self.sin[k:k + t]  # rotary position t + k
-            q = nn.functional.linear(x, w["midlayer.self_attn.q_proj.weight"]).view(b, t, self.heads, -1)
-            key = nn.functional.linear(x, w["midlayer.self_attn.k_proj.weight"]).view(b, t, self.kv_heads, -1)
-            value = nn.functional.linear(x, w["midlayer.self_attn.v_proj.weight"]).view(b, t, self.kv_heads, -1)
-            keys.append(rotate(key.transpose(1, 2), cos, sin))
-            values.append(value.transpose(1, 2))
-            attended = unrolled_attention(rotate(q.transpose(1, 2), cos, sin), keys, values, batch.real)
-            hidden = layer_output(attended, hidden, w, self.eps)  # [B, T, H] h: the next step's input
+            hidden = self._draft_step(w, x, hidden, kv, cos, sin, batch.real)  # [B, T, H] h: the next step's input
             target = batch.entry[:, 1 + k:1 + k + t]  # [B, T] the teacher's entry for token t + 2 + k
             chosen = (target >= 0) & batch.real
             logp = torch.log_softmax(readout(hidden[chosen], w, self.eps).float(), dim=-1)  # [N_k, V']
             out.append((logp, target[chosen]))
         return out
+
+    def _draft_step(self, w, x: torch.Tensor, hidden: torch.Tensor, kv, cos, sin, real) -> torch.Tensor:
+        """The draft's layer at one step of the training-time test: x [B, T, 2H], hidden [B, T, H] the residual
+        -> h [B, T, H]. kv holds each layer's keys and values of the earlier steps, by tensor-name prefix."""
+        attended = self._attended(w, x, "midlayer.", kv["midlayer."], cos, sin, real)
+        return layer_output(attended, hidden, w, self.eps)
+
+    def _attended(self, w, x: torch.Tensor, prefix: str, kv: tuple[list, list], cos, sin, real) -> torch.Tensor:
+        """The attention heads [B, T, Q] of the layer whose tensors start with `prefix` at step len(keys): its
+        key and value [B, Hkv, T, D] of x [B, T, in] appended to kv = (keys, values) first."""
+        b, t = real.shape
+        keys, values = kv
+        q = nn.functional.linear(x, w[prefix + "self_attn.q_proj.weight"]).view(b, t, self.heads, -1)
+        key = nn.functional.linear(x, w[prefix + "self_attn.k_proj.weight"]).view(b, t, self.kv_heads, -1)
+        value = nn.functional.linear(x, w[prefix + "self_attn.v_proj.weight"]).view(b, t, self.kv_heads, -1)
+        keys.append(rotate(key.transpose(1, 2), cos, sin))
+        values.append(value.transpose(1, 2))
+        return unrolled_attention(rotate(q.transpose(1, 2), cos, sin), keys, values, real)
 
     def _targets(self, batch: SequenceBatch, rows: torch.Tensor):
         """The teacher's entries `rows` on the draft vocabulary: (index [N, 1, K], probabilities [N, 1, K],
