@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py and dr
 from draft_curve import draw, section  # noqa: E402
 from draft_gap import gap_table  # noqa: E402
 from page_check import page_main  # noqa: E402
+from results_page import DIGEST_KEY, plot_is_current, report_digest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "corpus.md"
@@ -185,11 +186,19 @@ def render() -> str:
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
+def curve_picture(check: bool) -> list[str]:
+    """The cost curve's picture, drawn again when it does not show the committed history (the results page's
+    digest in its metadata); with `check`, only said to be out of date."""
+    history = {"rows": history_rows()}
+    if plot_is_current(CURVE, history):
+        return []
+    if not check:
+        draw(history["rows"], CURVE, {DIGEST_KEY: report_digest(history)})
+    return [str(CURVE.relative_to(ROOT))]
+
+
 def main(argv: list[str] | None = None) -> int:
-    status = page_main(argv, __doc__, OUT, render, COMMAND, ROOT)
-    if status == 0 and "--check" not in (sys.argv[1:] if argv is None else argv):
-        draw(history_rows(), CURVE)  # the page's picture, made with it (a check writes nothing)
-    return status
+    return page_main(argv, __doc__, OUT, render, COMMAND, ROOT, curve_picture)
 
 
 if __name__ == "__main__":

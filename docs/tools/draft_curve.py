@@ -88,8 +88,9 @@ def section(rows: list[dict], rates: dict[str, float], image: str | None) -> str
                                   "a larger draft or a better training objective has to carry the rest." + picture)
 
 
-def draw(rows: list[dict], path: Path) -> None:
-    """The curve as a PNG: the adopted drafts, the fitted line out to the target, the starting draft's level."""
+def draw(rows: list[dict], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """The curve as a PNG (with `metadata` among its text chunks): the adopted drafts, the fitted line out to the
+    target, the starting draft's level."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,5 +113,5 @@ def draw(rows: list[dict], path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, metadata={"Software": None})
+    fig.savefig(path, metadata={"Software": None, **(metadata or {})})
     plt.close(fig)

@@ -21,8 +21,18 @@ def write_or_check(out: Path, page: str, command: str, root: Path, check: bool) 
     return 0
 
 
-def page_main(argv: list[str] | None, doc: str, out: Path, render: Callable[[], str], command: str, root: Path) -> int:
-    """A page tool's command line: write the page, or --check it."""
+def page_main(argv: list[str] | None, doc: str, out: Path, render: Callable[[], str], command: str, root: Path,
+              pictures: Callable[[bool], list[str]] | None = None) -> int:
+    """A page tool's command line: write the page, or --check it. `pictures(check)`, for a page with pictures:
+    the names of those out of date (check), or of those it drew again (not check)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when the committed page is out of date")
-    return write_or_check(out, render(), command, root, parser.parse_args(argv).check)
+    check = parser.parse_args(argv).check
+    status = write_or_check(out, render(), command, root, check)
+    named = pictures(check) if pictures is not None else []
+    if check and named:
+        print(f"{', '.join(named)} out of date: run {command}", file=sys.stderr)
+        return 1
+    for name in named:
+        print(f"wrote {name}")
+    return status
