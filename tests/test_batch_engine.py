@@ -13,6 +13,7 @@ from test_eagle3 import _decoder as eagle3_decoder
 from test_eagle3 import _draft_tensors
 
 from ppdkit.runtime.batch_engine import BatchEngine, OneAtATime, decoding_engine
+from ppdkit.runtime.corpus_ngrams import CorpusLookup, build_tables
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.drafting_choice import PROBE, DraftingChoice
 from ppdkit.runtime.generate_options import GenerateOptions
@@ -63,14 +64,15 @@ def test_sampled_answers_follow_their_seeds(plain):
 
 @pytest.mark.parametrize("max_rows", [96, 9, 2])
 def test_eagle3_trees_share_steps_losslessly_whatever_rows_they_are_given(monkeypatch, max_rows):
-    """EAGLE-3's grown trees in one forward with plain and chained answers; with few rows to share, trees shrink to
-    the root alone (nothing drafted) and its draft catches up on the rows it skipped."""
+    """EAGLE-3's grown trees in one forward with plain and chained answers (the live text's and a corpus's); with few
+    rows to share, trees shrink to the root alone (nothing drafted) and its draft catches up on the rows it skipped."""
     model, tok = tiny_model_on("native", monkeypatch)
     vocab = torch.arange(3, 256, 3)
     decoder = eagle3_decoder(model, tok, _draft_tensors(model, vocab, 4, 0.5), vocab)
+    decoder.draft.corpus = CorpusLookup(None, build_tables([ids * 3 for ids, _ in _prompts(12, seed=1)]))
     engine = BatchEngine(decoder, max_batch=6, max_rows=max_rows)
     try:
-        _alone_and_batched(decoder, engine, ["eagle3-anpd", "eagle3", "ar", "anpd"])
+        _alone_and_batched(decoder, engine, ["eagle3-corpus", "eagle3-anpd", "eagle3", "ar", "anpd"])
     finally:
         engine.close()
 

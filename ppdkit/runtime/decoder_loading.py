@@ -14,6 +14,7 @@ from ppdkit.models.component_hyperparameters import read_hyperparameters
 from ppdkit.models.loading import BaseModel, load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
+from .corpus_ngrams import CorpusLookup
 from .devices import check_device, on_device
 from .dtypes import BLOCK_FORMATS, Q4
 from .gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
@@ -60,6 +61,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, options: LoadOptio
             draft.early_head = load_early_head(early, base.model, options.prune_top_k)
         decoder.fingerprint, decoder.component_digest = base.fingerprint, digest
         decoder.base_name = component.base_model["name"]
+        draft.corpus = base_corpus(decoder.base_name)
         if tree_size is not None and any(get_method(m).grown for m in decoder.methods()):
             # a grown tree (feature-grown*, eagle3*) of that many nodes every step: hardware where rows are nearly
             # free (a GPU), or a measurement of tokens per step at that size
@@ -166,6 +168,17 @@ def from_base(cls: type["Decoder"], name: str, options: LoadOptions | None = Non
     _release_float_weights(decoder, name, dtype, device)
     release_openmp_threads()  # as in from_pretrained
     return decoder
+
+
+def base_corpus(name: str) -> CorpusLookup | None:
+    """The self-distilled corpus committed for a catalog base model (data_pipeline/corpora/NAME), if there is one:
+    its n-gram tables are read only when a corpus method first runs."""
+    from ppdkit.data_pipeline.corpus import committed_corpus, is_corpus
+
+    if Path(name).name != name:  # a local directory, not a catalog name
+        return None
+    root = committed_corpus(name)
+    return CorpusLookup(root) if is_corpus(root) else None
 
 
 def _local(source: str | Path) -> Path:

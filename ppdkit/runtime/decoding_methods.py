@@ -26,6 +26,8 @@ class Need(Enum):
     SKIP_MAP = "a layer-skip map (--base NAME --skip-map ..., Decoder.from_base(skip_map=...))"
     SKIP_DRAFT = "a fine-tuned layer-skip draft (train.method skip-finetune)"
     EAGLE3_DRAFT = "an EAGLE-3 draft (train.method eagle3)"
+    CORPUS = ("the base model's self-distilled corpus (committed for catalog base models in "
+              "ppdkit/data_pipeline/corpora/NAME; grow one with `ppdkit corpus grow`)")
 
 GROWN_NODES = 8  # the most nodes of a grown tree (the root included); each step takes what pays of them
 # N, L, G, C of runtime/self_draft.py. The paper's G = 4; N and L (6 and 6) it chose by a grid search on its GPU,
@@ -111,6 +113,10 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                    "its size chosen per step", (Need.EAGLE3_DRAFT,), "eagle3_drafter:Eagle3Drafter", {"nodes": GROWN_NODES}),
     DecodingMethod("eagle3-anpd", "eagle3 with ANPD's n-gram chain of the live text merged into the tree",
                    (Need.EAGLE3_DRAFT,), "eagle3_drafter:Eagle3Drafter", {"nodes": GROWN_NODES, "ngrams": True}),
+    DecodingMethod("eagle3-corpus", "eagle3-anpd with a chain from the base model's own corpus merged too: what "
+                   "most often followed the text's longest ending (up to 6 tokens) in its self-distilled answers",
+                   (Need.EAGLE3_DRAFT, Need.CORPUS), "eagle3_drafter:Eagle3Drafter",
+                   {"nodes": GROWN_NODES, "ngrams": True, "corpus": True}),
     DecodingMethod("medusa", "a tree drafted by Medusa-1 heads from the last hidden state",
                    (Need.MEDUSA_HEADS, Need.HEAD_TREE), "heads_drafter:HeadsDrafter"),
     DecodingMethod("ppd-prune", "ppd with ProPD's early pruning of the tree (nodes and their prompt tokens) after "

@@ -4,13 +4,14 @@ A Decoder holds its base model and one `DraftParts`: none (the base model alone:
 prompt tokens and calibrated trees, draft heads and their trees, an EAGLE-3 draft, or a layer-skip map (and its
 fine-tuned draft). Each kind says what it carries (the `Need`s of runtime/decoding_methods.py), how many rows a step
 of a method feeds the model, and how its tree size is chosen; the methods' drafters (runtime/drafter.py) read their
-parts from it. Two parts any kind may have: the corpus n-gram table (ppd-lookup's and Self-Draft's) and ProPD's early
-head (a second component, read by the pruning methods)."""
+parts from it. Three parts any kind may have: the corpus n-gram table (ppd-lookup's and Self-Draft's), ProPD's early
+head (a second component, read by the pruning methods) and the base model's corpus (eagle3-corpus)."""
 
 from dataclasses import dataclass, field
 
 from ppdkit.models.ngram_table import NgramTable
 
+from .corpus_ngrams import CorpusLookup
 from .decoding_methods import DecodingMethod, Need, lookup_rows
 from .eagle3_drafter import Eagle3Set
 from .heads_drafter import DraftHeadSet, HeadTree, draft_seconds
@@ -30,9 +31,11 @@ class DraftParts:
     ngrams: NgramTable | None = None  # the component's corpus n-gram table (ppd-lookup, self-draft)
     early_head: EarlyHead | None = None  # ProPD's early prediction head, for the pruning methods
     grown_nodes: int | None = None  # grown trees fixed at this many nodes (tree_size), not sized per step
+    corpus: CorpusLookup | None = None  # the base model's corpus, as n-gram tables read on first use (eagle3-corpus)
 
     def carries(self) -> set[Need]:
-        return {Need.EARLY_HEAD} if self.early_head is not None else set()
+        return ({Need.EARLY_HEAD} if self.early_head is not None else set()) | \
+            ({Need.CORPUS} if self.corpus is not None else set())
 
     def step_rows(self, method: DecodingMethod) -> int:
         """The most rows one step of `method` feeds the model."""

@@ -8,6 +8,8 @@ and the `beam` most valuable proposals of a level are the ones expanded next. Gr
 or once no proposal of a level could still be among the tree's nodes (a child is never worth more than its
 parent). Merge: the chain's j-th token is worth rate^j, rate being how often a chain guess was right once its
 predecessors were (measured while decoding); where the head proposed the same path, the higher value counts.
+With `corpus`, a chain from the base model's own corpus is merged the same way, valued by how often guesses read at
+each context length were right (runtime/corpus_ngrams.py).
 Rerank: the most valuable proposals become the tree; a parent is worth at least its children, so any prefix of
 them by value holds every chosen node's path. One forward verifies the tree like any other, so the output is
 the base model's whatever the head or the chain propose.
@@ -29,6 +31,7 @@ import torch
 from ppdkit.models.draft_heads import draft_logits, feature_step
 
 from .anpd import AdaptiveNgram
+from .corpus_ngrams import CorpusChain
 from .drafter import Drafter, Proposal, Verified
 from .kv_cache import KVCache
 from .tree_layout import shape_layout
@@ -112,17 +115,23 @@ def expand(model, heads, feature: torch.Tensor, root: int, wanted: int, beam: in
 
 
 def add_chain(found: Proposals, chain: list[int], rate: float) -> None:
-    """Merge a chain of guesses under the root into the proposals, in place: its j-th token is worth rate^j, or
-    the head's value for the same path when higher (values stay log-probabilities; a parent stays worth at least
-    its children)."""
+    """Merge a chain of guesses under the root into the proposals, in place: its j-th token is worth rate^j."""
+    step = math.log(min(max(rate, 1e-6), 1.0))
+    add_valued_chain(found, chain, [j * step for j in range(1, len(chain) + 1)])
+
+
+def add_valued_chain(found: Proposals, chain: list[int], values: list[float]) -> None:
+    """Merge a chain of guesses under the root into the proposals, in place, its j-th token worth values[j - 1] (a
+    log-value, not above the one before it), or the head's value for the same path when higher (values stay
+    log-probabilities; a parent stays worth at least its children)."""
     index = {(p, t): i for i, (p, t) in enumerate(zip(found.parents, found.tokens))}
-    parent, step = -1, math.log(min(max(rate, 1e-6), 1.0))
-    for j, token in enumerate(chain, start=1):
+    parent = -1
+    for j, (token, value) in enumerate(zip(chain, values), start=1):
         at = index.get((parent, token))
         if at is None:
-            at = found.add(j * step, j, token, parent)
+            at = found.add(value, j, token, parent)
         else:
-            found.values[at] = max(found.values[at], j * step)
+            found.values[at] = max(found.values[at], value)
         parent = at
 
 
@@ -232,21 +241,25 @@ class GrownDrafter(Drafter):
     merged in (`ngrams`), of at most `nodes` nodes, sized per step by what rows cost here (or fixed: tree_nodes);
     `rate` weighs a step in the running figures (guesses kept, their estimate, drafting time)."""
 
-    def __init__(self, decoder, cache: KVCache, *, nodes: int, ngrams: bool = False, beam: int = BEAM,
-                 depth: int = DEPTH, rate: float = 0.1):
+    def __init__(self, decoder, cache: KVCache, *, nodes: int, ngrams: bool = False, corpus: bool = False,
+                 beam: int = BEAM, depth: int = DEPTH, rate: float = 0.1):
         super().__init__(decoder, cache)
         self.nodes, self.beam = tree_nodes(decoder, nodes, beam)
         self.most = self.nodes  # limit_nodes lowers nodes, never above this
         self.depth, self.rate, self.ngrams, self.chains = depth, rate, ngrams, None
+        # the corpus's n-gram tables (read on first use), and this answer's chain of them
+        self.corpus, self.corpus_chain = decoder.draft.corpus.table if corpus else None, None
         self.fixed = decoder.draft.grown_nodes is not None  # every tree takes the nodes - 1 best, whatever they cost
         self.latency = latency_model(decoder.profile, self.nodes)
         # running: guesses kept, their estimate, drafting seconds (of the steps that drafted)
         self.kept, self.estimated, self.drafting = 1.0, 1.0, 0.0
-        # this step's proposals, chosen ones, chain, and whether it drafted at all (limit_nodes 1: the root alone)
-        self.step: tuple[Proposals, list[int], list[int], bool] | None = None
+        # this step's proposals, chosen ones, chains (the live text's, the corpus's), and whether it drafted at all
+        # (limit_nodes 1: the root alone)
+        self.step: tuple[Proposals, list[int], tuple[list[int], list[int]], bool] | None = None
 
     def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
         self.chains = ChainSource(ids.tolist()) if self.ngrams else None
+        self.corpus_chain = CorpusChain(self.corpus, ids.tolist()) if self.corpus is not None else None
 
     @abstractmethod
     def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
@@ -258,27 +271,35 @@ class GrownDrafter(Drafter):
         self.nodes = max(1, min(self.most, nodes))
 
     def propose(self, root: int) -> Proposal:
-        if self.nodes == 1:  # the root alone: no tree to draft (the n-gram chain still learns the root)
-            chain = self.chains.draft(root) if self.chains else []
-            self.step = Proposals(), [], chain, False
+        if self.nodes == 1:  # the root alone: no tree to draft (the n-gram chains still learn the root)
+            self.step = Proposals(), [], self._chains(root), False
             return Proposal(torch.tensor([root]), shape_layout((-1,), (-1,)))
         b0, b1 = self.latency.coefficients()
         cost = None if self.fixed else StepCost([b0 + b1 * rows for rows in range(self.nodes + 1)],
                                                 self.kept / max(self.estimated, 1e-9), self.drafting)
         found = self.grow(root, self.nodes - 1, cost)
-        chain = self.chains.draft(root) if self.chains else []
-        add_chain(found, chain, self.chains.rate if self.chains else 0.0)
+        chains = self._chains(root)
+        add_chain(found, chains[0], self.chains.rate if self.chains else 0.0)
+        if self.corpus_chain is not None:
+            add_valued_chain(found, chains[1], self.corpus_chain.values())
         chosen = by_value(found, self.nodes - 1)
         if cost is not None:
             chosen = chosen[:cost.count([found.values[i] for i in chosen])]
-        self.step = found, chosen, chain, True
+        self.step = found, chosen, chains, True
         return Proposal(torch.tensor([root] + [found.tokens[i] for i in chosen]),  # [N]
                         shape_layout(*tree_shape(chosen, found.parents)))
 
+    def _chains(self, root: int) -> tuple[list[int], list[int]]:
+        """This step's chains under `root`: the live text's (ANPD's) and the corpus's, [] where not drafted."""
+        return (self.chains.draft(root) if self.chains else [],
+                self.corpus_chain.draft(root) if self.corpus_chain is not None else [])
+
     def accept(self, proposal: Proposal, verified: Verified) -> None:
-        found, chosen, chain, drafted = self.step
+        found, chosen, chains, drafted = self.step
         if self.chains:
-            self.chains.update(chain, verified.accepted, verified.next_token)
+            self.chains.update(chains[0], verified.accepted, verified.next_token)
+        if self.corpus_chain is not None:
+            self.corpus_chain.update(chains[1], verified.accepted, verified.next_token)
         if not drafted:  # the running figures say what drafting gives and costs: a step without it says nothing
             return
         rate = self.rate
