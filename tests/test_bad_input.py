@@ -57,7 +57,7 @@ OUT_OF_RANGE = [
                                       "'hf-greedy', 'hf-pld', 'ar', 'auto', 'anpd', 'self-draft', 'skip', 'skip-ft', 'ppd', "
                                       "'ppd-lookup', 'ppd-head', "
                                       "'feature-head', 'feature-grown', 'feature-grown-anpd', 'eagle3', 'eagle3-anpd', "
-                                      "'medusa', 'ppd-prune', "
+                                      "'eagle3-corpus', 'medusa', 'ppd-prune', "
                                       "'feature-head-prune', 'medusa-prune', 'llama.cpp', 'llama.cpp-lookup' or "
                                       "'llama.cpp-q4'",
                                       "'eagle'"]),

@@ -1,5 +1,6 @@
 """docs/tools/corpus_page.py: docs/corpus.md is generated from the committed corpus, measurements and draft history."""
 
+import json
 import runpy
 import subprocess
 from pathlib import Path
@@ -110,3 +111,14 @@ def test_the_second_layer_section_says_what_the_ab_measured(tool):
     text = tool["layers_section"](report)
     assert "| 2 | 900 | .710/.600 | .730/.590 |" in text
     assert "+0.0200/-0.0100 at distances 1-2" in text and "1.90x" in text and "ended +0.0100 from it" in text
+
+
+def test_the_corpus_chain_measure_is_on_the_page_and_was_lossless(tool):
+    """docs/tools/corpus_chain.py's report: both methods' tokens per step on the page, under the heading that
+    docs/methods.md links to, and the same tokens from both on every prompt."""
+    report = json.loads((SCRIPT.parents[1] / "measurements" / "corpus-chain.json").read_text())
+    page = tool["render"]()
+    assert "## The corpus as a drafter: eagle3-corpus" in page
+    for method, figures in report["methods"].items():
+        assert f"| `{method}` | {figures['tokens_per_step']:.3f} |" in page
+    assert report["identical"] == report["prompts"] == 80

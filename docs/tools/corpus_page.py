@@ -7,6 +7,8 @@ committed. The page reads:
 - the gate's measure on held-out corpus prompts against MT-Bench (docs/measurements/draft-gap.json, written by
   docs/tools/draft_gap.py);
 - the A/B of a second draft layer (docs/measurements/draft-layers.json, written by docs/tools/draft_layers.py);
+- the gate's measure with the corpus's own chain in the tree (docs/measurements/corpus-chain.json, written by
+  docs/tools/corpus_chain.py);
 - the history again, as the cost curve of docs/tools/draft_curve.py, at the training speeds the reports measured
   (drawn into docs/images/draft-scaling.png when the page is written).
 
@@ -22,6 +24,7 @@ from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus
 from ppdkit.jobs.adopt import MEASURE, format_shares, history_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py and draft_gap.py, beside this script
+from corpus_chain import chain_table  # noqa: E402
 from draft_curve import draw, section  # noqa: E402
 from draft_gap import gap_table  # noqa: E402
 from page_check import page_main  # noqa: E402
@@ -113,6 +116,21 @@ def layers_section(report: dict) -> str:
             "against that).")
 
 
+def chain_section(report: dict) -> str:
+    """The gate's measure with eagle3-anpd and with eagle3-corpus (docs/tools/corpus_chain.py)."""
+    before, after = (m["tokens_per_step"] for m in report["methods"].values())
+    return ("## The corpus as a drafter: eagle3-corpus\n\n"
+            "The corpus also drafts: `eagle3-corpus` merges into the draft's tree a chain of what most often followed "
+            f"the text's longest ending (up to {report['max_n']} tokens) in the corpus "
+            "([docs/methods.md](methods.md#eagle3-eagle3-anpd-eagle3-corpus)). The gate's measure of the committed draft with and without "
+            f"it, the corpus at {report['corpus_tokens'] / 1e6:.2f}M tokens ({report['date']}, "
+            f"{report['machine']['cpu']}, [corpus-chain.json](measurements/corpus-chain.json), "
+            f"`python docs/tools/corpus_chain.py`); both gave the same tokens on {report['identical']} of "
+            f"{report['prompts']} prompts:\n\n" + chain_table(report) + "\n"
+            f"The same draft keeps {after - before:+.3f} tokens per step more with the corpus's chain, with no "
+            "training: the corpus pays twice, as the draft's training data and as a drafter of its own.")
+
+
 def history_rows() -> list[dict]:
     path = COMPONENT / "history.json"
     return json.loads(path.read_text())["rows"] if path.is_file() else []
@@ -177,6 +195,9 @@ def render() -> str:
         history_table(history) if history else "No candidate has been measured yet.\n",
     ]
     parts += ["", section(history, training_rates(), CURVE.relative_to(ROOT / "docs").as_posix())]
+    chain = MEASUREMENTS / "corpus-chain.json"
+    if chain.is_file():
+        parts += ["", chain_section(json.loads(chain.read_text()))]
     layers = MEASUREMENTS / "draft-layers.json"
     if layers.is_file():
         parts += ["", layers_section(json.loads(layers.read_text()))]
