@@ -27,8 +27,7 @@ log = logging.getLogger(__name__)
 MAX_N = 6  # contexts of up to 6 tokens: up to 10 agreed with MT-Bench's next tokens hardly more often
 CHAIN_LENGTH = 7  # guesses a chain drafts, as ANPD's
 SHARE_BUCKETS = 4  # a guess's kind: its context length and its share of the context's followers, in quarters
-TOKEN_BITS = 16
-HASH_BITS = 64 - TOKEN_BITS
+TOKEN_BITS = 16  # a follower's bits in a table entry; the context's hash has the other 48
 _MUL = 0x9E3779B97F4A7C15  # a 64-bit odd multiplier (the golden ratio's): a context's hash h <- (h + token + 1) * MUL,
 # whose top bits (the ones kept) depend on every token
 _MASK = (1 << 64) - 1
@@ -57,10 +56,10 @@ class CorpusNgrams:
         """(the follower, its kind) of the longest ending of `text` of at most max_n tokens that the corpus holds;
         kind = (n - 1) * SHARE_BUCKETS + the share's bucket."""
         for n in range(min(self.max_n, len(text)), 0, -1):
-            key = context_hash(text[-n:]) << TOKEN_BITS
+            context = context_hash(text[-n:])
             table = self.tables[n - 1]
-            i = int(np.searchsorted(table, np.uint64(key)))
-            if i < len(table) and int(table[i]) >> TOKEN_BITS == key >> TOKEN_BITS:
+            i = int(np.searchsorted(table, np.uint64(context << TOKEN_BITS)))  # its first follower entry, if any
+            if i < len(table) and int(table[i]) >> TOKEN_BITS == context:
                 bucket = int(self.shares[n - 1][i]) * SHARE_BUCKETS // 256
                 return int(table[i]) & ((1 << TOKEN_BITS) - 1), (n - 1) * SHARE_BUCKETS + bucket
         return None
@@ -77,7 +76,7 @@ class CorpusNgrams:
 
 
 def context_hash(tokens: list[int]) -> int:
-    """The HASH_BITS-bit hash of a context, as build_tables computes it for the corpus's."""
+    """The 48-bit hash of a context (64 - TOKEN_BITS bits), as build_tables computes it for the corpus's."""
     h = 0
     for token in tokens:
         h = ((h + token + 1) * _MUL) & _MASK
@@ -141,7 +140,8 @@ def load_corpus_ngrams(root: Path, max_n: int = MAX_N) -> CorpusNgrams:
     from ppdkit.models.paths import cache_dir
 
     version = FORMAT.rsplit("/", 1)[1]  # a table of another format is another file, built anew
-    path = cache_dir() / "corpus-ngrams" / f"{root.name}-{corpus_digest(root)[:16]}-n{max_n}-v{version}.safetensors"
+    digest = corpus_digest(root)
+    path = cache_dir() / "corpus-ngrams" / f"{root.name}-{digest[:16]}-n{max_n}-v{version}.safetensors"
     if path.is_file():
         stored = load_file(str(path))
         return CorpusNgrams([stored[f"n{n}"] for n in range(1, max_n + 1)],
@@ -153,7 +153,7 @@ def load_corpus_ngrams(root: Path, max_n: int = MAX_N) -> CorpusNgrams:
     partial = path.with_suffix(".partial")  # renamed once whole: a stopped build leaves no table to misread
     save_file({**{f"n{n + 1}": t for n, t in enumerate(built.tables)},
                **{f"share{n + 1}": t for n, t in enumerate(built.shares)}}, str(partial),
-              metadata={"format": FORMAT, "corpus": corpus_digest(root)})
+              metadata={"format": FORMAT, "corpus": digest})
     partial.replace(path)
     log.info("corpus n-grams of %s: %d contexts, kept in %s", root.name, sum(map(len, built.tables)), path)
     return built
@@ -175,15 +175,13 @@ class CorpusLookup:
 
 class CorpusChain:
     """A chain of guesses from the corpus for one answer, and how often a guess of each kind (its context length and
-    share, CorpusNgrams.query) was the base model's token once its predecessors were, from `prior` (right, tried by
-    kind; 1 of 2 each where not given): a guess's value is the log of the product of those rates along the chain, so
-    a long, one-sided context outweighs a short or split one by what it earned."""
+    share, CorpusNgrams.query) was the base model's token once its predecessors were (each starts at 1 of 2): a
+    guess's value is the log of the product of those rates along the chain, so a long, one-sided context outweighs a
+    short or split one by what it earned."""
 
-    def __init__(self, table: CorpusNgrams, ids: list[int], length: int = CHAIN_LENGTH,
-                 prior: np.ndarray | None = None):
+    def __init__(self, table: CorpusNgrams, ids: list[int], length: int = CHAIN_LENGTH):
         self.table, self.text, self.length = table, list(ids), length
-        prior = np.tile([1.0, 2.0], (table.kinds, 1)) if prior is None else prior  # [kinds, 2]
-        self.right, self.tried = prior[:, 0].tolist(), prior[:, 1].tolist()
+        self.right, self.tried = [1.0] * table.kinds, [2.0] * table.kinds
         self.kinds: list[int] = []  # the kind of each guess of the last chain
 
     def draft(self, root: int) -> list[int]:

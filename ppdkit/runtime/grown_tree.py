@@ -8,8 +8,8 @@ and the `beam` most valuable proposals of a level are the ones expanded next. Gr
 or once no proposal of a level could still be among the tree's nodes (a child is never worth more than its
 parent). Merge: the chain's j-th token is worth rate^j, rate being how often a chain guess was right once its
 predecessors were (measured while decoding); where the head proposed the same path, the higher value counts.
-With `corpus`, a chain from the base model's own corpus is merged the same way, valued by how often guesses read at
-each context length were right (runtime/corpus_ngrams.py).
+With `corpus`, a chain from the base model's own corpus is merged the same way, valued by how often guesses of each
+kind (the context length they were read at, the follower's share) were right (runtime/corpus_ngrams.py).
 Rerank: the most valuable proposals become the tree; a parent is worth at least its children, so any prefix of
 them by value holds every chosen node's path. One forward verifies the tree like any other, so the output is
 the base model's whatever the head or the chain propose.
