@@ -1,7 +1,8 @@
 """The corpus's n-gram tables (ppdkit/runtime/corpus_ngrams.py) and `eagle3-corpus`, which merges their chain into
 EAGLE-3's grown tree: the tables hold exactly each context's most frequent follower (against counting by hand), they
 are built once per corpus version and read back after, a chain's rates learn from every step, and decoding stays
-the base model's own whatever the corpus holds, keeping more tokens a step where the corpus knows the answer."""
+the base model's own whatever the corpus or the draft holds (poisoned drafts too), keeping more tokens a step where the
+corpus knows the answer."""
 
 import math
 import random
@@ -132,3 +133,24 @@ def test_eagle3_corpus_needs_a_corpus(monkeypatch):
     assert "eagle3-corpus" not in decoder.methods() and "eagle3-anpd" in decoder.methods()
     with pytest.raises(ValueError, match="self-distilled corpus.*ppdkit corpus grow"):
         decoder.generate([5, 6, 7], max_new_tokens=4, method="eagle3-corpus")
+
+
+@pytest.mark.parametrize("path", ["native", "pytorch"])
+def test_poisoned_drafts_beside_the_corpus_chain_cannot_change_greedy_output(path, monkeypatch):
+    """NaN, infinite and huge draft weights (as test_eagle3's poisoned drafts) next to a corpus chain that is often
+    right: the merged tree's values mix both, and the output stays ar's."""
+    model, tok = tiny_model_on(path, monkeypatch)
+    rng = random.Random(2)
+    vocab = torch.arange(3, VOCAB, 3)
+    clean = _decoder(model, tok, _draft_tensors(model, vocab, 0, scale=0.5), vocab)
+    prompts, answered = _greedy_texts(clean, rng, 6)
+    table = build_tables(answered + [[rng.randrange(VOCAB) for _ in range(100)] for _ in range(5)])
+    for case, value in enumerate((math.nan, math.inf, -math.inf, 1e30)):
+        tensors = _draft_tensors(model, vocab, case, scale=rng.choice([0.1, 3.0]))
+        name = sorted(tensors)[case % len(tensors)]
+        tensors[name] = torch.full_like(tensors[name], value)
+        decoder = _decoder(model, tok, tensors, vocab)
+        decoder.draft.corpus = CorpusLookup(None, table)
+        for ids in prompts:
+            plain = decoder.generate(ids, max_new_tokens=40, method="ar").tokens
+            assert decoder.generate(ids, max_new_tokens=40, method="eagle3-corpus").tokens == plain, (case, name, ids)
