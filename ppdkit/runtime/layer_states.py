@@ -1,6 +1,7 @@
 """The base model's residual stream after chosen decoder layers, read in the same forward: the forward run in
-segments that stop there (LeanLlama.forward_layers), so its arithmetic is the plain forward's. EAGLE-3's draft reads
-these states while decoding (the verification captures them) and while training (trainer/features.py)."""
+segments that stop there (LeanLlama.layer_runner: the rows prepared once, then one call per segment), so its
+arithmetic is the plain forward's. EAGLE-3's draft reads these states while decoding (the verification captures
+them) and while training (trainer/features.py)."""
 
 from collections.abc import Callable
 
@@ -14,14 +15,13 @@ def forward_with_states(model: LeanLlama, x: torch.Tensor, positions: torch.Tens
                         mask: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """model.forward's final hidden states [T, H], and the residual stream after each of `layers` decoder
     layers, concatenated [T, len(layers) H]: the forward run in segments that stop there."""
-    return run_with_states(lambda h, start, stop: model.forward_layers(h, positions, cache, mask, start, stop), model,
-                           x, layers)
+    return run_with_states(model.layer_runner(x.shape[0], positions, cache, mask), model, x, layers)
 
 
 def run_with_states(run: Callable[[torch.Tensor, int, int], torch.Tensor], model: LeanLlama, x: torch.Tensor,
                     layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """forward_with_states for any way of running layers start .. stop - 1 (`run(x, start, stop)`: one sequence's
-    forward_layers, several sequences' forward_windows) -> final hidden states [T, H], the states [T, len(layers) H]."""
+    layer_runner, several sequences' forward_windows) -> final hidden states [T, H], the states [T, len(layers) H]."""
     x, states = _segments(run, x, layers)
     if max(layers) < len(model.layers):
         x = run(x, max(layers), len(model.layers))
@@ -33,7 +33,7 @@ def states_after(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cac
     """The forward up to the last of `layers` only -> (the residual stream there [T, H], the states after each of
     `layers` concatenated [T, len(layers) H]): what training reads of the base (trainer/features.py), without the
     layers above."""
-    return _segments(lambda h, start, stop: model.forward_layers(h, positions, cache, mask, start, stop), x, layers)
+    return _segments(model.layer_runner(x.shape[0], positions, cache, mask), x, layers)
 
 
 def _segments(run: Callable[[torch.Tensor, int, int], torch.Tensor], x: torch.Tensor,

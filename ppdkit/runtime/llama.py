@@ -15,6 +15,7 @@ repeating keys and values. A token tree (any visibility pattern) costs the same 
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -189,8 +190,15 @@ class LeanLlama:
         input embeddings for start 0) -> the residual stream after layer stop - 1, no final norm. Their
         keys/values are written like forward's (ProPD's early pruning runs a tree in two parts); `skip` as
         forward's, one mask per layer of the model. A skipped attention writes no keys/values."""
-        t = x.shape[0]
-        x = x.to(self.dtype)  # drafts' rows (prompt tokens) may come in the weights' dtype
+        return self.layer_runner(x.shape[0], positions, cache, mask, skip)(x, start, stop)
+
+    def layer_runner(self, t: int, positions: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
+                     skip: tuple[int, ...] | None = None) -> Callable[[torch.Tensor, int, int], torch.Tensor]:
+        """One forward's T rows at `positions` [T] after `cache`'s committed slots, seeing what `mask` allows ->
+        run(x [T, H], start, stop), forward_layers for those rows. What depends only on the positions and the mask
+        (rotary rows, the attention bias) is made once here, not once per call: a forward run in segments
+        (runtime/layer_states.py, 4 a step for EAGLE-3) otherwise made it in each, about 0.1 ms a segment on a
+        2-core CPU, every step."""
         # (no-ops when the caller made them on the model's device, as the decoder does: torch.device context)
         positions = positions.to(self.device)
         mask = None if mask is None else mask.to(self.device)
@@ -198,23 +206,32 @@ class LeanLlama:
             raise ValueError(f"position {int(positions.max())} beyond the runtime's {self.max_positions}")
         cache.reserve(t)
         if self.fixed_rows:
-            return self._fixed_layers(x, positions, cache, mask, start, stop, skip)
+            return lambda x, start, stop: self._fixed_layers(x.to(self.dtype), positions, cache, mask, start, stop,
+                                                             skip)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
         if self.native is not None and (t <= SKINNY_MAX_ROWS or mask is None):
-            blocks = [self._native_rows(x[rows], cos[rows, 0], sin[rows, 0], mask, cache, rows.start, start, stop,
-                                        skip) for rows in native_blocks(t)]
-            return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-        if mask is None and t > 1:  # a prompt on the PyTorch layers: causal_attention
-            return self._layers(x, cos, sin, None, cache, start, stop, skip, causal=True)
-        bias = attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
-        return self._layers(x, cos, sin, bias, cache, start, stop, skip)
+            blocks = [(rows, cos[rows, 0], sin[rows, 0],
+                       attention_bias(mask, cache.length + rows.start, rows.stop - rows.start, self.group, self.dtype,
+                                      self.device)) for rows in native_blocks(t)]
 
-    def _native_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+            def native(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+                x = x.to(self.dtype)  # drafts' rows (prompt tokens) may come in the weights' dtype
+                out = [self._native_rows(x[rows], cos_rows, sin_rows, bias, cache, rows.start, start, stop, skip)
+                       for rows, cos_rows, sin_rows, bias in blocks]
+                return out[0] if len(out) == 1 else torch.cat(out)
+            return native
+        if mask is None and t > 1:  # a prompt on the PyTorch layers: causal_attention
+            return lambda x, start, stop: self._layers(x.to(self.dtype), cos, sin, None, cache, start, stop, skip,
+                                                       causal=True)
+        bias = attention_bias(mask, cache.length, t, self.group, self.dtype, self.device)  # [g T, S] or None
+        return lambda x, start, stop: self._layers(x.to(self.dtype), cos, sin, bias, cache, start, stop, skip)
+
+    def _native_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
                      cache: KVCache, first: int, start: int, stop: int, skip: tuple[int, ...] | None) -> torch.Tensor:
-        """Layers start .. stop - 1 in one native call for at most SKINNY_MAX_ROWS rows: x [T, H], cos/sin [T, D] ->
-        [T, H]. `first`: the rows' offset among the forward's, whose keys/values go `first` slots after the
-        committed ones (a block of a long prompt sees the blocks before it; mask is then None, causal)."""
-        bias = attention_bias(mask, cache.length + first, x.shape[0], self.group, self.dtype, self.device)
+        """Layers start .. stop - 1 in one native call for at most SKINNY_MAX_ROWS rows: x [T, H], cos/sin [T, D],
+        bias [g T, length + first + T] (attention_bias's) -> [T, H]. `first`: the rows' offset among the forward's,
+        whose keys/values go `first` slots after the committed ones (a block of a long prompt sees the blocks before
+        it; its bias is then causal)."""
         return self.native.decoder_layers(x, self.native_weights[6 * start:6 * stop], self.native_shape, self.eps, cos,
                                           sin, bias, cache.k[start:stop], cache.v[start:stop], cache.length + first,
                                           list(skip[start:stop]) if skip else [], None)
