@@ -368,6 +368,14 @@ def test_a_head_method_evaluated_without_a_head_is_refused(job):
     assert load_spec(job, ["evaluate.methods=[ar,ppd-head]", "train.method=ept-head"]).train.method == "ept-head"
     with pytest.raises(SpecError, match=r"evaluate.methods \['ppd'\] cannot decode with what train.method=medusa"):
         load_spec(job, ["evaluate.methods=[ar,ppd,medusa]", "train.method=medusa"])
+    # a corpus method drafts from the corpus that comes with a catalog base model: the tiny model has none
+    tiny = ["train.method=eagle3", "base_model.name=tiny-llama"]
+    with pytest.raises(SpecError, match=r"evaluate.methods \['eagle3-corpus'\] need the base model's self-distilled "
+                                        r"corpus .*base_model.name 'tiny-llama' has none"):
+        load_spec(job, ["evaluate.methods=[ar,eagle3-corpus]", *tiny])
+    assert "eagle3-corpus" not in load_spec(job, tiny).evaluate.methods  # nor by default
+    committed = load_spec(job, ["train.method=eagle3"]).evaluate.methods  # SmolLM2's corpus comes with ppdkit
+    assert "eagle3-corpus" in committed and "eagle3-anpd" in committed
     # each method's train section takes its own keys only: another method's fails, naming the methods it is a key of
     with pytest.raises(SpecError, match="'train.head_start_step' does not apply to train.method ept: it is a key of "
                                         "ept-head. ept takes: aggregation, alpha,"):

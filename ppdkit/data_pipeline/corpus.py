@@ -149,6 +149,12 @@ def is_corpus(path: str | Path) -> bool:
     return (Path(path).expanduser() / MANIFEST).is_file()
 
 
+def has_committed_corpus(base_model: str) -> bool:
+    """Whether ppdkit comes with a corpus for `base_model`: a catalog name (not a local directory) with one in
+    data_pipeline/corpora (what a decoder of that base model drafts from in the corpus methods)."""
+    return Path(base_model).name == base_model and is_corpus(committed_corpus(base_model))
+
+
 def corpus_source(source: str, base_name: str) -> Path | None:
     """The corpus folder a data.source names: `corpus` (the one committed for the base model) or a folder holding
     corpus.json; None for any other source."""

@@ -11,14 +11,14 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
-from ppdkit.data_pipeline.corpus import corpus_source
+from ppdkit.data_pipeline.corpus import corpus_source, has_committed_corpus
 from ppdkit.data_pipeline.ray_placement import Placement
 from ppdkit.data_pipeline.readers import ENDLESS_SOURCES
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.models.paths import shown
 from ppdkit.registry.config import TrackingConfig
 from ppdkit.runtime.dtypes import DTYPES
-from ppdkit.runtime.decoding_methods import COMPONENT_FREE, METHODS as DECODING_METHODS
+from ppdkit.runtime.decoding_methods import COMPONENT_FREE, METHODS as DECODING_METHODS, Need
 
 from ppdkit.bench.llama_cpp import LLAMA_METHODS
 from ppdkit.trainer.config import (CLASS_OF_METHOD, CalibrateConfig, PromptTokenConfig, TrainSection, methods_taking,
@@ -55,8 +55,10 @@ class EvaluateConfig(Section):
                                 "compares runs by their drafts alone); null: the size profiled as fastest here")
     methods: list[EvalMethod] | None = Field(
         None, min_length=1, description="the methods benchmarked, each named once (hf-*: transformers' generate); "
-                                        "those needing a component must be ones train.method's component serves. "
-                                        "Default: hf-greedy, ar, that component's decoding methods, auto")
+                                        "those needing a component must be ones train.method's component serves "
+                                        "(a corpus method also needs base_model.name's committed corpus). "
+                                        "Default: hf-greedy, ar, that component's decoding methods (the corpus "
+                                        "ones where that corpus exists), auto")
 
     @field_validator("methods")
     @classmethod
@@ -105,14 +107,23 @@ class JobSpec(Section):
 
         method = TRAINING_METHODS[self.train.method]
         served = (*COMPONENT_FREE, *method.decoding_methods)
+        # a corpus method drafts from the corpus that comes with a catalog base model, not from the component
+        corpus = has_committed_corpus(self.base_model.name)
         if self.evaluate.methods is None:
-            self.evaluate.methods = ["hf-greedy", "ar", *method.decoding_methods, "auto"]
+            self.evaluate.methods = ["hf-greedy", "ar", *(m for m in method.decoding_methods
+                                                           if corpus or Need.CORPUS not in DECODING_METHODS[m].needs),
+                                     "auto"]
         unserved = [m for m in self.evaluate.methods if m in DECODING_METHODS and m not in served]
         if unserved:
             trainers = sorted({t.name for m in unserved for t in TRAINING_METHODS.values() if m in t.decoding_methods})
             fix = f"train with {' / '.join(trainers)}" if trainers else "run them with ppdkit bench"
             raise ValueError(f"evaluate.methods {unserved} cannot decode with what train.method={self.train.method} "
                              f"trains (its component serves {', '.join(served)}): drop them, or {fix}")
+        uncarried = [m for m in self.evaluate.methods
+                     if m in DECODING_METHODS and Need.CORPUS in DECODING_METHODS[m].needs and not corpus]
+        if uncarried:
+            raise ValueError(f"evaluate.methods {uncarried} need {Need.CORPUS.value}, and base_model.name "
+                             f"{self.base_model.name!r} has none: drop them, or grow one first")
         return self
 
     @model_validator(mode="after")

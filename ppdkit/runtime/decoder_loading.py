@@ -173,12 +173,9 @@ def from_base(cls: type["Decoder"], name: str, options: LoadOptions | None = Non
 def base_corpus(name: str) -> CorpusLookup | None:
     """The self-distilled corpus committed for a catalog base model (data_pipeline/corpora/NAME), if there is one:
     its n-gram tables are read only when a corpus method first runs."""
-    from ppdkit.data_pipeline.corpus import committed_corpus, is_corpus
+    from ppdkit.data_pipeline.corpus import committed_corpus, has_committed_corpus
 
-    if Path(name).name != name:  # a local directory, not a catalog name
-        return None
-    root = committed_corpus(name)
-    return CorpusLookup(root) if is_corpus(root) else None
+    return CorpusLookup(committed_corpus(name)) if has_committed_corpus(name) else None
 
 
 def _local(source: str | Path) -> Path:

@@ -104,7 +104,7 @@ TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (
     TrainingMethod("medusa", "Medusa-1 heads over the last hidden state (the feature head's baseline)",
                    "head_run:HeadRun", ("medusa",), head_kind="medusa"),
     TrainingMethod("eagle3", "EAGLE-3's draft: one decoder layer over the fused low, middle and high hidden states, "
-                   "trained with the training-time test", "eagle3_run:Eagle3Run", ("eagle3", "eagle3-anpd"),
+                   "trained with the training-time test", "eagle3_run:Eagle3Run", ("eagle3", "eagle3-anpd", "eagle3-corpus"),
                    head_kind="eagle3", calibrates=False),
     TrainingMethod("early-head", "ProPD's early prediction head after train.early_layer layers (ProPD paper 4.1)",
                    "early_run:EarlyHeadRun", (), head_kind="early"),
