@@ -210,14 +210,19 @@ class LeanLlama:
                                                              skip)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D]
         if self.native is not None and (t <= SKINNY_MAX_ROWS or mask is None):
-            blocks = [(rows, cos[rows, 0], sin[rows, 0],
-                       attention_bias(mask, cache.length + rows.start, rows.stop - rows.start, self.group, self.dtype,
-                                      self.device)) for rows in native_blocks(t)]
+            blocks = native_blocks(t)
+
+            def block_bias(rows: slice) -> torch.Tensor | None:  # [g R, length + first + R]
+                return attention_bias(mask, cache.length + rows.start, rows.stop - rows.start, self.group, self.dtype,
+                                      self.device)
+            # a step (one block) keeps its bias for all its segments; a long prompt's blocks make theirs as they run
+            # (kept, they would hold a [g 96, S] bias per block at once)
+            kept = block_bias(blocks[0]) if len(blocks) == 1 else None
 
             def native(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
                 x = x.to(self.dtype)  # drafts' rows (prompt tokens) may come in the weights' dtype
-                out = [self._native_rows(x[rows], cos_rows, sin_rows, bias, cache, rows.start, start, stop, skip)
-                       for rows, cos_rows, sin_rows, bias in blocks]
+                out = [self._native_rows(x[rows], cos[rows, 0], sin[rows, 0], kept if len(blocks) == 1 else
+                                         block_bias(rows), cache, rows.start, start, stop, skip) for rows in blocks]
                 return out[0] if len(out) == 1 else torch.cat(out)
             return native
         if mask is None and t > 1:  # a prompt on the PyTorch layers: causal_attention
