@@ -9,7 +9,7 @@ committed ones, one per expanded node, each seeing the committed rows, its ances
 tree is chosen those rows are dropped (the cache rolls back to its committed length), so a rejected branch
 leaves nothing behind, and the next verification's rows overwrite the space. The base model's hidden states
 come from the verification forward itself, run in segments that stop at the draft's layers
-(LeanLlama.forward_layers): the same arithmetic, so the output stays the base model's own.
+(LeanLlama.layer_runner): the same arithmetic, so the output stays the base model's own.
 """
 
 import math
