@@ -109,9 +109,12 @@ class JobSpec(Section):
         served = (*COMPONENT_FREE, *method.decoding_methods)
         # a corpus method drafts from the corpus that comes with a catalog base model, not from the component
         corpus = has_committed_corpus(self.base_model.name)
+
+        def uncarried(m: str) -> bool:
+            return not corpus and m in DECODING_METHODS and Need.CORPUS in DECODING_METHODS[m].needs
+
         if self.evaluate.methods is None:
-            self.evaluate.methods = ["hf-greedy", "ar", *(m for m in method.decoding_methods
-                                                           if corpus or Need.CORPUS not in DECODING_METHODS[m].needs),
+            self.evaluate.methods = ["hf-greedy", "ar", *(m for m in method.decoding_methods if not uncarried(m)),
                                      "auto"]
         unserved = [m for m in self.evaluate.methods if m in DECODING_METHODS and m not in served]
         if unserved:
@@ -119,10 +122,8 @@ class JobSpec(Section):
             fix = f"train with {' / '.join(trainers)}" if trainers else "run them with ppdkit bench"
             raise ValueError(f"evaluate.methods {unserved} cannot decode with what train.method={self.train.method} "
                              f"trains (its component serves {', '.join(served)}): drop them, or {fix}")
-        uncarried = [m for m in self.evaluate.methods
-                     if m in DECODING_METHODS and Need.CORPUS in DECODING_METHODS[m].needs and not corpus]
-        if uncarried:
-            raise ValueError(f"evaluate.methods {uncarried} need {Need.CORPUS.value}, and base_model.name "
+        if without := [m for m in self.evaluate.methods if uncarried(m)]:
+            raise ValueError(f"evaluate.methods {without} need {Need.CORPUS.value}, and base_model.name "
                              f"{self.base_model.name!r} has none: drop them, or grow one first")
         return self
 
