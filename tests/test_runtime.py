@@ -190,6 +190,28 @@ def test_linear_paths_agree_with_torch(variant, monkeypatch):
 
 
 @pytest.mark.parametrize("variant", ["native", "avx2"])
+def test_native_row_argmax_is_the_first_maximum(variant):
+    """The greedy token of every verified row (kernels/row_argmax.cpp): the first maximum, as argmax's, for rows
+    that are not multiples of the 16-lane vectors, ties in and across lanes, all -inf, and -1 for a row with a NaN
+    (which PyTorch then decides)."""
+    module = kernels_or_skip(variant)
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows, width in [(1, 1), (1, 15), (2, 16), (3, 17), (6, 49152), (5, 4099), (9, 33)]:
+            logits = (torch.randn(rows, width, generator=g) * 2).round().to(dtype)  # few distinct values: ties
+            assert torch.equal(module.row_argmax(logits), logits.argmax(-1)), (dtype, rows, width)
+        tied = torch.zeros(2, 40, dtype=dtype)
+        tied[0, [3, 19, 35]] = 1.0  # the same maximum in three lanes: the earliest wins
+        tied[1] = -float("inf")
+        assert module.row_argmax(tied).tolist() == [3, 0]
+        nan = torch.zeros(3, 50, dtype=dtype)
+        nan[0, 20], nan[2, 49] = float("nan"), float("nan")  # in the vector loop, in the tail
+        assert module.row_argmax(nan).tolist() == [-1, 0, -1]
+        strided = torch.randn(4, 64, generator=g).to(dtype)[:, :40]  # rows apart by more than their width
+        assert torch.equal(module.row_argmax(strided), strided.argmax(-1))
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2"])
 def test_native_decoder_layers_agree_with_the_pytorch_layers(variant, monkeypatch):
     """The one-call native layers (ppdkit/runtime/kernels/decoder_layers.cpp) against the same model's PyTorch
     layers: causal, tree-masked and single-token steps over a filled cache, keys and values included."""

@@ -1,6 +1,7 @@
 // The Python module of the runtime's native kernels (built by runtime/native.py).
 #include "decoder_layers.h"
 #include "quantized_linear.h"
+#include "row_argmax.h"
 #include "skinny_linear.h"
 
 // The kernels that run a step's arithmetic let go of the GIL: a server's event loop (and any other Python thread)
@@ -20,4 +21,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_amx_available", &quantized_amx_available);
   m.def("quantized_linear", &quantized_linear, pybind11::arg("x"), pybind11::arg("packed"),
         pybind11::arg("out_features"), pybind11::arg("amx_from_rows") = -1, released());
+  m.def("row_argmax", &row_argmax, released());
 }
