@@ -7,7 +7,7 @@
 #                                            with one thread per worker kept its speed beside it
 #   bash infra/corpus/background.sh resume   SIGCONT
 #   bash infra/corpus/background.sh stage    pause, make docs/corpus.md again, `git add` corpus.json and exactly the
-#                                            shards it lists, resume: then commit
+#                                            shards it lists, resume unless it was paused before: then commit
 #   bash infra/corpus/background.sh stop     SIGTERM (the shard being written is lost; the rest stay)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,6 +16,7 @@ PIDFILE=${PIDFILE:-$CACHE/corpus-grow.pid}
 LOG=${LOG:-$CACHE/corpus-grow.log}
 CORPUS=ppdkit/data_pipeline/corpora/smollm2-135m
 running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+paused() { running && [ "$(ps -o stat= -p "$(cat "$PIDFILE")" | cut -c1)" = T ]; }
 signal() { if running; then kill "-$1" "$(cat "$PIDFILE")"; fi; }
 case "${1:-}" in
 start)
@@ -29,8 +30,10 @@ pause) signal STOP ;;
 resume) signal CONT ;;
 stop) signal TERM; signal CONT ;;  # a paused job takes its TERM once it runs again
 stage)
-    signal STOP
-    trap 'signal CONT' EXIT
+    if ! paused; then  # a job paused for a timing stays paused
+        signal STOP
+        trap 'signal CONT' EXIT
+    fi
     .venv/bin/python docs/tools/corpus_page.py
     mapfile -t listed < <(.venv/bin/python -c "import json, sys; m = json.load(open(sys.argv[1]))
 print('\n'.join(sys.argv[2] + '/' + s['file'] for s in m['shards']))" "$CORPUS/corpus.json" "$CORPUS")
