@@ -68,7 +68,7 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """[..., V] logits -> [...] the most likely token of each row, the first one on ties: argmax's choice (both are
-    documented so). On a CPU through the native kernels' one-pass row_argmax (6 bfloat16 rows of 49152 in a tenth
+    documented so). On a CPU through the native kernels' one-pass row_argmax (6 bfloat16 rows of 49152 in a seventh
     of the time of PyTorch's max: the same token for less of every step); elsewhere, and for a row holding a NaN,
     through max's kernel, which reads bfloat16 logits faster than argmax's (docs/history.md)."""
     native = _native_argmax() if logits.device.type == "cpu" and logits.dtype in _NATIVE_ARGMAX_DTYPES else None
