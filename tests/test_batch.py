@@ -22,8 +22,6 @@ SEGMENT = 96
 
 def _decoder(dtype: str) -> Decoder:
     module = kernels_or_skip("native")
-    if dtype == "bfloat16" and not module.bf16_available():
-        pytest.skip("this CPU has no AVX512-BF16: bfloat16 runs the float32 path here")
     if dtype == "q4" and not module.quantized_available():
         pytest.skip("this CPU has no AVX512-VNNI: the block formats run what auto picks here")
     return Decoder.from_base("tiny-llama", dtype=dtype, max_length=SEGMENT + 64)

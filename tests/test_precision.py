@@ -1,9 +1,9 @@
 """The runtime's precision (ppdkit/runtime/precision.py) and the property its losslessness rests on: the native kernels'
 result for a row never depends on how many rows share the call (ppdkit/runtime/row_invariance.py), on every instruction
-path this CPU has, in float32 and bfloat16 (AVX512-BF16 dot products, and AMX tiles where the CPU has them); the
-AVX512-BF16 kernel equals its PyTorch twin bit for bit, the AMX one lies within float32 summation's bound of it;
-every decoding method gives `ar`'s tokens in bfloat16 on both kernels and on 4-bit blocks; `auto` picks bfloat16
-only where its kernels run."""
+path this CPU has, in float32 and bfloat16 (AVX512-BF16 dot products, float32 FMAs in AVX-512's and AVX2's panels, and
+AMX tiles where the CPU has them); the vector kernels equal their PyTorch twin bit for bit, the AMX one lies within
+float32 summation's bound of it; every decoding method gives `ar`'s tokens in bfloat16 on every kernel and on 4-bit
+blocks; `auto` picks bfloat16 only where its kernels run."""
 
 import logging
 import random
@@ -33,26 +33,35 @@ ROWS = 80  # the most rows the tests put through one call: past the largest tree
 SHAPES = [(100, 37), (64, 576), (49, 16)]  # odd K, a model's width, fewer columns than a panel pair
 
 
-BF16_KERNELS = ["avx512", "amx"]  # bfloat16's two native kernels (ppdkit/runtime/native.bf16_kernel)
-
-
 def _bf16_kernels(variant: str = "native"):
     module = kernels_or_skip(variant)
-    if not module.bf16_available():
-        pytest.skip("this CPU has no AVX512-BF16: bfloat16 runs the float32 path here")
+    assert module.bf16_available()  # every build multiplies bfloat16 weights (float32 FMAs at least)
     return module
 
 
 def _bf16_kernel(kernel: str, monkeypatch):
-    """The native module, with bfloat16 weights packed for `kernel` in this test (skipped where the CPU lacks it)."""
-    module = _bf16_kernels()
+    """The native module whose bfloat16 kernel is `kernel` (ppdkit/runtime/native.bf16_kernel: amx, avx512, or avx2,
+    from the AVX2 build on an AVX-512 machine), with bfloat16 weights packed for it in this test; skipped where the
+    CPU lacks it."""
+    module = _bf16_kernels("avx2" if kernel == "avx2" else "native")
     if kernel == "amx" and not module.amx_available():
         pytest.skip("this CPU has no AMX-BF16 tiles")
+    if kernel == "avx512" and module.vector_kernel() != "avx512":
+        pytest.skip("this CPU has no AVX-512")
     monkeypatch.setenv("PPDKIT_BF16_KERNEL", kernel)
     return module
 
 
-PATHS = [("native", torch.float32), ("avx2", torch.float32), ("avx512", torch.bfloat16), ("amx", torch.bfloat16)]
+def _vdpbf16ps_kernels():
+    """The native module where it has AVX512-BF16's dot products (VDPBF16PS), to hold them to its FMA path."""
+    module = _bf16_kernels()
+    if not module.bf16_dot_available():
+        pytest.skip("this CPU has no AVX512-BF16: its bfloat16 kernel runs on FMAs only")
+    return module
+
+
+PATHS = [("native", torch.float32), ("avx2", torch.float32), ("avx512", torch.bfloat16), ("avx2", torch.bfloat16),
+         ("amx", torch.bfloat16)]
 
 
 def _path(variant: str, dtype: torch.dtype, monkeypatch):
@@ -77,16 +86,22 @@ def test_every_row_is_the_same_whatever_the_rows_in_the_call(variant, dtype, mon
             assert torch.equal(layer(x[:rows]), single[:rows]), (out_features, in_features, rows)
 
 
-def test_the_bfloat16_kernel_equals_its_pytorch_twin():
-    """The native AVX512-BF16 matmul rounds exactly as ppdkit/runtime/kernels_twin.py writes it down, and lies within
+@pytest.mark.parametrize("variant", ["native", "avx2"])
+def test_the_bfloat16_kernel_equals_its_pytorch_twin(variant):
+    """The native bfloat16 matmul (AVX512-BF16's dot products, or float32 FMAs where the CPU has none; the AVX2
+    build's 8-column panels) rounds exactly as ppdkit/runtime/kernels_twin.py writes it down, and lies within
     bfloat16's rounding of the float32 product."""
-    module = _bf16_kernels()
+    module = _bf16_kernels(variant)
     g = torch.Generator().manual_seed(1)
     for out_features, in_features in SHAPES:
         weight = torch.randn(out_features, in_features, generator=g).bfloat16()
-        x = torch.randn(7, in_features, generator=g)
-        native = module.linear(x, module.pack(weight, "avx512"), out_features)
-        assert torch.equal(native, bf16_linear_twin(x, weight)), (out_features, in_features)
+        x = torch.randn(13, in_features, generator=g)
+        x[1] = 0.0
+        x[1, :2] = torch.tensor([2e-39, -1e-39])  # denormals: read as zeros, as VDPBF16PS reads them
+        packed, twin = module.pack(weight, module.vector_kernel()), bf16_linear_twin(x, weight)
+        for rows in range(1, 14):  # every register blocking of a pass
+            assert torch.equal(module.linear(x[:rows], packed, out_features), twin[:rows]), (in_features, rows)
+        native = twin
         exact = x.double() @ weight.double().T
         assert torch.allclose(native.double(), exact, atol=0.05 * in_features ** 0.5, rtol=0.02)
 
@@ -111,10 +126,16 @@ def test_the_amx_kernel_sums_the_twins_products_within_float32s_bound(monkeypatc
 def test_a_bfloat16_kernel_the_cpu_lacks_or_misspelled_is_refused(monkeypatch):
     module = _bf16_kernels()
     monkeypatch.setenv("PPDKIT_BF16_KERNEL", "tiles")
-    with pytest.raises(ValueError, match="PPDKIT_BF16_KERNEL must be one of auto, amx, avx512, not 'tiles'"):
+    with pytest.raises(ValueError, match="PPDKIT_BF16_KERNEL must be one of auto, amx, avx512, avx2, not 'tiles'"):
         Linear(torch.randn(32, 32).bfloat16())
     monkeypatch.setenv("PPDKIT_BF16_KERNEL", "auto")
-    assert Linear(torch.randn(32, 32).bfloat16()).kernel == ("amx" if module.amx_available() else "avx512")
+    vector = module.vector_kernel()
+    assert Linear(torch.randn(32, 32).bfloat16()).kernel == ("amx" if module.amx_available() else vector)
+    monkeypatch.setenv("PPDKIT_BF16_KERNEL", {"avx512": "avx2", "avx2": "avx512"}[vector])
+    with pytest.raises(ValueError, match=f"the native kernels are built for {vector} on this CPU"):
+        Linear(torch.randn(32, 32).bfloat16())
+    with pytest.raises(RuntimeError, match=f"this build's vector panels are {vector}'s"):
+        module.pack(torch.randn(32, 32).bfloat16(), {"avx512": "avx2", "avx2": "avx512"}[vector])
     if not module.amx_available():
         monkeypatch.setenv("PPDKIT_BF16_KERNEL", "amx")
         with pytest.raises(ValueError, match="no AMX-BF16 tiles"):
@@ -125,7 +146,7 @@ def test_a_bfloat16_kernel_the_cpu_lacks_or_misspelled_is_refused(monkeypatch):
 def fma_rows():
     """Sets from how many rows the AVX512-BF16 path runs on float32 FMAs, for one test; the process's own value is
     put back after."""
-    module = _bf16_kernels()
+    module = _vdpbf16ps_kernels()
     tune_bf16_fma(module)  # timed first, so that a Linear built in the test leaves the test's value
     saved = module.bf16_fma_from_rows()
     yield module
@@ -168,7 +189,7 @@ def test_the_native_decoder_layers_are_row_invariant_across_the_two_bfloat16_way
 
 
 def test_the_fma_threshold_is_timed_here_or_set_by_the_environment(monkeypatch):
-    module = _bf16_kernels()
+    module = _vdpbf16ps_kernels()
     monkeypatch.setenv("PPDKIT_BF16_FMA_ROWS", "5")
     assert bf16_fma_rows(module) == 5
     monkeypatch.setenv("PPDKIT_BF16_FMA_ROWS", "never")
@@ -216,21 +237,21 @@ def test_a_prompt_longer_than_a_native_call_reads_as_one_token_at_a_time(variant
     assert torch.equal(whole.k[..., :n], alone.k[..., :n]) and torch.equal(whole.v[:, :, :n], alone.v[:, :, :n])
 
 
-def _bf16_tiny(monkeypatch):
-    monkeypatch.setattr(linear_module, "native_kernels", _bf16_kernels)
+def _bf16_tiny(module, monkeypatch):
+    monkeypatch.setattr(linear_module, "native_kernels", lambda: module)
     model, tok = build_tiny_llama()
     return model.bfloat16().eval(), tok
 
 
-NARROW = ["bfloat16-avx512", "bfloat16-amx", "q4"]  # bfloat16 on each of its kernels, and 4-bit blocks
+NARROW = ["bfloat16-avx512", "bfloat16-avx2", "bfloat16-amx", "q4"]  # bfloat16 on each kernel, and 4-bit blocks
 
 
 def _narrow_weights(weights: str, monkeypatch):
     """The tiny model and the Decoder arguments that put its matmuls on `weights`' native kernel: bfloat16 on AMX
     tiles or AVX512-BF16, or q4 (Q4_1 blocks quantized from its float32 weights, the int8 kernel)."""
     if weights.startswith("bfloat16"):
-        _bf16_kernel(weights.removeprefix("bfloat16-"), monkeypatch)
-        return *_bf16_tiny(monkeypatch), {}
+        module = _bf16_kernel(weights.removeprefix("bfloat16-"), monkeypatch)
+        return *_bf16_tiny(module, monkeypatch), {}
     model, tok = build_tiny_llama()
     return model.eval(), tok, q4_weights_or_skip(model)
 
@@ -297,7 +318,7 @@ def test_auto_picks_bfloat16_only_where_its_kernels_run(monkeypatch, caplog):
         assert resolve_dtype("auto") == "float32"
         assert resolve_dtype("bfloat16") == "float32"
     said = [r.getMessage() for r in caplog.records]
-    assert len(said) == 2 and "float32" in said[0] and "AVX512-BF16" in said[1], said
+    assert len(said) == 2 and "float32" in said[0] and "neither AVX-512 nor AVX2" in said[1], said
     assert resolve_dtype("bfloat16", "cuda") == "bfloat16"  # a GPU runs bfloat16 on its own matmuls
     with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16"):
         resolve_dtype("fp16")

@@ -5,9 +5,9 @@ array on the runtime's threads, the fastest of 15: a stream the prefetcher follo
 the fastest, because what other tenants of the VM take varies from one second to the next), the
 bytes a step's matmuls read (every packed weight, the LM head included), and per dtype the median latency of one
 forward plus LM head of n new rows over 256 cached tokens (ppdkit/runtime/profile.py's measure_latency), bfloat16 on each
-of its kernels this CPU has (AVX512-BF16 dot products, AMX tiles), and on AVX512-BF16 both as the runtime runs it
-(float32 FMAs from the rows where they were faster here, ppdkit/runtime/native.bf16_fma_rows) and with VDPBF16PS for every
-row count ("bfloat16-avx512-vdpbf16ps"). Run it on an idle machine: `python docs/tools/step_costs.py`.
+of its kernels this CPU has (AVX512-BF16 dot products or float32 FMAs, AMX tiles), and on AVX512-BF16 both as the
+runtime runs it (float32 FMAs from the rows where they were faster here, ppdkit/runtime/native.bf16_fma_rows) and with
+VDPBF16PS for every row count ("bfloat16-avx512-vdpbf16ps"). Run it on an idle machine: `python docs/tools/step_costs.py`.
 """
 
 import argparse
@@ -58,15 +58,17 @@ def main() -> None:
     report = {"base": args.base, "context": args.context, "read_bytes_per_s": bandwidth, "dtypes": {},
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info()}
     native = native_kernels()
-    kernels = ["avx512", "amx"] if native is not None and native.amx_available() else ["avx512"]
+    vector = [native.vector_kernel()] if native is not None else []  # avx512 or avx2: the build's panels
+    kernels = [*vector, "amx"] if native is not None and native.amx_available() else vector
     for dtype, kernel in [("float32", None), *(("bfloat16", kernel) for kernel in kernels)]:
         if kernel:  # bfloat16 on each of its native kernels (ppdkit/runtime/native.bf16_kernel)
             os.environ["PPDKIT_BF16_KERNEL"] = kernel
         decoder = Decoder.from_base(args.base, dtype=dtype)
         size = weight_bytes(decoder)
-        chosen = native.bf16_fma_from_rows() if kernel == "avx512" else None
+        dot = kernel == "avx512" and native.bf16_dot_available()  # VDPBF16PS, or FMAs by rows
+        chosen = native.bf16_fma_from_rows() if dot else None
         for name, fma_rows in [(f"{dtype}-{kernel}" if kernel else dtype, chosen),
-                               *([(f"{dtype}-{kernel}-vdpbf16ps", NEVER)] if kernel == "avx512" else [])]:
+                               *([(f"{dtype}-{kernel}-vdpbf16ps", NEVER)] if dot else [])]:
             if fma_rows is not None:
                 native.bf16_fma_from_rows(fma_rows)
             latency = {n: measure_latency(decoder.model, n, args.context, repeats=9) for n in ROWS}
@@ -74,7 +76,7 @@ def main() -> None:
                 "weight_bytes": size, "read_once_ms": 1000 * size / bandwidth,
                 "latency_ms": {str(n): 1000 * s for n, s in latency.items()},
                 "x_one_row": {str(n): s / latency[1] for n, s in latency.items()}}
-            if kernel == "avx512":
+            if dot:
                 report["dtypes"][name]["fma_from_rows"] = fma_rows if fma_rows < NEVER else None
         if chosen is not None:
             native.bf16_fma_from_rows(chosen)

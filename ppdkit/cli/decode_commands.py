@@ -234,8 +234,8 @@ def _add_weight_options(parser_: argparse.ArgumentParser) -> None:
                               "need none); off on a GPU trades that for speed (docs/devices.md)")
     parser_.add_argument("--dtype", default="auto", choices=list(DTYPES),
                          help="the weights' precision: auto (default) is gguf (the base model's own 4-bit blocks) "
-                              "where it has a GGUF and the CPU AVX512-VNNI, else bfloat16 where the CPU has "
-                              "AVX512-BF16 or on a GPU, else float32; every method is lossless against ar in the "
+                              "where it has a GGUF and the CPU AVX512-VNNI, else bfloat16 where the native "
+                              "kernels run (AVX-512 or AVX2 with FMA) or on a GPU, else float32; every method is lossless against ar in the "
                               "same dtype, float32 gives the float32 model's own tokens")
 
 

@@ -52,7 +52,7 @@ class TeacherConfig(Section):
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="storage of the top-k log-probabilities")
     compute_dtype: Literal["auto", "float32", "bfloat16", "gguf", "q4"] = Field(
         "auto", description="dtype of the teacher's forward and of regeneration (auto: bfloat16 on this CPU's native "
-                            "AVX512-BF16 kernels or a GPU, else float32); with base_model.quantization none both run "
+                            "kernels or a GPU, else float32); with base_model.quantization none both run "
                             "on the decoder's runtime where its native kernels do, the model `--dtype` of that name "
                             "verifies with; gguf or q4: on the base model's 4-bit blocks, the model `--dtype gguf` "
                             "verifies with (needs base_model.quantization none and AVX512-VNNI)")

@@ -53,7 +53,7 @@ class CorpusConfig(Section):
 
     base_model: str = Field("smollm2-135m", min_length=1, description="the model that writes (catalog name or HF dir)")
     compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="the runtime's dtype (auto: bfloat16 on CPUs with AVX512-BF16), recorded per shard")
+        "auto", description="the runtime's dtype (auto: bfloat16 where the native kernels run), recorded per shard")
     max_length: int = Field(512, ge=8, description="tokens a conversation may reach (later turns are not written)")
     max_new_tokens: int = Field(256, ge=1, description="tokens per written turn at most")
     temperature: float = Field(0.0, ge=0.0, description="of the answers: 0 is greedy, what the draft is measured on")

@@ -48,7 +48,8 @@ class EvaluateConfig(Section):
     max_new_tokens: int = Field(128, ge=1, description="tokens every method decodes per prompt")
     dtype: Literal[DTYPES] = Field(
         "auto", description="the decoder's weight precision: auto is gguf where the base model has a GGUF and the "
-                            "CPU AVX512-VNNI, else bfloat16 where the CPU has AVX512-BF16, else float32 "
+                            "CPU AVX512-VNNI, else bfloat16 where the native kernels run (AVX-512 or AVX2 "
+                            "with FMA), else float32 "
                             "(docs/devices.md)")
     tree_size: int | None = Field(
         None, ge=1, description="the tree size the tree methods decode with, one of calibrate.sizes (a fixed size "

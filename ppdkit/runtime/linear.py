@@ -49,7 +49,8 @@ QUANTIZED = "quantized"  # the weight format of GGUF blocks, beside the torch dt
 
 def native_format(dtype: torch.dtype | str, native) -> bool:
     """Whether the native module `native` has a few-rows kernel for weights of `dtype`: the runtime's one table of
-    weight formats (float32: AVX-512 or AVX2; bfloat16: AVX512-BF16; GGUF blocks: AVX512-VNNI)."""
+    weight formats (float32 and bfloat16: AVX-512 or AVX2, bfloat16 with VDPBF16PS where the CPU has AVX512-BF16;
+    GGUF blocks: AVX512-VNNI)."""
     if native is None:
         return False
     return {torch.float32: True, torch.bfloat16: native.bf16_available(),

@@ -140,23 +140,28 @@ def _own_ninja_first():
             os.environ["PATH"] = saved
 
 
-BF16_KERNELS = ("auto", "amx", "avx512")
+BF16_KERNELS = ("auto", "amx", "avx512", "avx2")
 
 
 def bf16_kernel(native: ModuleType) -> str:
     """The native kernel bfloat16 weights are packed for in this process: AMX tiles where the CPU has them
     (a tile multiplies many rows at once, so a tree's rows cost little more than one, where AVX512-BF16's dot
-    products grow with every row; docs/history.md), else AVX512-BF16.
-    PPDKIT_BF16_KERNEL=amx|avx512 picks one (the tests run both). Every weight of a process takes the same: the two
-    round differently inside a sum, and a decoder's rows must all come from one kernel."""
+    products grow with every row; docs/history.md), else the build's vector panels: avx512 (VDPBF16PS where the CPU
+    has AVX512-BF16, float32 FMAs on the same bits otherwise) or avx2 (float32 FMAs, 8-column panels).
+    PPDKIT_BF16_KERNEL=amx|avx512|avx2 picks one (the tests run each this CPU has). Every weight of a process takes
+    the same: AMX rounds otherwise inside a sum, and a decoder's rows must all come from one kernel."""
     requested = os.environ.get("PPDKIT_BF16_KERNEL", "auto")
     if requested not in BF16_KERNELS:
         raise ValueError(f"PPDKIT_BF16_KERNEL must be one of {', '.join(BF16_KERNELS)}, not {requested!r}")
     if requested == "amx" and not native.amx_available():
         raise ValueError("PPDKIT_BF16_KERNEL=amx, but this CPU or build has no AMX-BF16 tiles (no amx_bf16 in "
-                         "/proc/cpuinfo, or Linux refused them): unset it to use AVX512-BF16")
+                         "/proc/cpuinfo, or Linux refused them): unset it to use the vector kernel")
+    vector = native.vector_kernel()
+    if requested in ("avx512", "avx2") and requested != vector:
+        raise ValueError(f"PPDKIT_BF16_KERNEL={requested}, but the native kernels are built for {vector} on this "
+                         f"CPU: unset it, or set it to {vector}")
     if requested == "auto":
-        return "amx" if native.amx_available() else "avx512"
+        return "amx" if native.amx_available() else vector
     return requested
 
 
@@ -164,7 +169,9 @@ def bf16_kernel(native: ModuleType) -> str:
 def tune_bf16_fma(native: ModuleType) -> int:
     """Set `native`'s AVX512-BF16 path to run on FMAs from bf16_fma_rows' count, once per module: called where the
     first weight is packed for that path (runtime/linear.Linear), so a process that never multiplies on it never
-    times it. -> the count."""
+    times it. -> the count (1 where the CPU has no VDPBF16PS: the FMAs are its only way)."""
+    if not native.bf16_dot_available():
+        return 1
     rows = bf16_fma_rows(native)
     native.bf16_fma_from_rows(rows)
     return rows

@@ -1,8 +1,8 @@
 """The runtime's precision: which dtype the base model's weights are held in, and what `auto` picks here.
 
 - `float32`: weights, activations and sums in float32 (the float32 model's own tokens).
-- `bfloat16`: the weights in bfloat16, packed for the native AVX512-BF16 kernel (half the bytes of a step, two
-  products per lane and instruction); transformers' model, kept for the bench's baselines, is loaded in it too. Activations, norms, the rotary tables and the KV cache stay float32:
+- `bfloat16`: the weights in bfloat16, packed for the native kernel (half the bytes of a step; AVX512-BF16's two
+  products per lane and instruction where the CPU has them, float32 FMAs on the same bits elsewhere); transformers' model, kept for the bench's baselines, is loaded in it too. Activations, norms, the rotary tables and the KV cache stay float32:
   each matmul rounds its input to bfloat16 as it reads it, multiplies exactly and sums in float32, and attention
   accumulates in float32 over float32 keys and values. The cache is a few percent of a step's bytes at the
   contexts served here (30 layers x 3 KV heads x 64 x 2 x 4 bytes = 46 KB a token), so keeping it float32 costs
@@ -16,7 +16,8 @@
 - `auto` (the default): gguf where the base model comes with a GGUF (SmolLM2's Q4_1) and the CPU runs the native
   AVX512-VNNI kernel: the fastest format there (a step reads its weights, and 4-bit blocks are a fraction of
   bfloat16's bytes), row-invariant and lossless like the others. Else bfloat16 where it runs fast and
-  row-invariant, a CPU whose native kernels have AVX512-BF16, or a GPU; float32 elsewhere, saying so in one line.
+  row-invariant: a CPU the native kernels are built for (AVX-512, or AVX2 with FMA, where bfloat16's half of
+  float32's bytes makes a step ~1.3x faster), or a GPU; float32 elsewhere, saying so in one line.
   Callers that compute on transformers' model (the
   teacher) pass no base model: for them auto is bfloat16 or float32, never a block format.
 bfloat16 gives the bfloat16 model's tokens, not the float32 model's: every method is lossless against `ar` in the
@@ -49,7 +50,7 @@ def activation_dtype(weight_dtype: torch.dtype) -> torch.dtype:
 
 
 def bf16_kernels_here() -> bool:
-    """Whether this CPU runs the native bfloat16 few-rows kernel (AVX512-BF16, built for it)."""
+    """Whether this CPU runs the native bfloat16 few-rows kernel (any build of the native kernels)."""
     return linear.native_format(torch.bfloat16, linear.native_kernels())
 
 
@@ -78,8 +79,8 @@ def resolve_dtype(requested: str, device: torch.device | str = "cpu", base_name:
     if torch.device(device).type != "cpu" or bf16_kernels_here():
         return "bfloat16"
     if requested == "bfloat16":
-        log.warning("bfloat16 needs the native AVX512-BF16 kernels, which this CPU or build lacks (no avx512_bf16 "
-                    "flag, no C++ compiler, or PPDKIT_NATIVE_KERNELS=0): running float32")
+        log.warning("bfloat16 needs the native kernels, which this CPU or build lacks (neither AVX-512 nor AVX2 with "
+                    "FMA, no C++ compiler, or PPDKIT_NATIVE_KERNELS=0): running float32")
     else:
-        log.info("dtype auto: float32 (this CPU runs no native AVX512-BF16 kernel)")
+        log.info("dtype auto: float32 (this CPU runs no native bfloat16 kernel)")
     return "float32"

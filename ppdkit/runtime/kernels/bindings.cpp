@@ -10,6 +10,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using released = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("available", &skinny_linear_available);
   m.def("bf16_available", &skinny_bf16_available);
+  m.def("bf16_dot_available", &skinny_bf16_dot_available);
+  m.def("vector_kernel", &skinny_vector_kernel);
   m.def("amx_available", &skinny_amx_available);
   m.def("bf16_fma_from_rows", &skinny_bf16_fma_from_rows, pybind11::arg("rows") = 0);
   m.def("pack", &skinny_pack, pybind11::arg("weight"), pybind11::arg("kernel") = "auto");

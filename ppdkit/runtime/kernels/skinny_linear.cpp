@@ -4,7 +4,7 @@
 // AVX2). Two weight formats (runtime/linear.py's table):
 // - float32, panels [N/P, K, P] (P = 16 floats with AVX-512, 8 with AVX2 + FMA): y += x[k] * W[k] with FMA,
 //   k in order;
-// - bfloat16 (AVX512-BF16), panels [N/16, K/2, 16, 2]: x is rounded to bfloat16 (to nearest even) and
+// - bfloat16, panels [N/P, K/2, P, 2], with AVX512-BF16: x is rounded to bfloat16 (to nearest even) and
 //   VDPBF16PS adds two exact products a k-pair, odd k first, into float32 sums, k-pairs in order (the
 //   PyTorch twin, runtime/kernels_twin.py, does exactly these roundings). From `bf16_fma_from_rows` rows the
 //   same panels go through float32 FMAs instead: each k-pair's two bfloat16 weights widened to float32 (exact),
@@ -14,7 +14,8 @@
 //   from two normal numbers, which VDPBF16PS drops and an FMA adds, changes a sum only while the sum is below
 //   2^-102: no activation row of a model gets there.) Where VDPBF16PS issues at a third of the FMAs' rate (Intel
 //   cores without AMX tiles: 85 against 150 GMAC/s on 2 cores from 4 rows), this is the faster path for a step's
-//   rows; runtime/native.py times both once per process and sets the threshold.
+//   rows; runtime/native.py times both once per process and sets the threshold. Without VDPBF16PS (AVX2, or
+//   AVX-512 without BF16) every row count takes the FMAs: the same bits, and half float32's bytes to read.
 // - bfloat16 on AMX tiles (AMX-BF16), the same panels with K padded to a multiple of 32: a B tile is 16
 //   consecutive k-pair rows of one panel (1 KB), an A tile up to 16 rows of x's 32 k values, and TDPBF16PS adds
 //   the 32 products of a k-block into each float32 sum, k-blocks in order; rows in tiles of 16, every tile
@@ -37,6 +38,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "amx_tiles.h"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -84,6 +86,16 @@ struct Float32 {
 #endif
 };
 
+// VDPBF16PS's treatment of denormals (DAZ, FTZ) for the FMAs of the calling thread, while it lives.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+};
+
 #ifdef __AVX512BF16__
 struct BFloat16 {
   using W = uint16_t;
@@ -97,19 +109,12 @@ struct BFloat16 {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(static_cast<int>(x)), (__m512bh)w);
   }
 };
+#endif
 
-// VDPBF16PS's treatment of denormals (DAZ, FTZ) for the FMAs of the calling thread, while it lives.
-class FlushDenormals {
- public:
-  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
-  ~FlushDenormals() { _mm_setcsr(saved_); }
-
- private:
-  unsigned saved_;
-};
-
-// The same panels on float32 FMAs: a panel row's 16 k-pairs widened into its even and odd k (a bfloat16 is the
-// high half of a float32), x given as float32 pairs already rounded to bfloat16.
+// The same panels on float32 FMAs: a panel row's k-pairs (16 with AVX-512, 8 with AVX2) widened into its even and
+// odd k (a bfloat16 is the high half of a float32), x given as float32 pairs already rounded to bfloat16. Every
+// build has it: where the CPU has no VDPBF16PS (AVX2, or AVX-512 without BF16) it is bfloat16's only path, with the
+// dot products' bits all the same.
 struct BFloat16Fma {
   using W = uint16_t;
   struct X {
@@ -119,8 +124,9 @@ struct BFloat16Fma {
   static constexpr int Registers = 2;
   using Denormals = FlushDenormals;
   struct Row {
-    __m512 even, odd;
+    Vec even, odd;
   };
+#ifdef __AVX512F__
   static Row load(const W* p) {
     const __m512i pairs = _mm512_loadu_si512(p);
     return {_mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)),
@@ -130,8 +136,18 @@ struct BFloat16Fma {
     acc = _mm512_fmadd_ps(_mm512_set1_ps(x.odd), w.odd, acc);
     return _mm512_fmadd_ps(_mm512_set1_ps(x.even), w.even, acc);
   }
-};
+#else
+  static Row load(const W* p) {
+    const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)),
+            _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))))};
+  }
+  static Vec madd(Vec acc, X x, Row w) {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(x.odd), w.odd, acc);
+    return _mm256_fmadd_ps(_mm256_set1_ps(x.even), w.even, acc);
+  }
 #endif
+};
 
 // Panels [p0, p1) of W, `Cols` panels at a time, for `Rows` rows of x: Rows * Cols accumulators. k_rows: the
 // panel rows (K / F::Step).
@@ -179,8 +195,10 @@ void panels(const typename F::X* __restrict x, const typename F::W* __restrict w
 template <typename F, int Rows>
 void run(const typename F::X* x, const typename F::W* w, float* y, int64_t k_rows, int64_t n_dim) {
   // two panels' rows (F::Registers each) and the sums must fit
+  // (AVX2: the most of 4, 2, 1 panels whose sums, rows and x's broadcast, which AVX2 cannot fold, fit in 16)
+  constexpr auto fits = [](int cols) { return Rows * cols + cols * F::Registers + 1 <= kRegisters; };
   constexpr int Cols = kRegisters == 32 ? (Rows <= 4 ? 4 : 2 * (Rows + F::Registers) <= kRegisters ? 2 : 1)
-                                        : (Rows <= 2 ? 4 : Rows <= 6 ? 2 : 1);
+                                        : (fits(4) ? 4 : fits(2) ? 2 : 1);
   const int64_t groups = n_dim / kPanel / Cols;
   at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
     const typename F::Denormals environment;  // on each thread that runs panels
@@ -309,7 +327,9 @@ bool skinny_amx_available() {
 #endif
 }
 
-bool skinny_bf16_available() {
+bool skinny_bf16_available() { return true; }  // VDPBF16PS where the CPU has it, float32 FMAs everywhere
+
+bool skinny_bf16_dot_available() {
 #ifdef __AVX512BF16__
   return true;
 #else
@@ -317,21 +337,30 @@ bool skinny_bf16_available() {
 #endif
 }
 
+std::string skinny_vector_kernel() {
+#ifdef __AVX512F__
+  return "avx512";
+#else
+  return "avx2";
+#endif
+}
+
 torch::Tensor skinny_pack(const torch::Tensor& weight, const std::string& kernel) {
   TORCH_CHECK(weight.dim() == 2, "pack takes a [N, K] weight");
-  TORCH_CHECK(kernel == "auto" || kernel == "amx" || kernel == "avx512",
-              "pack's kernel is auto, amx or avx512, not ", kernel);
+  TORCH_CHECK(kernel == "auto" || kernel == "amx" || kernel == "avx512" || kernel == "avx2",
+              "pack's kernel is auto, amx, avx512 or avx2, not ", kernel);
+  TORCH_CHECK(kernel == "auto" || kernel == "amx" || kernel == skinny_vector_kernel(), "pack: this build's vector "
+              "panels are ", skinny_vector_kernel(), "'s, not ", kernel, "'s");
   const int64_t n = weight.size(0), k = weight.size(1), padded = (n + kPanel - 1) / kPanel * kPanel;
   if (weight.scalar_type() == torch::kFloat32) {  // [N, K] -> [ceil(N/P), K, P], zero padded
     auto w = torch::zeros({padded, k}, weight.options());
     w.narrow(0, 0, n).copy_(weight);
     return w.view({padded / kPanel, kPanel, k}).transpose(1, 2).contiguous();
   }
-  TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 && skinny_bf16_available(),
-              "pack takes a float32 weight, or a bfloat16 one where the CPU has AVX512-BF16");
+  TORCH_CHECK(weight.scalar_type() == torch::kBFloat16, "pack takes a float32 or a bfloat16 weight");
   const bool amx = kernel == "amx" || (kernel == "auto" && skinny_amx_available());
   TORCH_CHECK(!amx || skinny_amx_available(), "pack: this CPU or build has no AMX-BF16 tiles");
-  // [N, K] -> [ceil(N/16), ceil(K/2), 16, 2]: a panel row is 16 columns' k-pair, one VDPBF16PS operand. For
+  // [N, K] -> [ceil(N/P), ceil(K/2), P, 2]: a panel row is P columns' k-pair, one VDPBF16PS operand. For
   // AMX, K padded to whole tiles and viewed [ceil(N/16), K/32, 16, 16, 2]: a tile of 16 panel rows per k-block
   // (the fifth dimension tells skinny_linear which path the panels are for).
   const int64_t k_even = amx ? (k + 31) / 32 * 32 : (k + 1) / 2 * 2;
@@ -365,24 +394,30 @@ torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed,
     TORCH_CHECK(false, "skinny_linear: built without AMX, so it takes no AMX-packed weight");
 #endif
   } else {
-#ifdef __AVX512BF16__
-    TORCH_CHECK(packed.scalar_type() == torch::kBFloat16 && packed.dim() == 4 && (k + 1) / 2 == packed.size(1),
-                "skinny_linear: x [M, K] must match the packed bfloat16 weight's K");
-    // x rounded to bfloat16 once per call (to nearest even, as PyTorch rounds), k-pairs as one 32-bit operand
-    auto xb = torch::zeros({m, packed.size(1) * 2}, x.options().dtype(torch::kBFloat16));
-    xb.narrow(1, 0, k).copy_(x);
+    TORCH_CHECK(packed.scalar_type() == torch::kBFloat16 && packed.dim() == 4 && (k + 1) / 2 == packed.size(1) &&
+                packed.size(2) == kPanel, "skinny_linear: x [M, K] must match the packed bfloat16 weight's K");
     const auto* panels_w = reinterpret_cast<const uint16_t*>(packed.data_ptr());
-    if (m >= fma_from_rows) {  // the FMA path takes x's bfloat16 values as float32 (exact), in (even, odd) pairs
-      auto xf = xb.to(torch::kFloat32);
-      passes<BFloat16Fma>(m, reinterpret_cast<const BFloat16Fma::X*>(xf.data_ptr<float>()), panels_w,
-                          y.data_ptr<float>(), packed.size(1), padded);
-    } else {
-      passes<BFloat16>(m, reinterpret_cast<const uint32_t*>(xb.data_ptr()), panels_w, y.data_ptr<float>(),
-                       packed.size(1), padded);
+    const int64_t k_pairs = packed.size(1);
+    auto xc = x.contiguous();
+    const float* xs = xc.data_ptr<float>();
+    // x rounded to bfloat16 once per call (to nearest even, as PyTorch rounds), zero past an odd K, in a plain
+    // loop: three tensor operations here cost a decoding step ~2 ms on an AVX2 core (120 calls)
+#ifdef __AVX512BF16__
+    if (m < fma_from_rows) {  // k-pairs as one 32-bit operand
+      std::vector<uint16_t> xb(m * k_pairs * 2, 0);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t i = 0; i < k; ++i) xb[r * k_pairs * 2 + i] = c10::BFloat16(xs[r * k + i]).x;
+      passes<BFloat16>(m, reinterpret_cast<const uint32_t*>(xb.data()), panels_w, y.data_ptr<float>(), k_pairs,
+                       padded);
+      return padded == out_features ? y : y.narrow(1, 0, out_features);
     }
-#else
-    TORCH_CHECK(false, "skinny_linear: built without AVX512-BF16, so it takes float32 panels only");
 #endif
+    // the FMA path takes x's bfloat16 values as float32 (exact), in (even, odd) pairs
+    std::vector<float> xf(m * k_pairs * 2, 0.0f);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t i = 0; i < k; ++i) xf[r * k_pairs * 2 + i] = static_cast<float>(c10::BFloat16(xs[r * k + i]));
+    passes<BFloat16Fma>(m, reinterpret_cast<const BFloat16Fma::X*>(xf.data()), panels_w, y.data_ptr<float>(), k_pairs,
+                        padded);
   }
   return padded == out_features ? y : y.narrow(1, 0, out_features);
 }
@@ -391,6 +426,8 @@ torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed,
 
 bool skinny_linear_available() { return false; }
 bool skinny_bf16_available() { return false; }
+bool skinny_bf16_dot_available() { return false; }
+std::string skinny_vector_kernel() { return ""; }
 bool skinny_amx_available() { return false; }
 int64_t skinny_bf16_fma_from_rows(int64_t) { return INT64_MAX; }
 torch::Tensor skinny_pack(const torch::Tensor&, const std::string&) {
