@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The corpus job of every working session: `ppdkit corpus grow` on the committed corpus, in the background.
 #   bash infra/corpus/background.sh start    start it (its pid in $PIDFILE, its log in $LOG)
-#   bash infra/corpus/background.sh pause    SIGSTOP, while something is being timed or decodes on every core: niced, it
-#                                            still slowed a 2-thread decode on 2 cores about 100x once (not profiled:
-#                                            likely one decoder thread waiting at each barrier for the other); training
-#                                            with one thread per worker kept its speed beside it
+#   bash infra/corpus/background.sh pause    SIGSTOP, while something is being timed or decodes on every core: it
+#                                            slowed a 2-thread decode on 2 cores about 100x once, when its nice ranked
+#                                            it only inside its own autogroup (see start; a decode's threads wait at
+#                                            each barrier for the slowest); a timing wants the cores to itself anyway
 #   bash infra/corpus/background.sh resume   SIGCONT
 #   bash infra/corpus/background.sh stage    pause, make docs/corpus.md again, `git add` corpus.json and exactly the
 #                                            shards it lists, resume unless it was paused before: then commit
