@@ -12,7 +12,8 @@ std::string skinny_vector_kernel();                      // this build's vector 
 bool skinny_amx_available();                             // bfloat16 on AMX tiles: built with AMX and Linux allows them
 // From how many rows the AVX512-BF16 path runs on float32 FMAs (the same bits): sets it where rows > 0; -> the value
 int64_t skinny_bf16_fma_from_rows(int64_t rows);
-// float32 [N, K] -> [ceil(N/P), K, P]; bfloat16 -> [.., K/2, P, 2] (kernel avx512 or avx2: the build's) or [.., K/32, 16, P, 2] (amx);
+// float32 [N, K] -> [ceil(N/P), K, P]; bfloat16 -> [.., K/2, P, 2] (kernel avx512 or avx2: the build's) or
+// [.., K/32, 16, P, 2] (amx);
 // kernel auto: amx where available
 torch::Tensor skinny_pack(const torch::Tensor& weight, const std::string& kernel);
 torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features);
