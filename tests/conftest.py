@@ -56,11 +56,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The CPU the suite ran on, last (where a CI log's tail shows it): kernels and llama.cpp's build follow it."""
+def _machine_line() -> str:
     from ppdkit.bench.decoding import describe_machine, machine_info
 
-    terminalreporter.write_line(f"ran on: {describe_machine(machine_info())}")
+    return describe_machine(machine_info())
+
+
+def pytest_sessionstart(session):
+    """The CPU first too: a CI run cut off at its time limit never reaches the summary."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"running on: {_machine_line()}")
+
+
+SLOW_TEST_S = 60
+
+
+def pytest_runtest_logreport(report):
+    """A test (or its fixtures' setup) that takes over a minute says so as it ends: a cut-off CI log shows where its
+    time went."""
+    if report.when != "teardown" and report.duration > SLOW_TEST_S:
+        print(f"\n[{report.duration:.0f} s {report.when}] {report.nodeid}", flush=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The CPU the suite ran on, last (where a CI log's tail shows it): kernels and llama.cpp's build follow it."""
+    terminalreporter.write_line(f"ran on: {_machine_line()}")
 
 
 @pytest.fixture(autouse=True)
