@@ -34,6 +34,9 @@ def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     os.environ.pop("RAY_ADDRESS", None)
+    from ppdkit.jobs.ray_session import quick_train_polls
+
+    quick_train_polls()  # for the `ray start` clusters tests start too (infra/ray), which inherit it
 
 
 # `make test-fast`, the inner loop, runs what neither starts Ray (the teacher pass, Ray Train, a pipeline), nor a

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tarfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -307,16 +308,21 @@ def unpack_corpus(folder: Path, into: Path) -> Path:
     return into / "corpus"
 
 
-def read_rows(corpus: Corpus) -> list[CorpusRow]:
-    """Every row of the (verified) corpus, in manifest order."""
+def stream_rows(corpus: Corpus) -> Iterator[CorpusRow]:
+    """Every row of the (verified) corpus, in manifest order, one shard's rows in memory at a time: a reader that
+    goes through the corpus once, or stops at data.limit, need not hold every token id as a Python int (the whole
+    corpus is tens of millions of them), nor read the shards past its limit."""
     corpus.verify()
-    rows = []
     for shard in corpus.shards:
         for r in pq.read_table(corpus.root / shard["file"]).to_pylist():
-            rows.append(CorpusRow(id=r["id"], source=r["source"], input_ids=r["input_ids"],
-                                  answer_spans=list(zip(r["answer_starts"], r["answer_ends"])), seed=r["seed"],
-                                  temperature=r["temperature"], prompt_temperature=r["prompt_temperature"]))
-    return rows
+            yield CorpusRow(id=r["id"], source=r["source"], input_ids=r["input_ids"],
+                            answer_spans=list(zip(r["answer_starts"], r["answer_ends"])), seed=r["seed"],
+                            temperature=r["temperature"], prompt_temperature=r["prompt_temperature"])
+
+
+def read_rows(corpus: Corpus) -> list[CorpusRow]:
+    """Every row of the (verified) corpus, in manifest order."""
+    return list(stream_rows(corpus))
 
 
 def load_corpus(root: str | Path):

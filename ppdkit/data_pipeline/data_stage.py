@@ -25,7 +25,7 @@ from ppdkit.models.loading import load_base_model, load_tokenizer
 
 from .config import DataConfig
 from .conversations import Conversation, MalformedRow, ReadReport
-from .corpus import corpus_source, open_corpus, read_rows, tokenizer_identity
+from .corpus import corpus_source, open_corpus, stream_rows, tokenizer_identity
 from .dataset_info import split_record
 from .holdout import split_holdout, split_holdout_by_id
 from .ray_placement import largest_node_cpus
@@ -111,7 +111,7 @@ def read_corpus_rows(root: Path, base: BaseModelConfig, tokenizer, cfg: DataConf
     corpus = open_corpus(root)
     corpus.check_base_model(cached_fingerprint(materialize(base.name)), tokenizer_identity(tokenizer))
     report, rows = ReadReport(source=f"corpus {root}"), []
-    for row in read_rows(corpus):
+    for row in stream_rows(corpus):
         if cfg.limit is not None and len(rows) >= cfg.limit:
             break
         mask = row.loss_mask()[: cfg.max_length]

@@ -21,6 +21,18 @@ def keep_local_ray_on_loopback() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+# Ray Train's controller polls its workers every 2 s and its preemption watcher every 5 s, and a run waits out both
+# as it ends: measured on 2 cores, a 2-step run took 32 s at those intervals and 20 s at these. The polls are a
+# remote call per worker each: nothing beside a training step.
+QUICK_TRAIN_POLLS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5"}
+
+
+def quick_train_polls() -> None:
+    """Before a Ray instance starts (its raylet's workers inherit the environment): unless set already."""
+    for name, value in QUICK_TRAIN_POLLS.items():
+        os.environ.setdefault(name, value)
+
+
 @contextmanager
 def lazy_ray_session(cfg: RayConfig, log_to_driver: bool = True) -> Iterator[Callable[[], None]]:
     """Yields `start()`, which opens `ray_session(cfg)` on its first call; closed on exit if opened.
@@ -84,6 +96,7 @@ def local_ray(num_cpus: int | None, object_store_mb: int, log_to_driver: bool = 
     state API to this instance's own dashboard.
     """
     keep_local_ray_on_loopback()
+    quick_train_polls()
     import ray
 
     with socket.socket() as probe:
