@@ -311,7 +311,8 @@ def unpack_corpus(folder: Path, into: Path) -> Path:
 def stream_rows(corpus: Corpus) -> Iterator[CorpusRow]:
     """Every row of the (verified) corpus, in manifest order, one shard's rows in memory at a time: a reader that
     goes through the corpus once, or stops at data.limit, need not hold every token id as a Python int (the whole
-    corpus is tens of millions of them), nor read the shards past its limit."""
+    corpus is tens of millions of them), nor parse the shards past its limit (every shard's sha256 is checked
+    first all the same)."""
     corpus.verify()
     for shard in corpus.shards:
         for r in pq.read_table(corpus.root / shard["file"]).to_pylist():
