@@ -28,14 +28,13 @@ def pytest_configure(config):
         cache = tempfile.mkdtemp(prefix="ppdkit-test-cache-")
         _made_cache.append(cache)
     os.environ["PPDKIT_CACHE"] = cache
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # local Ray on 127.0.0.1 (read at import)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     os.environ.pop("RAY_ADDRESS", None)
-    from ppdkit.jobs.ray_session import quick_train_polls
+    from ppdkit.jobs.ray_session import keep_local_ray_on_loopback, quick_train_polls
 
+    keep_local_ray_on_loopback()  # local Ray on 127.0.0.1 (read at import): before any test imports ray
     quick_train_polls()  # for the `ray start` clusters tests start too (infra/ray), which inherit it
 
 
