@@ -83,8 +83,37 @@ def test_a_report_says_when_where_and_how_it_was_made(prompts, monkeypatch, tmp_
     assert set(machine["isa"]) <= set(bench.ISA_FLAGS)
     commit = machine["ppdkit_commit"]  # a checkout here: the commit it runs from
     assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0)
+    changed = machine["ppdkit_uncommitted"]
+    assert (changed is None) == (commit is None) and all(isinstance(path, str) for path in changed or [])
     bench.print_table(report)
     assert f"measured {report['date']} on {machine['cpu']}" in capsys.readouterr().out
+
+
+def test_a_report_names_the_package_files_that_differed_from_its_commit(tmp_path, tmp_path_factory):
+    """A draft adopted but not yet committed, measured: the report says which files under ppdkit/ were not the
+    commit's, and its caption names them; files outside ppdkit/ and untracked ones are not the package's."""
+    import subprocess
+
+    from ppdkit.registry.tracking import ppdkit_uncommitted
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    (tmp_path / "ppdkit" / "models").mkdir(parents=True)
+    for name in ("ppdkit/models/weights.safetensors", "ppdkit/code.py", "README.md"):
+        (tmp_path / name).write_text("committed")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    assert ppdkit_uncommitted(tmp_path) == []
+    for name in ("ppdkit/models/weights.safetensors", "ppdkit/code.py", "README.md", "ppdkit/new.py"):
+        (tmp_path / name).write_text("changed")
+    changed = ppdkit_uncommitted(tmp_path)
+    assert changed == ["ppdkit/code.py", "ppdkit/models/weights.safetensors"]
+    assert ppdkit_uncommitted(tmp_path_factory.mktemp("installed")) is None  # not a checkout: nothing to say
+    caption = bench.describe_commit({"ppdkit_commit": "0123456789abcdef", "ppdkit_uncommitted": changed})
+    assert caption == ", ppdkit commit 0123456789 with 2 files changed: ppdkit/code.py, ppdkit/models/weights.safetensors"
+    assert bench.describe_commit({"ppdkit_commit": "0123456789abcdef", "ppdkit_uncommitted": []}) == \
+        ", ppdkit commit 0123456789"
+    assert bench.describe_commit({}) == ""  # a report from before commits were recorded
 
 
 def test_machine_info_reads_the_cpu_model_and_only_the_isa_flags_that_matter(tmp_path):

@@ -33,7 +33,7 @@ import re
 import sys
 from pathlib import Path
 
-from ppdkit.bench.decoding import describe_machine
+from ppdkit.bench.decoding import describe_commit, describe_machine
 from ppdkit.jobs import adopt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,8 +72,7 @@ def provenance(report: dict, tool: str) -> str:
     """The line every block opens with: when, on what, by which command (the report's own, else the tool that
     writes such reports, said to be only that)."""
     machine = describe_machine(report["machine"]) if isinstance(report.get("machine"), dict) else "machine not recorded"
-    commit = (report.get("machine") or {}).get("ppdkit_commit") if isinstance(report.get("machine"), dict) else None
-    at = f", ppdkit commit {commit[:10]}" if commit else ""
+    at = describe_commit(report["machine"]) if isinstance(report.get("machine"), dict) else ""
     command = f"`{report['command']}`" if report.get("command") else f"command not recorded; written by `{tool}`"
     return f"Measured {report.get('date', '(date not recorded)')[:10]} on {machine}{at}; {command}."
 

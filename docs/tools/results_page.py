@@ -16,7 +16,7 @@ from pathlib import Path
 
 from PIL import Image  # matplotlib's own dependency
 
-from ppdkit.bench.decoding import describe_machine
+from ppdkit.bench.decoding import describe_commit, describe_machine
 from ppdkit.bench.plot import plot_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,8 +113,8 @@ def section(name: str, report: dict) -> str:
              + f", weights {report.get('dtype', 'float32')}.", ""]
     if "machine" in report:
         machine = report["machine"]
-        commit = f", ppdkit commit {machine['ppdkit_commit'][:10]}" if machine.get("ppdkit_commit") else ""
-        lines += [f"Measured {report['date']} on {describe_machine(machine)}, torch {machine['torch']}{commit}.", "",
+        lines += [f"Measured {report['date']} on {describe_machine(machine)}, torch {machine['torch']}"
+                  f"{describe_commit(machine)}.", "",
                   f"```\n{report['command']}\n```" if report.get("command") else "(command not recorded)", ""]
     else:
         lines += ["(date, machine and command not recorded: a report from before they were)", ""]

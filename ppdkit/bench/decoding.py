@@ -243,9 +243,10 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
 
 
 def machine_info(cpuinfo: Path = Path("/proc/cpuinfo"), device: torch.device | None = None) -> dict:
-    """Where a report was measured: CPU model, cores, torch threads, the matmul ISA flags, torch and ppdkit versions;
-    with a CUDA `device`, the GPU's name too (the CPU is then its host)."""
-    from ppdkit.registry.tracking import ppdkit_commit
+    """Where a report was measured: CPU model, cores, torch threads, the matmul ISA flags, torch and ppdkit versions
+    (the commit, and the files under ppdkit/ that differed from it: an adopted draft not yet committed, say); with a
+    CUDA `device`, the GPU's name too (the CPU is then its host)."""
+    from ppdkit.registry.tracking import ppdkit_commit, ppdkit_uncommitted
 
     fields = cpu_info(cpuinfo)  # {} off Linux: platform's name stands in and the flags are unknown
     flags = set(fields.get("flags", "").split())
@@ -253,7 +254,7 @@ def machine_info(cpuinfo: Path = Path("/proc/cpuinfo"), device: torch.device | N
     return {**gpu, "cpu": fields.get("model name") or platform.processor() or platform.machine(),
             "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "isa": [f for f in ISA_FLAGS if f in flags] if flags else None,
-            "torch": torch.__version__, "ppdkit_commit": ppdkit_commit()}
+            "torch": torch.__version__, "ppdkit_commit": ppdkit_commit(), "ppdkit_uncommitted": ppdkit_uncommitted()}
 
 
 def describe_machine(machine: dict) -> str:
@@ -264,6 +265,17 @@ def describe_machine(machine: dict) -> str:
     gpu = f"{machine['gpu']} beside " if machine.get("gpu") else ""
     return (f"{gpu}{machine.get('cpu', '?')}, {machine.get('logical_cores', '?')} cores "
             f"({machine.get('torch_threads', '?')} threads), {isa}")
+
+
+def describe_commit(machine: dict) -> str:
+    """`, ppdkit commit 0123456789` for a report's caption, naming the files under ppdkit/ that differed from it when
+    there were any (`, ppdkit commit 0123456789 with 2 files changed: ...`); "" where no commit was recorded."""
+    commit = machine.get("ppdkit_commit")
+    if not commit:
+        return ""
+    changed = machine.get("ppdkit_uncommitted") or []
+    listed = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return f", ppdkit commit {commit[:10]}" + (f" with {len(changed)} files changed: {listed}" if changed else "")
 
 
 def _rows(decoder: Decoder, size: int) -> int:

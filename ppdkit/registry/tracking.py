@@ -130,6 +130,23 @@ def ppdkit_commit() -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def ppdkit_uncommitted(root: Path | None = None) -> list[str] | None:
+    """The tracked files under the checkout's ppdkit/ (code, components, the committed corpora) that differ from its
+    commit, sorted: a report measured beside them did not measure `ppdkit_commit` alone (None for an installed
+    copy)."""
+    import subprocess
+
+    root = root or Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "ppdkit"], cwd=root,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return sorted(line[3:].split(" -> ")[-1] for line in out.stdout.splitlines() if line.strip())
+
+
 def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{cache_dir() / 'mlflow' / 'mlflow.db'}"
 
