@@ -118,33 +118,32 @@ def experiment_tags() -> dict[str, str]:
     return {EXPERIMENT_KIND: MODEL_TRAINING, VIEW_TAG: view_tag_value()}
 
 
-def ppdkit_commit() -> str | None:
-    """The git commit of the ppdkit source running, when it runs from a checkout (None for an installed copy)."""
+def _git(args: list[str], cwd: Path, timeout: float) -> str | None:
+    """What `git ARGS` printed in `cwd`, or None where it could not say (no git, not a checkout)."""
     import subprocess
 
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return out.stdout if out.returncode == 0 else None
+
+
+def ppdkit_commit() -> str | None:
+    """The git commit of the ppdkit source running, when it runs from a checkout (None for an installed copy)."""
+    out = _git(["rev-parse", "HEAD"], Path(__file__).parent, timeout=10)
+    return out.strip() if out is not None else None
 
 
 def ppdkit_uncommitted(root: Path | None = None) -> list[str] | None:
     """The tracked files under the checkout's ppdkit/ (code, components, the committed corpora) that differ from its
     commit, sorted: a report measured beside them did not measure `ppdkit_commit` alone (None for an installed
     copy)."""
-    import subprocess
-
-    root = root or Path(__file__).resolve().parents[2]
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "ppdkit"], cwd=root,
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+    out = _git(["status", "--porcelain", "--untracked-files=no", "--", "ppdkit"],
+               root or Path(__file__).resolve().parents[2], timeout=30)
+    if out is None:
         return None
-    if out.returncode != 0:
-        return None
-    return sorted(line[3:].split(" -> ")[-1] for line in out.stdout.splitlines() if line.strip())
+    return sorted(line[3:].split(" -> ")[-1] for line in out.splitlines() if line.strip())
 
 
 def default_tracking_uri() -> str:
