@@ -152,7 +152,9 @@ def test_decoding_makes_its_tensors_on_the_decoders_device(components, kind, pat
     assert (decoder.model.native is not None) == (path == "native")
     assert (decoder.model.fixed_rows is not None) == (path == "pytorch-fixed")
     rng = random.Random(0)
-    prompts = [[rng.randrange(3, 30) for _ in range(rng.randint(2, 20))] for _ in range(3)]
+    # two random prompts, each decoded by every method, greedy and sampled, on the CPU and then under meta (three
+    # took 155 s of the suite on a 2-core AVX2 EPYC, most of it in the fixed-shape path's steps of 96 rows)
+    prompts = [[rng.randrange(3, 30) for _ in range(rng.randint(2, 20))] for _ in range(2)]
     expected = _decode_everything(decoder, prompts)
     assert len({m for m, _, _ in expected}) >= 3
     torch.set_default_device("meta")

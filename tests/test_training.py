@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -75,18 +76,25 @@ def test_a_step_changes_only_the_prompt_embeddings(teacher_dir):
     assert all(p.grad is None for p in base.model.parameters())
 
 
-def test_two_steps_on_two_ray_workers_match_the_recorded_losses(teacher_dir, tmp_path):
-    result = run_training(BASE, TRAIN, teacher_dir, tmp_path / "train", TrackerRef())
+@pytest.fixture(scope="module")
+def two_steps(teacher_dir, tmp_path_factory) -> tuple[dict, Path]:
+    """TRAIN's run on two Ray workers, once for the module (a Ray Train run costs ~30 s on 2 cores): its result and
+    its output folder."""
+    out = tmp_path_factory.mktemp("two-steps") / "train"
+    return run_training(BASE, TRAIN, teacher_dir, out, TrackerRef()), out
+
+
+def test_two_steps_on_two_ray_workers_match_the_recorded_losses(two_steps):
+    result, out = two_steps
     losses = [loss for _, loss in result["history"]]
     print("losses:", losses)
     assert losses == pytest.approx(RECORDED_LOSSES, rel=1e-4)
-    component = read_component(tmp_path / "train" / "component",
-                               expect_fingerprint=load_base_model("tiny-llama").fingerprint)
+    component = read_component(out / "component", expect_fingerprint=load_base_model("tiny-llama").fingerprint)
     assert component.method == "ept"
     assert component.tensors["prompt_embeddings"].shape == (3, 1, 64)
     assert set(result["best"]) >= {"acc_top1_d1", "acc_top5_d3", "acc_top10_mean"}
-    assert (tmp_path / "train" / "plots" / "loss.png").stat().st_size > 0
-    assert (tmp_path / "train" / "plots" / "accuracy_by_distance.png").stat().st_size > 0
+    assert (out / "plots" / "loss.png").stat().st_size > 0
+    assert (out / "plots" / "accuracy_by_distance.png").stat().st_size > 0
 
 
 def dying_once_at_step(step: int, marker: Path):
@@ -122,15 +130,15 @@ def test_killed_worker_resumes_on_the_same_loss_curve(teacher_dir, tmp_path, mon
         assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
 
 
-def test_component_for_another_base_model_is_refused(teacher_dir, tmp_path):
-    run_training(BASE, TRAIN.model_copy(update={"max_steps": 1}), teacher_dir, tmp_path / "t", TrackerRef())
+def test_component_for_another_base_model_is_refused(two_steps, tmp_path):
+    component = shutil.copytree(two_steps[1] / "component", tmp_path / "component")  # the fixture's stays whole
     with pytest.raises(ArtifactError, match="trained for base model tiny-llama"):
-        read_component(tmp_path / "t" / "component", expect_fingerprint="sha256:" + "1" * 64)
-    meta = json.loads((tmp_path / "t" / "component" / "component.json").read_text())
+        read_component(component, expect_fingerprint="sha256:" + "1" * 64)
+    meta = json.loads((component / "component.json").read_text())
     del meta["hyperparameters"]
-    (tmp_path / "t" / "component" / "component.json").write_text(json.dumps(meta))
+    (component / "component.json").write_text(json.dumps(meta))
     with pytest.raises(ArtifactError, match="lacks hyperparameters"):
-        read_component(tmp_path / "t" / "component")
+        read_component(component)
 
 
 def test_zero_stage_2_trains_and_resumes(teacher_dir, tmp_path):
