@@ -122,3 +122,20 @@ def test_the_corpus_chain_measure_is_on_the_page_and_was_lossless(tool):
     for method, figures in report["methods"].items():
         assert f"| `{method}` | {figures['tokens_per_step']:.3f} |" in page
     assert report["identical"] == report["prompts"] == 80
+
+
+def test_the_fitted_values_measure_is_on_the_page_and_was_lossless(tool):
+    """docs/tools/fitted_values.py's report: both methods' tokens per step both ways on the page, under the heading
+    docs/methods.md links to, the same tokens from all four on every prompt, and the weights the component ships."""
+    from ppdkit.runtime.tree_values import TreeValues
+
+    report = json.loads((SCRIPT.parents[1] / "measurements" / "tree-values.json").read_text())
+    page = tool["render"]()
+    assert "## Fitted tree values" in page and "(methods.md#eagle3-eagle3-anpd-eagle3-corpus)" in page
+    for method, figures in report["methods"].items():
+        assert f"| `{method}` | {figures['own']['tokens_per_step']:.3f} | {figures['fitted']['tokens_per_step']:.3f} |" \
+            in page
+    assert report["identical"] == report["prompts"] == 80
+    shipped = json.loads((SCRIPT.parents[2] / "ppdkit" / "models" / "components" / "smollm2-135m-eagle3" /
+                          "tree_values.json").read_text())
+    assert TreeValues.from_json(shipped).to_json()["weights"] == report["weights"]  # the model the report measured

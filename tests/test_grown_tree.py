@@ -13,7 +13,8 @@ from conftest import hf_greedy, tiny_model_on
 from test_draft_heads import HIDDEN, VOCAB, _decoder, _heads
 from test_sampling import first_two_tokens_follow_the_model
 
-from ppdkit.runtime.grown_tree import ChainSource, Proposals, StepCost, add_chain, best_count, by_value, tree_shape
+from ppdkit.runtime.grown_tree import (ChainSource, Proposals, StepCost, add_chain, best_count, by_value, latency_model,
+                                       tree_shape)
 
 GROWN = ("feature-grown", "feature-grown-anpd")
 
@@ -70,6 +71,19 @@ def test_no_proposal_below_the_floor_is_verified_and_one_above_it_is():
             above += 1
     assert above > 100
     assert StepCost([0.01] * 8, 1.0, 0.0).floor([0.0]) == -math.inf  # rows come free: nothing is cut
+
+
+def test_a_drafter_prices_its_rows_from_the_profiles_trees_of_its_own_size():
+    """A feature head's profile holds its calibrated trees of up to 88 rows, whose time per row (float32 on a 2-core
+    AVX2 EPYC, ms) is far above an 8-row tree's: a line through all of them made no guess pay."""
+    sizes = {2: 45.0, 4: 49.0, 8: 81.0, 32: 380.0, 88: 1079.0}
+    profile = {"one_token_ms": 43.6, "rows": [{"size": s, "latency_ms": ms + 2.0, "draft_ms": 2.0}
+                                              for s, ms in sizes.items()]}
+    own = latency_model(profile, 8, most_rows=8)
+    assert sorted(own.times) == [1, 2, 4, 8]
+    every = latency_model(profile, 8)
+    assert sorted(every.times) == [1, 2, 4, 8, 32, 88]
+    assert 2 * own.coefficients()[1] < every.coefficients()[1]  # seconds per row
 
 
 @pytest.mark.parametrize("path", ["native", "pytorch"])

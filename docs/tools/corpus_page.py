@@ -9,6 +9,8 @@ committed. The page reads:
 - the A/B of a second draft layer (docs/measurements/draft-layers.json, written by docs/tools/draft_layers.py);
 - the gate's measure with the corpus's own chain in the tree (docs/measurements/corpus-chain.json, written by
   docs/tools/corpus_chain.py);
+- the gate's measure with the trees valued by the draft's own probabilities and by the fitted value model
+  (docs/measurements/tree-values.json, written by docs/tools/fitted_values.py);
 - the history again, as the cost curve of docs/tools/draft_curve.py, at the training speeds the reports measured
   (drawn into docs/images/draft-scaling.png when the page is written).
 
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py and dr
 from corpus_chain import chain_table  # noqa: E402
 from draft_curve import draw, section  # noqa: E402
 from draft_gap import gap_table  # noqa: E402
+from fitted_values import values_table  # noqa: E402
 from page_check import page_main  # noqa: E402
 from results_page import DIGEST_KEY, plot_is_current, report_digest  # noqa: E402
 
@@ -131,6 +134,25 @@ def chain_section(report: dict) -> str:
             "training: the corpus pays twice, as the draft's training data and as a drafter of its own.")
 
 
+def values_section(report: dict) -> str:
+    """The gate's measure with the draft's own values and the fitted ones (docs/tools/fitted_values.py)."""
+    fitted = report["fitted"]
+    gains = ", ".join(f"`{name}` {m['fitted']['tokens_per_step'] - m['own']['tokens_per_step']:+.3f}"
+                      for name, m in report["methods"].items())
+    return ("## Fitted tree values\n\n"
+            "A grown tree takes the guesses most likely to be the base model's tokens. The draft's probability says "
+            "how likely the base model is to *write* a token, not how likely it is to be its greedy choice, and "
+            "where the draft and a chain agree, neither alone says how much that is worth. The component's "
+            "`tree_values.json` holds a logistic model of both, fitted by `ppdkit fit-tree-values` on "
+            f"{fitted['prompts']} held-out corpus first turns ({fitted['candidates']:,} candidates of "
+            f"{fitted['steps']:,} steps; the corpus chain reads tables without those conversations, and MT-Bench is "
+            "never read; [docs/methods.md](methods.md#eagle3-eagle3-anpd-eagle3-corpus)). The gate's measure of the committed draft "
+            f"both ways ({report['date']}, {report['machine']['cpu']}, [tree-values.json](measurements/tree-values.json), "
+            f"`python docs/tools/fitted_values.py`); all four gave the same tokens on {report['identical']} of "
+            f"{report['prompts']} prompts:\n\n" + values_table(report) + "\n"
+            f"The same draft and corpus keep {gains} tokens per step with the fitted values, with no training.")
+
+
 def history_rows() -> list[dict]:
     path = COMPONENT / "history.json"
     return json.loads(path.read_text())["rows"] if path.is_file() else []
@@ -198,6 +220,9 @@ def render() -> str:
     chain = MEASUREMENTS / "corpus-chain.json"
     if chain.is_file():
         parts += ["", chain_section(json.loads(chain.read_text()))]
+    values = MEASUREMENTS / "tree-values.json"
+    if values.is_file():
+        parts += ["", values_section(json.loads(values.read_text()))]
     layers = MEASUREMENTS / "draft-layers.json"
     if layers.is_file():
         parts += ["", layers_section(json.loads(layers.read_text()))]

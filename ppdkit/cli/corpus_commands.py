@@ -96,6 +96,7 @@ def add_corpus_commands(sub: argparse._SubParsersAction) -> None:
     merge.add_argument("--corpus", help="the corpus they go into (default: the committed SmolLM2 corpus)")
     merge.set_defaults(func=cmd_corpus_merge)
     add_adopt_command(sub)
+    add_fit_tree_values_command(sub)
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:
@@ -106,9 +107,36 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     corpus = Path(args.corpus) if args.corpus else committed_corpus("smollm2-135m")
     tokens = open_corpus(corpus).figures()["tokens"] if is_corpus(corpus) else None
     row = adopt(Path(args.candidate), Path(args.component), Path(args.run) if args.run else None, tokens,
-                args.limit or MEASURE["limit"], dry_run=args.dry_run)
+                args.limit or MEASURE["limit"], dry_run=args.dry_run, corpus=corpus if is_corpus(corpus) else None)
     print(json.dumps(row, indent=2))
     return 0
+
+
+def cmd_fit_tree_values(args: argparse.Namespace) -> int:
+    from ppdkit.data_pipeline.corpus import committed_corpus
+
+    from ppdkit.trainer.tree_values_fit import fit_tree_values
+
+    corpus = Path(args.corpus) if args.corpus else committed_corpus("smollm2-135m")
+    values = fit_tree_values(Path(args.component), corpus, args.prompts, args.method, args.dtype,
+                             args.max_new_tokens, args.seed, write=not args.dry_run)
+    print(json.dumps(values.to_json(), indent=2))
+    return 0
+
+
+def add_fit_tree_values_command(sub: argparse._SubParsersAction) -> None:
+    fit = sub.add_parser("fit-tree-values", help="fit what a grown tree's guesses are worth (draft, corpus and chain "
+                                                 "together) on held-out corpus prompts; adds tree_values.json to the "
+                                                 "component")
+    fit.add_argument("component", help="an eagle3 or feature-head component directory")
+    fit.add_argument("--corpus", help="its base model's corpus (default: the committed SmolLM2 corpus)")
+    fit.add_argument("--prompts", type=int, default=64, help="held-out first turns to decode (default 64)")
+    fit.add_argument("--method", default="eagle3-corpus", help="the grown-tree method to decode with")
+    fit.add_argument("--dtype", default="float32", help="the decoder's dtype (default float32)")
+    fit.add_argument("--max-new-tokens", type=int, default=128)
+    fit.add_argument("--seed", type=int, default=0, help="which held-out conversations are drawn")
+    fit.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
+    fit.set_defaults(func=cmd_fit_tree_values)
 
 
 def add_adopt_command(sub: argparse._SubParsersAction) -> None:

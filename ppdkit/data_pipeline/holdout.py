@@ -3,6 +3,10 @@
 import hashlib
 import random
 
+# the continual recipe's held-out rows (jobs/configs/smollm2-eagle3-continual.yaml: data.holdout, data.seed), held out
+# by id: the GPU lane's evaluation and the tree-values fit read these, rows no recipe run trained on
+CONTINUAL_HOLDOUT, CONTINUAL_HOLDOUT_SEED = 0.02, 0
+
 
 def split_holdout(conversations: list, fraction: float, seed: int) -> tuple[list, list]:
     """(train, holdout): a seeded shuffle; at least one held-out conversation when fraction > 0 and n >= 2."""

@@ -8,7 +8,9 @@ machine is, so the gate can run beside other work; fixed trees and float32 keep 
 Beside it: the share of MT-Bench steps that kept at least 1, 2, ... guesses (where the held-out top-1 of the corpus
 and the chat the measure decodes part ways), the held-out top-1 at distances 1-4 of the training run (step 0 is the
 committed draft it started from), the corpus's tokens and the positions the run trained on. Both drafts must give
-the same tokens (each is `ar`'s).
+the same tokens (each is `ar`'s). Each draft is measured at its best: where the committed one ships a fitted value
+model for its trees (tree_values.json, trainer/tree_values_fit.py) and the candidate none, the candidate's is fitted
+first, on the corpus's held-out prompts, and goes with it if it is adopted.
 """
 
 import datetime
@@ -24,6 +26,7 @@ from tqdm import tqdm
 from ppdkit.models.artifact import read_component, write_component
 from ppdkit.models.paths import write_json_atomic
 from ppdkit.runtime.grown_tree import DEPTH
+from ppdkit.runtime.tree_values import TREE_VALUES
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +58,14 @@ def kept_shares(per_step: list[int], depths: int = KEPT_DEPTHS) -> list[float]:
 
 
 def measure_component(component: Path, prompts: list[str] | list[list[int]], measure: dict = MEASURE,
-                      label: str | None = None) -> Measured:
-    """The measure of one component on prompts (user turns, templated here, or prompt ids already templated)."""
+                      label: str | None = None, fitted_values: bool = True) -> Measured:
+    """The measure of one component on prompts (user turns, templated here, or prompt ids already templated);
+    `fitted_values` False: its trees valued by the draft's own probabilities, whatever tree values it ships."""
     from ppdkit.runtime.decoder import Decoder
 
     decoder = Decoder.from_pretrained(component, dtype=measure["dtype"], tree_size=measure["tree_size"])
+    if not fitted_values:
+        decoder.draft.tree_values = None
     tokens, steps, outputs, per_step = 0, 0, [], []
     for prompt in tqdm(prompts, desc=f"measure {label or component.name}", unit="prompt"):
         ids = decoder.encode_chat(prompt) if isinstance(prompt, str) else prompt
@@ -114,16 +120,23 @@ def corpus_read(run_dir: Path) -> dict:
 
 
 def adopt(candidate: Path, committed: Path, run_dir: Path | None = None, corpus_tokens: int | None = None,
-          limit: int = MEASURE["limit"], dry_run: bool = False) -> dict:
+          limit: int = MEASURE["limit"], dry_run: bool = False, corpus: Path | None = None) -> dict:
     """Measure both drafts; replace `committed` by `candidate` (stored in float16) when it keeps more tokens per step.
-    `corpus_tokens` is recorded where the run's data stage does not say what corpus it read. Appends the row to
-    committed/history.json and regenerates the README's history table. Returns the row."""
+    `corpus_tokens` is recorded where the run's data stage does not say what corpus it read; `corpus` (default: the
+    committed one of the base model) is where the candidate's tree values are fitted when it needs them. Appends the
+    row to committed/history.json and regenerates the README's history table. Returns the row."""
     from ppdkit.bench.decoding import load_prompts
 
     mine, theirs = read_component(candidate), read_component(committed)
     if mine.method != theirs.method or mine.base_model["fingerprint"] != theirs.base_model["fingerprint"]:
         raise ValueError(f"{candidate} ({mine.method}) and {committed} ({theirs.method}) are not drafts of one method "
                          "for one base model: nothing to compare")
+    if TREE_VALUES in theirs.extras and TREE_VALUES not in mine.extras:
+        from ppdkit.data_pipeline.corpus import committed_corpus
+        from ppdkit.trainer.tree_values_fit import fit_tree_values
+
+        log.info("the committed draft's trees are valued by a fitted model: fitting the candidate's first")
+        fit_tree_values(candidate, corpus or committed_corpus(mine.base_model["name"]))
     prompts = load_prompts(MEASURE["prompts"], limit)
     before, after = measure_component(committed, prompts), measure_component(candidate, prompts)
     if before.outputs != after.outputs:  # both are greedy decoding of the same model: a difference is a bug
@@ -157,6 +170,8 @@ def _replace(candidate: Path, committed: Path) -> None:
                         component.base_model["fingerprint"], component.run, tensors, component.extras)
         for path in (Path(tmp) / "c").iterdir():
             shutil.copy2(path, committed / path.name)
+    if TREE_VALUES not in component.extras:  # the committed draft's fitted values, which were not the candidate's
+        (committed / f"{TREE_VALUES}.json").unlink(missing_ok=True)
     read_component(committed)  # every listed file matches its sha256
 
 

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from ppdkit.bench.serving_backends import free_port
 from ppdkit.data_pipeline.corpus import MANIFEST, committed_corpus, open_corpus, pack_corpus, read_rows
 from ppdkit.data_pipeline.corpus_grow import CorpusConfig, grow_corpus, who_writes
-from ppdkit.data_pipeline.holdout import split_holdout_by_id
+from ppdkit.data_pipeline.holdout import CONTINUAL_HOLDOUT, CONTINUAL_HOLDOUT_SEED, split_holdout_by_id
 from ppdkit.data_pipeline.prompt_kinds import KINDS
 from ppdkit.models.artifact import read_component, write_component
 from ppdkit.models.device_plan import current_device_plan
@@ -47,9 +47,6 @@ COMPONENT = Path(__file__).resolve().parents[1] / "models" / "components" / "smo
 PART_BYTES = 15 * 2**20  # a packed corpus's part: under the device tool's 16 MiB a file
 MAX_PARTS = 5  # 8 files back: the parts, the component's weights and component.json, lane.json
 ROW_BYTES = 700  # a corpus row at most on disk (512 tokens at ~1.3 bytes): what bounds the shards the parts hold
-# held out as the continual recipe holds them out (data.holdout 0.02, data.seed 0): by id, so the lane's held-out
-# rows are rows no recipe run trained on either
-HOLDOUT, HOLDOUT_SEED = 0.02, 0
 FINISH_SECONDS = 60  # kept from --total-minutes for the held-out evaluation after training and writing the draft
 
 
@@ -78,7 +75,7 @@ def _sequences(teacher, corpora: list[Path], fingerprint: str, tokenizer):
         corpus.check_base_model(fingerprint, tokenizer_identity(tokenizer))
         rows += read_rows(corpus)
     train, holdout = ([{"input_ids": row.input_ids, "loss_mask": row.loss_mask()} for row in split]
-                      for split in split_holdout_by_id(rows, HOLDOUT, HOLDOUT_SEED))
+                      for split in split_holdout_by_id(rows, CONTINUAL_HOLDOUT, CONTINUAL_HOLDOUT_SEED))
     return ([s for s in teacher.sequences(train, "train") if len(s.positions) > 1],
             [s for s in teacher.sequences(holdout, "holdout") if len(s.positions) > 1])
 

@@ -191,7 +191,11 @@ class CorpusChain:
 
     def values(self) -> list[float]:
         """The last chain's guesses' log-values."""
-        return [float(v) for v in np.cumsum([math.log(self.right[k] / self.tried[k]) for k in self.kinds])]
+        return [float(v) for v in np.cumsum([math.log(rate) for rate in self.rates()])]
+
+    def rates(self) -> list[float]:
+        """The last chain's guesses' running rates, each given the guesses before it."""
+        return [self.right[k] / self.tried[k] for k in self.kinds]
 
     def update(self, chain: list[int], accepted: list[int], next_token: int) -> None:
         """Score the chain against the base model's tokens of this step, whether or not the tree held it."""

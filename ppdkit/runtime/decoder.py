@@ -25,6 +25,7 @@ from .gguf_blocks import QuantizedWeight
 from .llama import LeanLlama, end_tokens
 from .loop import decode
 from .openmp import release_openmp_threads
+from .tree_sizer import TreeSizer
 from .decoding_methods import METHODS, Need, get_method
 
 log = logging.getLogger(__name__)
@@ -176,14 +177,19 @@ class Decoder:
     def _generate(self, ids: torch.Tensor, max_new_tokens: int, method: str,
                   stream: Callable[[list[int]], None] | None, sampling: Sampling,
                   generator: torch.Generator | None, should_stop: Callable[[], bool] | None = None) -> GenerateResult:
-        rows = self.step_rows(method)
-        cache = self.model.new_cache(len(ids) + max_new_tokens + 64 + rows)
         started = time.perf_counter()
         answer = AnswerTokens(max_new_tokens, self.eos_ids(), stream, should_stop)
         sizer = self.draft.new_sizer(self.profile) if get_method(method).sized else None
-        pruned_rows = decode(get_method(method).build(self, cache, sizer), ids, answer.add, sampling, generator)
-        return answer.result(self.tokenizer, method, rows, time.perf_counter() - started,
+        drafter = self.new_drafter(method, len(ids), max_new_tokens, sizer)
+        pruned_rows = decode(drafter, ids, answer.add, sampling, generator)
+        return answer.result(self.tokenizer, method, self.step_rows(method), time.perf_counter() - started,
                              sizer.chosen if sizer is not None else [], pruned_rows)
+
+    def new_drafter(self, method: str, prompt_length: int, max_new_tokens: int, sizer: TreeSizer | None = None):
+        """A fresh drafter of `method` (resolved) for one answer, over a cache that holds the prompt, the answer and
+        one step's rows past its end."""
+        cache = self.model.new_cache(prompt_length + max_new_tokens + 64 + self.step_rows(method))
+        return get_method(method).build(self, cache, sizer)
 
     def carries(self) -> set[Need]:
         """What the loaded component provides, in the terms of runtime/decoding_methods.py's `needs`."""

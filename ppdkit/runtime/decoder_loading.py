@@ -31,6 +31,7 @@ from .profile import profile_trees
 from .pruning import load_early_head
 from .row_invariance import check_rows
 from .tree import DynamicTree
+from .tree_values import TREE_VALUES, TreeValues
 
 LATENCY_SIZES = (2, 4, 8)  # the rows of a grown tree (runtime/decoding_methods.py GROWN_NODES: at most 8)
 
@@ -128,14 +129,26 @@ def _draft_parts(component: Component, model, lean, lookup_chains: int, dtype: s
         skip_map, fine_tuned = load_skip_draft(component, lean, model)
         return LayerSkipParts(skip_map=skip_map, fine_tuned=fine_tuned)
     if component.method == "eagle3":
-        return Eagle3Parts(eagle3=load_eagle3(component, model, draft_matrices(dtype)))
+        return Eagle3Parts(eagle3=load_eagle3(component, model, draft_matrices(dtype)),
+                           tree_values=tree_values(component))
     if component.method in ("feature-head", "medusa"):  # draft heads over the base model's features
         heads, trees = load_draft_heads(component, model, draft_matrices(dtype))
         return HeadParts(heads=heads, trees={s: tree for s, (tree, _) in trees.items()},
-                         taus={s: tau for s, (_, tau) in trees.items()})
+                         taus={s: tau for s, (_, tau) in trees.items()}, tree_values=tree_values(component))
     # ept, ept-head; read_hyperparameters (in _drafts) refuses any other method, naming those it reads
     prompts, trees, ngrams = _drafts(component, model)
     return PromptTokenParts(prompts=prompts, trees=trees, ngrams=ngrams, lookup_chains=lookup_chains)
+
+
+def tree_values(component: Component) -> TreeValues | None:
+    """The grown trees' fitted value model the component ships (tree_values.json), checked; None without one."""
+    data = component.extras.get(TREE_VALUES)
+    if data is None:
+        return None
+    try:
+        return TreeValues.from_json(data, f"{component.path}/{TREE_VALUES}.json")
+    except ValueError as error:
+        raise ArtifactError(str(error)) from None
 
 
 def _size_trees(decoder: "Decoder", draft: SizedParts, tree_size: int | None, dynamic_size: bool) -> None:

@@ -22,6 +22,7 @@ from .pruning import EarlyHead
 from .tree import DynamicTree
 from .tree_layout import TreeLayout, layout_tree
 from .tree_sizer import TreeSizer
+from .tree_values import TreeValues
 
 
 @dataclass(kw_only=True, eq=False)
@@ -32,6 +33,7 @@ class DraftParts:
     early_head: EarlyHead | None = None  # ProPD's early prediction head, for the pruning methods
     grown_nodes: int | None = None  # grown trees fixed at this many nodes (tree_size), not sized per step
     corpus: CorpusLookup | None = None  # the base model's corpus, as n-gram tables read on first use (eagle3-corpus)
+    tree_values: TreeValues | None = None  # a grown tree's fitted value model (its component's tree_values.json)
 
     def carries(self) -> set[Need]:
         return ({Need.EARLY_HEAD} if self.early_head is not None else set()) | \

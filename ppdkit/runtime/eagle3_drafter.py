@@ -120,7 +120,7 @@ class Eagle3Drafter(GrownDrafter):
         for level in range(1, depth + 1):
             logp = level_logp(readout(state, draft.weights, draft.eps))  # [m, V']
             grown = grow_level(found, logp, frontier, level, draft.vocab, beam, wanted, last=level == depth,
-                               cost=cost)
+                               cost=cost, worth=self.values)
             if grown is None:
                 break
             parents, tokens, frontier = grown

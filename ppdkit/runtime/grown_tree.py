@@ -10,6 +10,9 @@ parent). Merge: the chain's j-th token is worth rate^j, rate being how often a c
 predecessors were (measured while decoding); where the head proposed the same path, the higher value counts.
 With `corpus`, a chain from the base model's own corpus is merged the same way, valued by how often guesses of each
 kind (the context length they were read at, the follower's share) were right (runtime/corpus_ngrams.py).
+With a fitted value model (runtime/tree_values.py, the component's tree_values.json), every guess is valued instead by
+the chance, fitted on held-out decoding, that it is the base model's token once its parent was, given what each source
+said of it; the draft's guesses are valued that way while the tree grows too.
 Rerank: the most valuable proposals become the tree; a parent is worth at least its children, so any prefix of
 them by value holds every chosen node's path. One forward verifies the tree like any other, so the output is
 the base model's whatever the head or the chain propose.
@@ -24,6 +27,7 @@ proposal could be among those n, whatever else is proposed (StepCost.floor), so 
 
 import math
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +40,7 @@ from .drafter import Drafter, Proposal, Verified
 from .kv_cache import KVCache
 from .tree_layout import shape_layout
 from .tree_sizer import LatencyModel
+from .tree_values import Evidence, TreeValues, evidence_rows
 
 BEAM, DEPTH = 2, 5  # beams 2-3 and depths 4-6 measured alike on SmolLM2 (MT-Bench, HumanEval, 10 prompts each)
 CHAIN_LENGTH = 7  # ANPD's K
@@ -43,18 +48,21 @@ CHAIN_LENGTH = 7  # ANPD's K
 
 @dataclass
 class Proposals:
-    """Guesses after the root: each one's value (path log-probability), depth, token and parent (-1: the root)."""
+    """Guesses after the root: each one's value (path log-probability), depth, token, parent (-1: the root) and the
+    draft's log-probability of it given its parent (None: not the draft's guess)."""
 
     values: list[float] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
+    drafts: list[float | None] = field(default_factory=list)
 
-    def add(self, value: float, depth: int, token: int, parent: int) -> int:
+    def add(self, value: float, depth: int, token: int, parent: int, draft: float | None = None) -> int:
         self.values.append(value)
         self.depths.append(depth)
         self.tokens.append(token)
         self.parents.append(parent)
+        self.drafts.append(draft)
         return len(self.values) - 1
 
 
@@ -73,19 +81,22 @@ def level_logp(logits: torch.Tensor) -> torch.Tensor:
 
 
 def grow_level(found: Proposals, logp: torch.Tensor, frontier: Frontier, level: int, vocab: torch.Tensor, beam: int,
-               wanted: int, last: bool, cost: "StepCost | None" = None
+               wanted: int, last: bool, cost: "StepCost | None" = None, worth: TreeValues | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, Frontier] | None:
     """Add the `beam` likeliest children of every expanded node (logp [m, V'] over the draft vocabulary `vocab`)
-    to the proposals, in place -> (for the `beam` most valuable of them, their parents' rows among the expanded
-    nodes [m'], their tokens [m'], the next frontier); None where growth stops: the last level, or nothing below
-    this level could displace a proposal already among the `wanted` best, or (`cost`: the step's size is chosen
-    by what rows cost) nothing below it could pay for its row."""
+    to the proposals, in place, each valued by its parent's value plus its log-probability (`worth`: plus its fitted
+    log-worth) -> (for the `beam` most valuable of them, their parents' rows among the expanded nodes [m'], their
+    tokens [m'], the next frontier); None where growth stops: the last level, or nothing below this level could
+    displace a proposal already among the `wanted` best, or (`cost`: the step's size is chosen by what rows cost)
+    nothing below it could pay for its row."""
     top = logp.topk(min(beam, logp.shape[-1]), dim=-1)  # [m, b]
-    level_values = (frontier.values[:, None] + top.values).flatten()  # [m b]
+    own = top.values if worth is None else worth.draft_worth(top.values, level)  # [m, b]
+    level_values = (frontier.values[:, None] + own).flatten()  # [m b]
     level_tokens = vocab[top.indices.flatten()]  # [m b]
     first, b = len(found.values), top.values.shape[1]
-    for i, (value, token) in enumerate(zip(level_values.tolist(), level_tokens.tolist())):
-        found.add(value, level, token, frontier.proposals[i // b])
+    for i, (value, token, draft) in enumerate(zip(level_values.tolist(), level_tokens.tolist(),
+                                                  top.values.flatten().tolist())):
+        found.add(value, level, token, frontier.proposals[i // b], draft)
     if last:
         return None
     best = level_values.topk(min(beam, len(level_values)))
@@ -98,15 +109,16 @@ def grow_level(found: Proposals, logp: torch.Tensor, frontier: Frontier, level: 
 
 
 def expand(model, heads, feature: torch.Tensor, root: int, wanted: int, beam: int, depth: int,
-           cost: "StepCost | None" = None) -> Proposals:
+           cost: "StepCost | None" = None, worth: TreeValues | None = None) -> Proposals:
     """The head's proposals under `root` (feature [H]: the hidden state that chose it), at least `wanted` when the
-    levels allow and (`cost`) their rows pay."""
+    levels allow and (`cost`) their rows pay; `worth`: valued by the fitted model."""
     found = Proposals()
     state = feature_step(feature[None], model.embed_ids(torch.tensor([root])), *heads.layers)  # [1, H]
     frontier = Frontier(torch.zeros(1), [-1])
     for level in range(1, depth + 1):
         logp = level_logp(draft_logits(state, heads.readout))  # [m, V']
-        grown = grow_level(found, logp, frontier, level, heads.vocab, beam, wanted, last=level == depth, cost=cost)
+        grown = grow_level(found, logp, frontier, level, heads.vocab, beam, wanted, last=level == depth, cost=cost,
+                           worth=worth)
         if grown is None:
             break
         parents, tokens, frontier = grown
@@ -133,6 +145,36 @@ def add_valued_chain(found: Proposals, chain: list[int], values: list[float]) ->
         else:
             found.values[at] = max(found.values[at], value)
         parent = at
+
+
+def candidates(found: Proposals, chains: list[tuple[list[int], list[float], str]]) -> tuple[Proposals, list[Evidence]]:
+    """The draft's proposals and the chains' guesses under the root as one set of candidates, each with what every
+    source said of it (chains: each one's tokens, its guesses' rates given their predecessors, and its Evidence
+    field) -> (the candidates, parents before children, values unset; their evidence)."""
+    merged = Proposals()
+    evidence = []
+    for i, parent in enumerate(found.parents):  # the draft's own, level by level: parents first
+        draft = found.drafts[i]
+        merged.add(0.0, found.depths[i], found.tokens[i], parent, draft)
+        evidence.append({"depth": found.depths[i], "draft": None if draft is None else math.exp(draft)})
+    index = {(p, t): i for i, (p, t) in enumerate(zip(merged.parents, merged.tokens))}
+    for tokens, rates, source in chains:
+        parent = -1
+        for depth, (token, rate) in enumerate(zip(tokens, rates), start=1):
+            at = index.get((parent, token))
+            if at is None:
+                at = index[(parent, token)] = merged.add(0.0, depth, token, parent)
+                evidence.append({"depth": depth})
+            evidence[at][source] = rate
+            parent = at
+    return merged, [Evidence(**e) for e in evidence]
+
+
+def value_candidates(merged: Proposals, evidence: list[Evidence], values: TreeValues) -> None:
+    """Each candidate's value, in place: its parent's plus its fitted log-worth (parents come first)."""
+    worth = values.log_worth(evidence_rows(evidence)).tolist() if evidence else []
+    for i, parent in enumerate(merged.parents):
+        merged.values[i] = (merged.values[parent] if parent >= 0 else 0.0) + worth[i]
 
 
 def by_value(found: Proposals, count: int) -> list[int]:
@@ -222,14 +264,18 @@ class ChainSource:
         self.ngrams.extend(accepted)
 
 
-def latency_model(profile: dict | None, rows: int) -> LatencyModel:
-    """The forward's time by rows, seeded with the decoder's tree profile (one token and each tree size, drafting
-    excluded) and updated by every step; without a profile, seeded so that up to `rows` rows look cheap."""
+def latency_model(profile: dict | None, rows: int, most_rows: int | None = None) -> LatencyModel:
+    """The forward's time by rows, seeded with the decoder's tree profile (one token and each tree size up to
+    `most_rows`, drafting excluded) and updated by every step; without a profile, seeded so that up to `rows` rows
+    look cheap. A drafter passes its own size as most_rows: a line through a feature head's 88-row trees priced a row
+    at ~12 ms on a 2-core AVX2 EPYC (float32: 1 row 44 ms, 8 rows 81 ms, 88 rows 1079 ms), so no guess paid and its
+    sized trees kept 1.0 tokens a step; the batch engine's steps carry many answers' rows and keep every size."""
     model = LatencyModel()
     if profile:
         model.observe(1, profile["one_token_ms"] / 1000)
         for row in profile["rows"]:
-            model.observe(int(row["size"]), (row["latency_ms"] - row["draft_ms"]) / 1000)
+            if most_rows is None or int(row["size"]) <= most_rows:
+                model.observe(int(row["size"]), (row["latency_ms"] - row["draft_ms"]) / 1000)
     else:
         model.observe(1, 0.010)
         model.observe(rows, 0.010 * (1 + 0.02 * rows))
@@ -249,8 +295,12 @@ class GrownDrafter(Drafter):
         self.depth, self.rate, self.ngrams, self.chains = depth, rate, ngrams, None
         # the corpus's n-gram tables (read on first use), and this answer's chain of them
         self.corpus, self.corpus_chain = decoder.draft.corpus.table if corpus else None, None
+        # the draft's fitted value model (runtime/tree_values.py), if its component has one
+        self.values: TreeValues | None = decoder.draft.tree_values
+        # called with each step's candidates and their evidence, before they are valued (trainer/tree_values_fit.py)
+        self.observe: Callable[[Proposals, list[Evidence]], None] | None = None
         self.fixed = decoder.draft.grown_nodes is not None  # every tree takes the nodes - 1 best, whatever they cost
-        self.latency = latency_model(decoder.profile, self.nodes)
+        self.latency = latency_model(decoder.profile, self.nodes, most_rows=self.nodes)
         # running: guesses kept, their estimate, drafting seconds (of the steps that drafted)
         self.kept, self.estimated, self.drafting = 1.0, 1.0, 0.0
         # this step's proposals, chosen ones, chains (the live text's, the corpus's), and whether it drafted at all
@@ -279,9 +329,17 @@ class GrownDrafter(Drafter):
                                                 self.kept / max(self.estimated, 1e-9), self.drafting)
         found = self.grow(root, self.nodes - 1, cost)
         chains = self._chains(root)
-        add_chain(found, chains[0], self.chains.rate if self.chains else 0.0)
-        if self.corpus_chain is not None:
-            add_valued_chain(found, chains[1], self.corpus_chain.values())
+        if self.values is not None or self.observe is not None:
+            merged, evidence = candidates(found, self._chain_evidence(chains))
+            if self.observe is not None:
+                self.observe(merged, evidence)
+        if self.values is not None:
+            value_candidates(merged, evidence, self.values)
+            found = merged
+        else:
+            add_chain(found, chains[0], self.chains.rate if self.chains else 0.0)
+            if self.corpus_chain is not None:
+                add_valued_chain(found, chains[1], self.corpus_chain.values())
         chosen = by_value(found, self.nodes - 1)
         if cost is not None:
             chosen = chosen[:cost.count([found.values[i] for i in chosen])]
@@ -293,6 +351,15 @@ class GrownDrafter(Drafter):
         """This step's chains under `root`: the live text's (ANPD's) and the corpus's, [] where not drafted."""
         return (self.chains.draft(root) if self.chains else [],
                 self.corpus_chain.draft(root) if self.corpus_chain is not None else [])
+
+    def _chain_evidence(self, chains: tuple[list[int], list[int]]) -> list[tuple[list[int], list[float], str]]:
+        """This step's chains with their guesses' running rates, as `candidates` reads them."""
+        out = []
+        if self.chains:
+            out.append((chains[0], [self.chains.rate] * len(chains[0]), "chain"))
+        if self.corpus_chain is not None:
+            out.append((chains[1], self.corpus_chain.rates(), "corpus"))
+        return out
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
         found, chosen, chains, drafted = self.step
@@ -321,7 +388,7 @@ class FeatureDrafter(GrownDrafter):
         self.feature = hidden[-1]
 
     def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
-        return expand(self.model, self.heads, self.feature, root, wanted, self.beam, self.depth, cost)
+        return expand(self.model, self.heads, self.feature, root, wanted, self.beam, self.depth, cost, self.values)
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
         super().accept(proposal, verified)
