@@ -10,6 +10,19 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+def _tiny_configs():
+    from ppdkit.data_pipeline.config import DataConfig
+    from ppdkit.models.config import BaseModelConfig
+
+    return (BaseModelConfig(name="tiny-llama", quantization="none"),
+            DataConfig(source=str(FIXTURES / "conversations.jsonl"), limit=None, max_length=64, holdout=0.3, shards=1,
+                       check_sequences=0))
+
+
+# the tiny model, float32, and the fixture conversations' data stage: what the training tests train on
+TINY_BASE, TINY_DATA = _tiny_configs()
+
+
 _made_cache: list[str] = []
 
 
@@ -115,6 +128,25 @@ def ray_local():
 
     with local_ray(num_cpus=2, object_store_mb=512, log_to_driver=False):
         yield ray
+
+
+@pytest.fixture(scope="session")
+def teacher_dir(ray_local, tmp_path_factory) -> Path:
+    """The tiny model's teacher cache of the fixture conversations (float32 targets), and beside it (../features)
+    one that keeps the base model's features too: made once for the session (a data stage and two teacher passes
+    on Ray), read by the training tests of several modules."""
+    from ppdkit.data_pipeline.config import TeacherConfig
+    from ppdkit.data_pipeline.data_stage import run_data_stage
+    from ppdkit.data_pipeline.teacher_stage import run_teacher_stage
+
+    root = tmp_path_factory.mktemp("pipeline")
+    run_data_stage(TINY_BASE, TINY_DATA, root / "data")
+    # float32: the recorded losses of test_training and test_draft_heads were made with the float32 teacher
+    teacher = TeacherConfig(workers=1, top_k=16, compute_dtype="float32")
+    run_teacher_stage(TINY_BASE, TINY_DATA, teacher, root / "data", root / "teacher")
+    run_teacher_stage(TINY_BASE, TINY_DATA, teacher.model_copy(update={"features": True}), root / "data",
+                      root / "features")
+    return root / "teacher"
 
 
 @pytest.fixture

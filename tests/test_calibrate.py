@@ -1,5 +1,4 @@
 import torch
-from test_training import teacher_dir  # noqa: F401  (the teacher cache fixture)
 
 from ppdkit.trainer.calibrate import acceptance_table
 
@@ -14,7 +13,7 @@ def test_acceptance_is_conditioned_on_nearer_distances_being_guessed():
     assert table[1] == [2 / 3, 1 / 3]
 
 
-def test_guess_ranks_read_the_guesses_through_the_custom_head(teacher_dir):  # noqa: F811
+def test_guess_ranks_read_the_guesses_through_the_custom_head(teacher_dir):
     """A zero custom decoding head is the identity: the same ranks as without it; a random one changes them."""
     from pathlib import Path
 

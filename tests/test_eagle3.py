@@ -12,7 +12,7 @@ import torch
 from conftest import hf_greedy, q4_weights_or_skip, tiny_model_on
 from test_draft_heads import VOCAB
 from test_sampling import first_two_tokens_follow_the_model
-from test_training import BASE, teacher_dir, train_as  # noqa: F401  (the module's teacher cache fixture)
+from test_training import BASE, train_as
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.artifact import ArtifactError, read_component
@@ -287,7 +287,7 @@ def test_auto_precision_trains_in_whichever_this_cpu_runs_faster(caplog):
             TrainConfig(method="feature-head", precision=precision)
 
 
-def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir, tmp_path):  # noqa: F811
+def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir, tmp_path):
     on_disk = EAGLE3_TRAIN.model_copy(update={"features_on_disk": True})  # the first visits write the states
     result = run_training(BASE, on_disk, teacher_dir, tmp_path / "train", TrackerRef())
     losses = [loss for _, loss in result["history"]]

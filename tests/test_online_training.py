@@ -7,7 +7,7 @@ import pytest
 import torch
 from datasets import load_from_disk
 from test_eagle3 import EAGLE3_TRAIN
-from test_training import BASE, teacher_dir  # noqa: F401  (the module's teacher cache fixture)
+from test_training import BASE
 
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
 from ppdkit.jobs.spec import SpecError, spec_from_dict
@@ -21,7 +21,7 @@ from ppdkit.trainer.launch import run_training
 from ppdkit.trainer.online_teacher import OnlineTeacher
 
 
-def test_online_targets_and_features_are_the_teacher_stages(teacher_dir):  # noqa: F811
+def test_online_targets_and_features_are_the_teacher_stages(teacher_dir):
     """The same top-k ids and log-probabilities as the teacher cache (same dtype, same engine), and the same EAGLE-3
     states as the trainer computes for a cache, from one forward per sequence, computed once while they fit."""
     cache = TeacherCache(teacher_dir)
@@ -46,7 +46,7 @@ def test_online_targets_and_features_are_the_teacher_stages(teacher_dir):  # noq
     assert teacher.forwards == len(cached)
 
 
-def test_eagle3_trains_online_on_two_ray_workers_and_decodes_losslessly(teacher_dir, tmp_path):  # noqa: F811
+def test_eagle3_trains_online_on_two_ray_workers_and_decodes_losslessly(teacher_dir, tmp_path):
     """No teacher cache: the workers read the data stage's rows (teacher_dir names nothing that exists)."""
     online = {"data_dir": str(teacher_dir.parent / "data"), "compute_dtype": "float32", "top_k": 16}
     result = run_training(BASE, EAGLE3_TRAIN.model_copy(update={"online": True}), tmp_path / "no-teacher",
@@ -60,7 +60,7 @@ def test_eagle3_trains_online_on_two_ray_workers_and_decodes_losslessly(teacher_
                             max_new_tokens=16, method="ar").tokens
 
 
-def test_a_feature_head_trains_online_and_calibrates_on_the_data_stages_held_out_rows(teacher_dir, tmp_path):  # noqa: F811
+def test_a_feature_head_trains_online_and_calibrates_on_the_data_stages_held_out_rows(teacher_dir, tmp_path):
     """The feature head, online: trained on two Ray workers, then its trees calibrated on the held-out rows of the
     data stage (no teacher cache anywhere), loadable and lossless."""
     from test_training import train_as
@@ -124,7 +124,7 @@ def test_a_job_trains_online_on_a_corpus_and_a_grown_corpus_is_a_new_input(ray_l
     assert "corpus_digest" in capsys.readouterr().err
 
 
-def test_the_online_benchmark_times_both_modes_on_the_same_batches(teacher_dir):  # noqa: F811
+def test_the_online_benchmark_times_both_modes_on_the_same_batches(teacher_dir):
     from ppdkit.data_pipeline.config import TeacherConfig
     from ppdkit.bench.eagle3_online import MODES, online_benchmark
 
@@ -140,7 +140,7 @@ def test_the_online_benchmark_times_both_modes_on_the_same_batches(teacher_dir):
         online_benchmark(BASE, TrainConfig(method="feature-head"), TeacherConfig(), teacher_dir.parent / "data")
 
 
-def test_a_padded_forward_of_many_sequences_gives_each_its_own_results(teacher_dir):  # noqa: F811
+def test_a_padded_forward_of_many_sequences_gives_each_its_own_results(teacher_dir):
     """prefetch (a GPU's engine, transformers): one forward of a micro-batch, right-padded, gives each sequence the
     targets and features of its own forward, and later reads run no forward."""
     base = load_base_model("tiny-llama", "none", "float32")

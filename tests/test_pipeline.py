@@ -15,8 +15,9 @@ from ppdkit.jobs.pipeline import PipelineError, select_stages
 
 
 # The tiny job's train keys of every method that trains weights; each method's section takes only its own keys, so
-# the specs below add those of the methods they run.
-TINY_TRAIN = {"num_workers": 1, "max_steps": 2, "micro_batch": 2, "eval_every": 1, "checkpoint_every": 1,
+# the specs below add those of the methods they run. One rank in the driver's process (Ray Train's local mode);
+# test_all_available_stages_with_metrics trains on a Ray Train worker.
+TINY_TRAIN = {"num_workers": 0, "max_steps": 2, "micro_batch": 2, "eval_every": 1, "checkpoint_every": 1,
               "eval_sequences": 2}
 
 
@@ -201,7 +202,7 @@ def test_unreachable_tracking_server_is_a_clear_error(spec_file, tmp_path, capsy
 
 def test_all_available_stages_with_metrics(ray_local, tracking_uri, spec_file, tmp_path, capsys):
     out = tmp_path / "out"
-    overrides = []
+    overrides = ["train.num_workers=1"]  # the pipeline's training on a Ray Train worker, as a cluster runs it
     assert main(["run", str(spec_file), "--output", str(out), *overrides]) == 0
     printed = capsys.readouterr().out  # the run summary: a line per stage with its key figure
     assert "train: 2 steps, loss " in printed and "held-out top-1" in printed

@@ -9,13 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FIXTURES
-from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
-from ppdkit.data_pipeline.data_stage import run_data_stage
+from conftest import TINY_BASE, TINY_DATA
 from ppdkit.data_pipeline.teacher_cache import TeacherCache
-from ppdkit.data_pipeline.teacher_stage import run_teacher_stage
 from ppdkit.models.artifact import ArtifactError, read_component
-from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.prompt_tokens import PromptTokens, init_from_token_embeddings
 from ppdkit.registry.tracking import TrackerRef
@@ -25,13 +21,13 @@ from ppdkit.trainer.launch import run_training
 from ppdkit.trainer.losses import decay_mean, kl_to_compressed_teacher
 from ppdkit.trainer.student import student_logprobs
 
-BASE = BaseModelConfig(name="tiny-llama", quantization="none")
-DATA = DataConfig(source=str(FIXTURES / "conversations.jsonl"), limit=None, max_length=64, holdout=0.3, shards=1,
-                  check_sequences=0)
-# How every method's tests train here: keys of every method that trains weights (WeightTrainingConfig).
-RUN = {"num_workers": 2, "micro_batch": 1, "epochs": 1, "max_steps": 2, "lr": 0.01, "eval_every": 1,
+BASE, DATA = TINY_BASE, TINY_DATA  # the session's teacher_dir (conftest) is made from them
+# How every method's tests train here: keys of every method that trains weights (WeightTrainingConfig). One rank in
+# the test's own process (Ray Train's local mode): a fit on Ray Train workers costs ~20 s of start-up on 2 cores,
+# which the tests below that are about the ranks (two of them, a killed one, ZeRO across them) pay.
+RUN = {"num_workers": 0, "micro_batch": 1, "epochs": 1, "max_steps": 2, "lr": 0.01, "eval_every": 1,
        "checkpoint_every": 1, "log_every": 1, "eval_sequences": 2}
-TRAIN = TrainConfig(**RUN, groups_per_sequence=4)
+TRAIN = TrainConfig(**{**RUN, "num_workers": 2}, groups_per_sequence=4)
 
 
 def train_as(method: str, **keys) -> TrainConfig:
@@ -40,17 +36,6 @@ def train_as(method: str, **keys) -> TrainConfig:
     return TrainConfig(method=method, **{**RUN, **keys})
 # Losses of the first two steps of TRAIN on the fixture (tiny-llama, fp32 base, 2 ranks), recorded once.
 RECORDED_LOSSES = [0.00433059, 0.00363564]
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(ray_local, tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipeline")
-    run_data_stage(BASE, DATA, root / "data")
-    # float32: the recorded losses below (and test_draft_heads') were made with the float32 teacher
-    teacher = TeacherConfig(workers=1, top_k=16, compute_dtype="float32")
-    run_teacher_stage(BASE, DATA, teacher, root / "data", root / "teacher")
-    run_teacher_stage(BASE, DATA, teacher.model_copy(update={"features": True}), root / "data", root / "features")
-    return root / "teacher"
 
 
 def test_a_step_changes_only_the_prompt_embeddings(teacher_dir):
@@ -76,17 +61,22 @@ def test_a_step_changes_only_the_prompt_embeddings(teacher_dir):
     assert all(p.grad is None for p in base.model.parameters())
 
 
+# TRAIN through three epochs of the fixture's sequences, with a checkpoint every other step: the run a killed rank
+# must resume onto, and (its first two steps) the recorded losses
+UNDISTURBED = TRAIN.model_copy(update={"max_steps": None, "epochs": 3, "checkpoint_every": 2, "eval_every": 2})
+
+
 @pytest.fixture(scope="module")
-def two_steps(teacher_dir, tmp_path_factory) -> tuple[dict, Path]:
-    """TRAIN's run on two Ray workers, once for the module (a Ray Train run costs ~30 s on 2 cores): its result and
-    its output folder."""
-    out = tmp_path_factory.mktemp("two-steps") / "train"
-    return run_training(BASE, TRAIN, teacher_dir, out, TrackerRef()), out
+def undisturbed(teacher_dir, tmp_path_factory) -> tuple[dict, Path]:
+    """UNDISTURBED's run on two Ray workers, once for the module (a Ray Train fit costs ~30 s on 2 cores): its result
+    and its output folder."""
+    out = tmp_path_factory.mktemp("undisturbed") / "train"
+    return run_training(BASE, UNDISTURBED, teacher_dir, out, TrackerRef()), out
 
 
-def test_two_steps_on_two_ray_workers_match_the_recorded_losses(two_steps):
-    result, out = two_steps
-    losses = [loss for _, loss in result["history"]]
+def test_two_steps_on_two_ray_workers_match_the_recorded_losses(undisturbed):
+    result, out = undisturbed
+    losses = [loss for _, loss in result["history"]][:2]  # a step's loss does not depend on the steps after it
     print("losses:", losses)
     assert losses == pytest.approx(RECORDED_LOSSES, rel=1e-4)
     component = read_component(out / "component", expect_fingerprint=load_base_model("tiny-llama").fingerprint)
@@ -95,6 +85,39 @@ def test_two_steps_on_two_ray_workers_match_the_recorded_losses(two_steps):
     assert set(result["best"]) >= {"acc_top1_d1", "acc_top5_d3", "acc_top10_mean"}
     assert (out / "plots" / "loss.png").stat().st_size > 0
     assert (out / "plots" / "accuracy_by_distance.png").stat().st_size > 0
+
+
+def _listening_beyond_loopback() -> set:
+    import psutil
+
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.ip not in ("127.0.0.1", "::1")}
+
+
+def test_local_mode_trains_in_this_process_as_one_ray_worker_does_and_puts_the_process_back(teacher_dir, tmp_path):
+    """train.num_workers 0 (Ray Train's local mode): the rank runs here, on a gloo group of one, and trains exactly
+    what one Ray Train worker trains; afterwards the process has its threads, environment, log handlers and level
+    back, no process group, and nothing new listening beyond loopback."""
+    import logging
+
+    import torch.distributed as dist
+
+    cfg = TRAIN.model_copy(update={"num_workers": 1, "max_steps": 2})
+    on_a_worker = run_training(BASE, cfg, teacher_dir, tmp_path / "worker", TrackerRef())
+    ppdkit_log = logging.getLogger("ppdkit")
+    before = (torch.get_num_threads(), dict(os.environ), list(ppdkit_log.handlers), ppdkit_log.level,
+              _listening_beyond_loopback())
+    here = run_training(BASE, cfg.model_copy(update={"num_workers": 0}), teacher_dir, tmp_path / "here", TrackerRef())
+    after = (torch.get_num_threads(), dict(os.environ), list(ppdkit_log.handlers), ppdkit_log.level,
+             _listening_beyond_loopback())
+    assert here["history"] == on_a_worker["history"] and len(here["history"]) == 2
+    assert {k: v for k, v in after[1].items() if before[1].get(k) != v} == {}
+    assert after == before and not dist.is_initialized()
+    placement = json.loads((tmp_path / "here" / "placement.json").read_text())
+    assert len(placement[0]["ranks"]) == 1 and placement[0]["allreduce"] is None
+    assert "step 2/2 loss" in (tmp_path / "here" / "worker-0.log").read_text()
+    with pytest.raises(ValueError, match="set train.num_workers to 1 or more"):
+        TrainConfig(method="layer-skip", num_workers=0)
 
 
 def dying_once_at_step(step: int, marker: Path):
@@ -118,20 +141,18 @@ def dying_once_at_step(step: int, marker: Path):
     return loop
 
 
-def test_killed_worker_resumes_on_the_same_loss_curve(teacher_dir, tmp_path, monkeypatch):
-    cfg = TRAIN.model_copy(update={"max_steps": None, "epochs": 3, "checkpoint_every": 2, "eval_every": 2})
-    undisturbed = run_training(BASE, cfg, teacher_dir, tmp_path / "a", TrackerRef())
+def test_killed_worker_resumes_on_the_same_loss_curve(undisturbed, teacher_dir, tmp_path, monkeypatch):
     marker = tmp_path / "died"
     monkeypatch.setattr("ppdkit.trainer.launch.train_loop_per_worker", dying_once_at_step(3, marker))
-    resumed = run_training(BASE, cfg, teacher_dir, tmp_path / "b", TrackerRef())
+    resumed = run_training(BASE, UNDISTURBED, teacher_dir, tmp_path / "b", TrackerRef())
     assert marker.read_text() == "3"  # rank 0 really died at step 3, after the step-2 checkpoint
-    assert len(undisturbed["history"]) == len(resumed["history"]) == 6
-    for (s1, l1), (s2, l2) in zip(undisturbed["history"], resumed["history"]):
+    assert len(undisturbed[0]["history"]) == len(resumed["history"]) == 6
+    for (s1, l1), (s2, l2) in zip(undisturbed[0]["history"], resumed["history"]):
         assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
 
 
-def test_component_for_another_base_model_is_refused(two_steps, tmp_path):
-    component = shutil.copytree(two_steps[1] / "component", tmp_path / "component")  # the fixture's stays whole
+def test_component_for_another_base_model_is_refused(undisturbed, tmp_path):
+    component = shutil.copytree(undisturbed[1] / "component", tmp_path / "component")  # the fixture's stays whole
     with pytest.raises(ArtifactError, match="trained for base model tiny-llama"):
         read_component(component, expect_fingerprint="sha256:" + "1" * 64)
     meta = json.loads((component / "component.json").read_text())
@@ -165,11 +186,13 @@ def test_a_hundred_epts_per_prompt_token(teacher_dir):
 
 def test_ept_head_two_stage_trains_the_head_from_its_start_step_only(teacher_dir, tmp_path):
     """2-stage ept-head: the prompt tokens alone first (the head is left out, so those steps are exactly
-    ept's: the recorded losses), then both at the lower lr; the base model stays bit-identical."""
+    ept's: an ept run's losses), then both at the lower lr; the base model stays bit-identical."""
     cfg = train_as("ept-head", groups_per_sequence=4, epochs=2, max_steps=3, head_start_step=2, head_lr_scale=0.5)
     result = run_training(BASE, cfg, teacher_dir, tmp_path / "train", TrackerRef())
     losses = [loss for _, loss in result["history"]]
-    assert losses[:2] == pytest.approx(RECORDED_LOSSES, rel=1e-4) and len(losses) == 3
+    ept = run_training(BASE, train_as("ept", groups_per_sequence=4, max_steps=2), teacher_dir, tmp_path / "ept",
+                       TrackerRef())
+    assert losses[:2] == pytest.approx([loss for _, loss in ept["history"]], rel=1e-6) and len(losses) == 3
     from ppdkit.models.state_io import load_state
 
     states = {s: load_state(tmp_path / "train" / "checkpoints" / f"step-{s:06d}" / "rank-0")["module"] for s in (2, 3)}

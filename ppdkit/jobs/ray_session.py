@@ -6,6 +6,8 @@ import socket
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
+from ppdkit.models.environment import environment
+
 from .spec import RayConfig
 
 log = logging.getLogger(__name__)
@@ -104,16 +106,11 @@ def local_ray(num_cpus: int | None, object_store_mb: int, log_to_driver: bool = 
         port = probe.getsockname()[1]
     # Ray's "Started a local Ray instance" line is INFO of its own logger, shown with --verbose (log_to_driver):
     # ppdkit prints the dashboard address itself
-    before = os.environ.get(API_SERVER_VARIABLE)
-    os.environ[API_SERVER_VARIABLE] = f"http://127.0.0.1:{port}"
-    try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
-                 dashboard_port=port, _node_ip_address="127.0.0.1", object_store_memory=object_store_mb * 2**20,
-                 log_to_driver=log_to_driver, logging_level=logging.INFO if log_to_driver else logging.WARNING)
-        yield
-    finally:
-        ray.shutdown()
-        if before is None:
-            os.environ.pop(API_SERVER_VARIABLE, None)
-        else:
-            os.environ[API_SERVER_VARIABLE] = before
+    with environment(**{API_SERVER_VARIABLE: f"http://127.0.0.1:{port}"}):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+                     dashboard_port=port, _node_ip_address="127.0.0.1", object_store_memory=object_store_mb * 2**20,
+                     log_to_driver=log_to_driver, logging_level=logging.INFO if log_to_driver else logging.WARNING)
+            yield
+        finally:
+            ray.shutdown()  # before the variable is put back: Ray's processes read it until they stop

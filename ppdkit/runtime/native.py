@@ -23,6 +23,8 @@ from types import ModuleType
 
 import torch
 
+from ppdkit.models.environment import environment
+
 log = logging.getLogger(__name__)
 KERNELS = Path(__file__).parent / "kernels"
 
@@ -129,15 +131,11 @@ def _own_ninja_first():
     """PATH with this Python's own scripts folder first while torch builds, where ninja is installed there (a
     dependency of ppdkit): every process of the venv then runs one ninja, activated or not."""
     scripts, saved = Path(sys.executable).parent, os.environ.get("PATH")
-    if (scripts / "ninja").exists():
-        os.environ["PATH"] = os.pathsep.join([str(scripts), *([saved] if saved else [])])
-    try:
+    if not (scripts / "ninja").exists():
         yield
-    finally:
-        if saved is None:
-            os.environ.pop("PATH", None)
-        else:
-            os.environ["PATH"] = saved
+        return
+    with environment(PATH=os.pathsep.join([str(scripts), *([saved] if saved else [])])):
+        yield
 
 
 BF16_KERNELS = ("auto", "amx", "avx512", "avx2")

@@ -50,8 +50,9 @@ class TrainConfig(Section):
     method: Literal[tuple(TRAINING_METHODS)] = Field(
         DEFAULT_METHOD, description="; ".join(_summary(m) for m in TRAINING_METHODS))
     # the cluster
-    num_workers: int = Field(2, ge=1, description="Ray Train workers (one DeepSpeed rank each); layer-skip: with "
-                                                  "cpus_per_worker, the CPUs a trial is timed on")
+    num_workers: int = Field(2, ge=0, description="Ray Train workers (one DeepSpeed rank each); 0: Ray Train's "
+                             "local mode, one rank in the driver's own process (no worker start-up: small runs, "
+                             "debugging); layer-skip: with cpus_per_worker, the CPUs a trial is timed on")
     cpus_per_worker: int = Field(1, ge=1, description="CPUs (and torch threads) per Ray Train worker")
     max_failures: int = Field(1, ge=0, description="worker-group restarts Ray Train attempts, resuming from a "
                                                    "checkpoint (layer-skip: a failed trial's retries)")
@@ -70,6 +71,14 @@ class LayerSkipConfig(TrainConfig):
     search_trials: int = Field(40, ge=1, description="skip maps timed (Optuna's TPE on Ray Tune)")
     search_prompts: int = Field(8, ge=1, description="development prompts, the data stage's held-out first user turns")
     search_new_tokens: int = Field(32, ge=1, description="tokens decoded per prompt in a trial")
+
+    @field_validator("num_workers")
+    @classmethod
+    def _cpus_to_time_on(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("layer-skip times each trial on num_workers * cpus_per_worker CPUs of the cluster: set "
+                             "train.num_workers to 1 or more (0, local mode, is for the methods that train weights)")
+        return value
 
 
 class WeightTrainingConfig(TrainConfig):

@@ -11,6 +11,7 @@ from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.device_plan import DevicePlan, current_device_plan
 
 from .config import WeightTrainingConfig
+from .local_rank import train_in_this_process
 from .worker import PLACEMENT_FILE, PROGRESS_FILE, train_loop_per_worker
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,7 @@ def run_training(base: BaseModelConfig, cfg: WeightTrainingConfig, teacher_dir: 
     stage's directory, the teacher's compute_dtype and top_k, in place of the teacher cache in `teacher_dir`.
     `placement` (ray.placement): the ranks on different nodes where there is room, or packed on one.
 
+    train.num_workers 0 is Ray Train's local mode: the one rank runs in this process (trainer/local_rank.py).
     OUT must be storage every node sees: Ray Train's storage_path (OUT/ray) and the checkpoints each rank writes
     (OUT/checkpoints) are there. A rank that dies, alone or with its node, fails the group; Ray Train starts it
     again (train.max_failures times) where there is room, and every rank resumes from the last checkpoint."""
@@ -31,7 +33,7 @@ def run_training(base: BaseModelConfig, cfg: WeightTrainingConfig, teacher_dir: 
     out_dir.mkdir(parents=True, exist_ok=True)
     devices = trainer_devices(current_device_plan(), cfg.cpus_per_worker)
     trainer = TorchTrainer(
-        train_loop_per_worker,
+        train_loop_per_worker if cfg.num_workers else train_in_this_process,  # 0: Ray Train's local mode
         train_loop_config={"train": cfg.model_dump(), "base_model": base.model_dump(), "teacher_dir": str(teacher_dir),
                            "output": str(out_dir), "tracker": tracker_ref, "online": online},
         torch_config=TorchConfig(**devices["torch_config"]),
