@@ -288,13 +288,14 @@ def test_auto_precision_trains_in_whichever_this_cpu_runs_faster(caplog):
 
 
 def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir, tmp_path):
-    on_disk = EAGLE3_TRAIN.model_copy(update={"features_on_disk": True})  # the first visits write the states
+    # the first visits write the states, from two ranks at once (the other method tests train on one, in-process)
+    on_disk = EAGLE3_TRAIN.model_copy(update={"features_on_disk": True, "num_workers": 2})
     result = run_training(BASE, on_disk, teacher_dir, tmp_path / "train", TrackerRef())
     losses = [loss for _, loss in result["history"]]
     assert len(losses) == 2 and all(math.isfinite(x) and x > 0 for x in losses)
     assert set(result["best"]) >= {"acc_top1_d1", "acc_top1_d3", "loss_d2"}
     written = list((teacher_dir / "base-states").glob("layers-1-1-1.*/*/*.safetensors"))  # by both workers
-    assert len(written) >= 2 * 2 * EAGLE3_TRAIN.micro_batch and not list(teacher_dir.rglob("*.partial"))
+    assert len(written) >= 2 * 2 * on_disk.micro_batch and not list(teacher_dir.rglob("*.partial"))
     base = load_base_model("tiny-llama")
     component = read_component(tmp_path / "train" / "component", expect_fingerprint=base.fingerprint)
     assert component.method == "eagle3" and component.hyperparameters["aux_layers"] == [1, 1, 1]

@@ -227,8 +227,10 @@ def test_killed_driver_and_stopped_server_then_rerun_matches_an_undisturbed_run(
                                                                                  sessions, tmp_path):
     spec = _spec(tmp_path, mlflow_server.uri)
     reference, out = tmp_path / "reference", tmp_path / "out"
+    # the reference trains in this process (Ray Train's local mode): the same losses as the spec's one worker
+    # (test_training's local-mode test), without a worker group to start
     assert main(["run", str(spec), "--stages", "data,teacher,train", "--output", str(reference),
-                 "tracking.enabled=false"]) == 0
+                 "tracking.enabled=false", "train.num_workers=0"]) == 0
     mlflow_server.ensure_running()
     total = len(_shards(reference))
     # the data stage is not under test: the disturbed runs start from the reference's (same inputs)

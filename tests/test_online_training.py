@@ -1,5 +1,5 @@
 """train.online (ppdkit/trainer/online_teacher.py): the frozen base computes the targets and features in the training step,
-exactly the teacher stage's, and EAGLE-3 trains on them on two Ray workers without a teacher cache."""
+exactly the teacher stage's, and EAGLE-3 trains on them without a teacher cache."""
 
 import math
 
@@ -46,7 +46,7 @@ def test_online_targets_and_features_are_the_teacher_stages(teacher_dir):
     assert teacher.forwards == len(cached)
 
 
-def test_eagle3_trains_online_on_two_ray_workers_and_decodes_losslessly(teacher_dir, tmp_path):
+def test_eagle3_trains_online_and_decodes_losslessly(teacher_dir, tmp_path):
     """No teacher cache: the workers read the data stage's rows (teacher_dir names nothing that exists)."""
     online = {"data_dir": str(teacher_dir.parent / "data"), "compute_dtype": "float32", "top_k": 16}
     result = run_training(BASE, EAGLE3_TRAIN.model_copy(update={"online": True}), tmp_path / "no-teacher",
@@ -61,7 +61,7 @@ def test_eagle3_trains_online_on_two_ray_workers_and_decodes_losslessly(teacher_
 
 
 def test_a_feature_head_trains_online_and_calibrates_on_the_data_stages_held_out_rows(teacher_dir, tmp_path):
-    """The feature head, online: trained on two Ray workers, then its trees calibrated on the held-out rows of the
+    """The feature head, online: trained, then its trees calibrated on the held-out rows of the
     data stage (no teacher cache anywhere), loadable and lossless."""
     from test_training import train_as
 
