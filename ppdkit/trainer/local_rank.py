@@ -25,11 +25,8 @@ RANK_VARIABLES = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORL
 
 
 def loopback_interface() -> str:
-    """The name of the interface that holds 127.0.0.1, for gloo's device (`lo` on Linux)."""
-    for index, name in socket.if_nameindex():
-        if name.startswith("lo"):
-            return name
-    return "lo"
+    """The loopback interface's name, for gloo's device: `lo` on Linux (`lo0` elsewhere)."""
+    return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
 
 
 @contextmanager
