@@ -9,8 +9,6 @@ Writes docs/measurements/corpus-chain.json (`--out`) and prints the table. It me
 makes it slow: pause the corpus job first (infra/corpus/background.sh pause).
 """
 
-import argparse
-import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,9 +18,10 @@ from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus
 from ppdkit.jobs.adopt import MEASURE, format_shares, measure_component
 from ppdkit.runtime.corpus_ngrams import MAX_N, corpus_digest
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gate_tool.py, beside this script
+from gate_tool import ROOT, gate_main  # noqa: E402
+
 OUT = ROOT / "docs" / "measurements" / "corpus-chain.json"
-COMPONENT = ROOT / "ppdkit" / "models" / "components" / "smollm2-135m-eagle3"
 METHODS = ("eagle3-anpd", "eagle3-corpus")
 
 
@@ -50,19 +49,7 @@ def chain_table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(COMPONENT), help="the EAGLE-3 component")
-    parser.add_argument("--limit", type=int, default=None, help="fewer prompts than the measure's (a quick look)")
-    parser.add_argument("--out", default=str(OUT))
-    args = parser.parse_args(argv)
-    report = measure_chain(Path(args.model), args.limit)
-    if report["identical"] != report["prompts"]:
-        print(f"eagle3-corpus gave other tokens than eagle3-anpd on {report['prompts'] - report['identical']} "
-              "prompts: decoding is not lossless; report this", file=sys.stderr)
-        return 1
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(chain_table(report))
-    return 0
+    return gate_main(argv, __doc__, OUT, measure_chain, chain_table, "the EAGLE-3 component", "eagle3-corpus gave other tokens than eagle3-anpd")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ Writes docs/measurements/tree-values.json (`--out`) and prints the table. It mea
 makes it slow: pause the corpus job first (infra/corpus/background.sh pause).
 """
 
-import argparse
-import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,9 +19,10 @@ from ppdkit.jobs.adopt import MEASURE, format_shares, measure_component
 from ppdkit.models.artifact import read_component
 from ppdkit.runtime.tree_values import TREE_VALUES
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gate_tool.py, beside this script
+from gate_tool import ROOT, gate_main  # noqa: E402
+
 OUT = ROOT / "docs" / "measurements" / "tree-values.json"
-COMPONENT = ROOT / "ppdkit" / "models" / "components" / "smollm2-135m-eagle3"
 METHODS = ("eagle3-anpd", "eagle3-corpus")
 VALUES = {"own": False, "fitted": True}  # the draft's own probabilities; the component's fitted model
 
@@ -59,19 +58,7 @@ def values_table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(COMPONENT), help="the EAGLE-3 component, with its tree_values.json")
-    parser.add_argument("--limit", type=int, default=None, help="fewer prompts than the measure's (a quick look)")
-    parser.add_argument("--out", default=str(OUT))
-    args = parser.parse_args(argv)
-    report = measure_values(Path(args.model), args.limit)
-    if report["identical"] != report["prompts"]:
-        print(f"the four decodings gave other tokens on {report['prompts'] - report['identical']} prompts: decoding "
-              "is not lossless; report this", file=sys.stderr)
-        return 1
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(values_table(report))
-    return 0
+    return gate_main(argv, __doc__, OUT, measure_values, values_table, "the EAGLE-3 component, with its tree_values.json", "the four decodings gave other tokens")
 
 
 if __name__ == "__main__":
