@@ -6,21 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from ppdkit.data_pipeline.config import DataConfig  # pydantic only: no Ray, torch or cache read at import
+from ppdkit.models.config import BaseModelConfig
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _tiny_configs():
-    from ppdkit.data_pipeline.config import DataConfig
-    from ppdkit.models.config import BaseModelConfig
-
-    return (BaseModelConfig(name="tiny-llama", quantization="none"),
-            DataConfig(source=str(FIXTURES / "conversations.jsonl"), limit=None, max_length=64, holdout=0.3, shards=1,
-                       check_sequences=0))
-
-
 # the tiny model, float32, and the fixture conversations' data stage: what the training tests train on
-TINY_BASE, TINY_DATA = _tiny_configs()
+TINY_BASE = BaseModelConfig(name="tiny-llama", quantization="none")
+TINY_DATA = DataConfig(source=str(FIXTURES / "conversations.jsonl"), limit=None, max_length=64, holdout=0.3, shards=1,
+                       check_sequences=0)
 
 
 _made_cache: list[str] = []
