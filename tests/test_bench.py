@@ -116,7 +116,9 @@ def test_a_report_names_the_package_files_that_differed_from_its_commit(tmp_path
     assert bench.describe_commit({}) == ""  # a report from before commits were recorded
 
 
-def test_machine_info_reads_the_cpu_model_and_only_the_isa_flags_that_matter(tmp_path):
+def test_machine_info_reads_the_cpu_model_and_only_the_isa_flags_that_matter(tmp_path, monkeypatch):
+    for name in bench.KERNEL_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
     cpuinfo = tmp_path / "cpuinfo"
     core = "model name\t: Example Xeon 9999\nflags\t\t: fpu sse avx512f avx512_vnni amx_int8\n"
     cpuinfo.write_text(f"processor\t: 0\n{core}\nprocessor\t: 1\n{core}")
@@ -128,6 +130,14 @@ def test_machine_info_reads_the_cpu_model_and_only_the_isa_flags_that_matter(tmp
     assert unknown["isa"] is None and "ISA flags unknown" in bench.describe_machine(unknown)
     assert "gpu" not in bench.machine_info(cpuinfo, torch.device("cpu"))  # a GPU's report names it first:
     assert bench.describe_machine({**machine, "gpu": "NVIDIA H200"}).startswith("NVIDIA H200 beside Example Xeon")
+    assert "kernel_settings" not in machine  # none set; a report timed with AMX left out of the build says so:
+    monkeypatch.setenv("PPDKIT_NATIVE_CFLAGS", "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    kept_out = bench.machine_info(cpuinfo)
+    assert kept_out["kernel_settings"] == {"PPDKIT_NATIVE_CFLAGS": "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+                                           "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
+    assert bench.describe_machine(kept_out).endswith(
+        "amx_int8, PPDKIT_NATIVE_CFLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16, ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16")
 
 
 def _row(method, tokens_per_s, per_step, identical=1.0, **extra):

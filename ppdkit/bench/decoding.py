@@ -35,6 +35,8 @@ AT = "@"  # a method with this suffix and a dtype (ar@float32) runs on a second 
 NEAR_TIE = 1e-4
 # the CPU features that decide which matmul paths torch and the runtime's kernels take (float32 vs bf16 vs AMX)
 ISA_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")  # the formats' units
+# the variables that change which kernels run (runtime/native.py; oneDNN's own cap on the ISA it uses)
+KERNEL_SETTINGS = ("PPDKIT_NATIVE_CFLAGS", "PPDKIT_BF16_KERNEL", "PPDKIT_BF16_FMA_ROWS", "ONEDNN_MAX_CPU_ISA")
 
 
 def load_prompts(source: str, limit: int | None) -> list[str]:
@@ -244,17 +246,20 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
 
 def machine_info(cpuinfo: Path = Path("/proc/cpuinfo"), device: torch.device | None = None) -> dict:
     """Where a report was measured: CPU model, cores, torch threads, the matmul ISA flags, torch and ppdkit versions
-    (the commit, and the files under ppdkit/ that differed from it: an adopted draft not yet committed, say); with a
-    CUDA `device`, the GPU's name too (the CPU is then its host)."""
+    (the commit, and the files under ppdkit/ that differed from it: an adopted draft not yet committed, say), the
+    kernel settings that were set (KERNEL_SETTINGS: AMX left out of the build, say); with a CUDA `device`, the GPU's
+    name too (the CPU is then its host)."""
     from ppdkit.registry.tracking import ppdkit_commit, ppdkit_uncommitted
 
     fields = cpu_info(cpuinfo)  # {} off Linux: platform's name stands in and the flags are unknown
     flags = set(fields.get("flags", "").split())
     gpu = {"gpu": torch.cuda.get_device_name(device)} if device is not None and device.type == "cuda" else {}
+    settings = {name: os.environ[name] for name in KERNEL_SETTINGS if os.environ.get(name)}
     return {**gpu, "cpu": fields.get("model name") or platform.processor() or platform.machine(),
             "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "isa": [f for f in ISA_FLAGS if f in flags] if flags else None,
-            "torch": torch.__version__, "ppdkit_commit": ppdkit_commit(), "ppdkit_uncommitted": ppdkit_uncommitted()}
+            "torch": torch.__version__, "ppdkit_commit": ppdkit_commit(), "ppdkit_uncommitted": ppdkit_uncommitted(),
+            **({"kernel_settings": settings} if settings else {})}
 
 
 def describe_machine(machine: dict) -> str:
@@ -263,8 +268,9 @@ def describe_machine(machine: dict) -> str:
     flags = machine.get("isa")
     isa = "ISA flags unknown" if flags is None else "+".join(flags) or "no AVX-512 or AMX"
     gpu = f"{machine['gpu']} beside " if machine.get("gpu") else ""
+    settings = "".join(f", {name}={value}" for name, value in machine.get("kernel_settings", {}).items())
     return (f"{gpu}{machine.get('cpu', '?')}, {machine.get('logical_cores', '?')} cores "
-            f"({machine.get('torch_threads', '?')} threads), {isa}")
+            f"({machine.get('torch_threads', '?')} threads), {isa}{settings}")
 
 
 def describe_commit(machine: dict) -> str:

@@ -7,7 +7,8 @@ kept in that directory, with the ninja of ppdkit's own environment where it has 
 when its build file names other source paths (a job's copy of the package on a Ray cluster) or when another
 ninja version wrote its logs (a system ninja and the venv's, found by PATH), which cost 1.5 minutes a switch.
 Anything that stops the build (no compiler, neither AVX-512 nor AVX2, PPDKIT_NATIVE_KERNELS=0) leaves the runtime on
-its portable path, with one warning saying why.
+its portable path, with one warning saying why. PPDKIT_NATIVE_CFLAGS adds compiler flags to the build (a build of
+its own): "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" leaves AMX out, to time what a CPU without it would do.
 """
 
 import functools
@@ -15,6 +16,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import sys
 import time
 from contextlib import contextmanager
@@ -60,7 +62,12 @@ def native_kernels() -> ModuleType | None:
     if not cpu_supports_kernels():
         log.info("neither AVX-512 nor AVX2 on this CPU: the runtime's matmuls use oneDNN")
         return None
-    return build_kernels()
+    return build_kernels(requested_cflags())
+
+
+def requested_cflags() -> tuple[str, ...]:
+    """The compiler flags PPDKIT_NATIVE_CFLAGS adds to the runtime's build (shell words), e.g. `-mno-amx-tile`."""
+    return tuple(shlex.split(os.environ.get("PPDKIT_NATIVE_CFLAGS", "")))
 
 
 def _kernel_files() -> list[Path]:
