@@ -12,6 +12,7 @@ never above its parent's, so any prefix of the proposals by value holds every ch
 Only which guesses a step verifies changes; what the step keeps is the base model's choice either way.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -42,12 +43,14 @@ def _logit(p: torch.Tensor) -> torch.Tensor:
 
 def feature_rows(depth: torch.Tensor, draft: torch.Tensor, corpus: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
     """Nodes' evidence as tensors [n] (a probability, NaN where the source did not propose the node; depth from 1)
-    -> their features [n, len(FEATURES)], float32."""
-    has = [(~torch.isnan(p)).float() for p in (draft, corpus, chain)]  # 3 x [n]
-    logits = [torch.where(h > 0, _logit(torch.nan_to_num(p, nan=0.5).float()), 0.0) for h, p in zip(has, (draft, corpus,
-                                                                                                         chain))]
-    return torch.stack([torch.ones_like(has[0]), has[0], logits[0], has[1], logits[1], has[2], logits[2],
-                        has[0] * has[1], has[0] * has[2], depth.float() - 1], dim=-1)
+    -> their features [n, len(FEATURES)], float32. The three sources go through each operation together: every step
+    values its candidates this way, and on a few nodes an operation's dispatch costs more than its arithmetic."""
+    said = torch.stack([draft, corpus, chain], dim=-1)  # [n, 3]
+    has = (~torch.isnan(said)).float()  # [n, 3]
+    logits = torch.where(has > 0, _logit(torch.nan_to_num(said, nan=0.5).float()), 0.0)  # [n, 3]
+    pairs = has[:, :1] * has[:, 1:]  # [n, 2]: draft and corpus, draft and chain
+    sources = torch.stack([has, logits], dim=-1).flatten(1)  # [n, 6]: has, logit for each source in turn
+    return torch.cat([torch.ones_like(has[:, :1]), sources, pairs, depth.float()[:, None] - 1], dim=-1)
 
 
 def evidence_rows(nodes: list[Evidence]) -> torch.Tensor:
@@ -56,6 +59,21 @@ def evidence_rows(nodes: list[Evidence]) -> torch.Tensor:
         return torch.tensor([math.nan if getattr(e, name) is None else getattr(e, name) for e in nodes],
                             dtype=torch.float64)
     return feature_rows(torch.tensor([e.depth for e in nodes]), column("draft"), column("corpus"), column("chain"))
+
+
+@functools.cache
+def _weights(weights: tuple[float, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The fitted weights as a tensor [F], made once per weights and dtype (a step values nodes several times)."""
+    return torch.tensor(weights, dtype=dtype)
+
+
+@functools.cache
+def _draft_only(depth: int, dtype: torch.dtype) -> torch.Tensor:
+    """The features [1, F] of a node at `depth` that only the draft proposed, its draft_logit left 0."""
+    features = torch.zeros(1, len(FEATURES), dtype=torch.float32 if dtype != torch.float64 else dtype)
+    features[0, FEATURES.index("bias")] = features[0, FEATURES.index("draft")] = 1.0
+    features[0, FEATURES.index("depth")] = depth - 1
+    return features
 
 
 @dataclass(frozen=True)
@@ -67,12 +85,15 @@ class TreeValues:
 
     def log_worth(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., F] -> log P(the node is the base's token | its parent was) [...], float32, below 0."""
-        return torch.nn.functional.logsigmoid(features @ torch.tensor(self.weights, dtype=features.dtype))
+        return torch.nn.functional.logsigmoid(features @ _weights(self.weights, features.dtype))
 
     def draft_worth(self, logp: torch.Tensor, depth: int) -> torch.Tensor:
-        """A level's draft guesses alone: the draft's log-probabilities [m, b] at `depth` -> their log-worth [m, b]."""
-        nan = torch.full_like(logp, math.nan)
-        return self.log_worth(feature_rows(torch.full_like(logp, depth), logp.exp(), nan, nan))
+        """A level's draft guesses alone: the draft's log-probabilities [m, b] at `depth` -> their log-worth [m, b].
+        feature_rows' numbers for a node only the draft proposed, built in a few operations, not thirty: a grown tree
+        values every level this way, and the small operations' dispatch cost more than a step's drafting arithmetic."""
+        features = _draft_only(depth, logp.dtype).repeat(logp.numel(), 1)  # [m b, F]
+        features[:, FEATURES.index("draft_logit")] = _logit(logp.exp().flatten().float())
+        return self.log_worth(features).view(logp.shape)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "weights": dict(zip(FEATURES, self.weights)), "fitted": self.fitted}
