@@ -57,6 +57,23 @@ def test_the_fit_recovers_the_model_that_labelled_the_samples():
     assert len(weights) == len(FEATURES)
 
 
+def test_a_nodes_worth_in_python_is_the_fitted_models_number_for_its_features():
+    """A grown tree values its nodes in Python (worth, draft_worth); the fitted model's own numbers for the same
+    evidence (log_worth of evidence_rows, as the fit reads it), for every mix of sources and probabilities: 0 and 1
+    are clipped, not infinite."""
+    rng = random.Random(0)
+    probabilities = [None, 0.0, 1e-12, 0.01, 0.3, 0.55, 1 - 1e-12, 1.0]
+    nodes = [Evidence(depth=rng.randint(1, 6), draft=rng.choice(probabilities), corpus=rng.choice(probabilities),
+                      chain=rng.choice(probabilities)) for _ in range(400)]
+    expected = FITTED.log_worth(evidence_rows(nodes)).tolist()
+    assert [FITTED.worth(node) for node in nodes] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    logps = [-math.inf, -30.0, math.log(0.01), math.log(0.3), math.log(0.55), -1e-9, 0.0]
+    for depth in (1, 2, 5):
+        rows = evidence_rows([Evidence(depth=depth, draft=math.exp(lp)) for lp in logps])
+        assert FITTED.draft_worth(logps, depth) == pytest.approx(FITTED.log_worth(rows).tolist(), rel=1e-5, abs=1e-6)
+    assert FITTED.draft_worth([math.log(0.6)], 1)[0] > FITTED.draft_worth([math.log(0.3)], 1)[0]
+
+
 def test_candidates_merge_every_sources_guesses_and_value_them_below_their_parents():
     found = Proposals()
     a = found.add(math.log(0.6), 1, 10, -1, math.log(0.6))

@@ -20,7 +20,7 @@ import torch
 from ppdkit.models.eagle3 import layer_input, layer_output, readout
 
 from .drafter import Proposal, Verified
-from .grown_tree import Frontier, GrownDrafter, Proposals, StepCost, grow_level, level_logp
+from .grown_tree import ROOT, GrownDrafter, Proposals, StepCost, grow_level, level_logp
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
 from .llama import LeanLlama, attention_bias, rotate
@@ -116,7 +116,7 @@ class Eagle3Drafter(GrownDrafter):
         state = self._read_verified(root)[None]  # [m, H] the expanded nodes' h (the root alone first)
         committed = cache.length  # the verified rows, all kept: the tree's rows go after them
         rows = [[]]  # each expanded node's draft rows along its path (indices after the committed rows)
-        frontier, found = Frontier(torch.zeros(1), [-1]), Proposals()
+        frontier, found = ROOT, Proposals()
         for level in range(1, depth + 1):
             logp = level_logp(readout(state, draft.weights, draft.eps))  # [m, V']
             grown = grow_level(found, logp, frontier, level, draft.vocab, beam, wanted, last=level == depth,
@@ -125,7 +125,7 @@ class Eagle3Drafter(GrownDrafter):
                 break
             parents, tokens, frontier = grown
             written = cache.length - committed  # draft rows of earlier levels
-            rows = [rows[p] + [written + i] for i, p in enumerate(parents.tolist())]
+            rows = [rows[p] + [written + i] for i, p in enumerate(parents)]
             visible = torch.zeros(len(rows), cache.length + len(rows), dtype=torch.bool)
             visible[:, :committed] = True
             for i, path in enumerate(rows):

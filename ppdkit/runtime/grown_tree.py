@@ -40,7 +40,7 @@ from .drafter import Drafter, Proposal, Verified
 from .kv_cache import KVCache
 from .tree_layout import shape_layout
 from .tree_sizer import LatencyModel
-from .tree_values import Evidence, TreeValues, evidence_rows
+from .tree_values import Evidence, TreeValues
 
 BEAM, DEPTH = 2, 5  # beams 2-3 and depths 4-6 measured alike on SmolLM2 (MT-Bench, HumanEval, 10 prompts each)
 CHAIN_LENGTH = 7  # ANPD's K
@@ -68,10 +68,13 @@ class Proposals:
 
 @dataclass
 class Frontier:
-    """The nodes a level expands: their values [m] and proposal indices (-1: the root)."""
+    """The nodes a level expands: their values and proposal indices (-1: the root)."""
 
-    values: torch.Tensor
+    values: list[float]
     proposals: list[int]
+
+
+ROOT = Frontier([0.0], [-1])  # the first level expands the root alone
 
 
 def level_logp(logits: torch.Tensor) -> torch.Tensor:
@@ -82,30 +85,37 @@ def level_logp(logits: torch.Tensor) -> torch.Tensor:
 
 def grow_level(found: Proposals, logp: torch.Tensor, frontier: Frontier, level: int, vocab: torch.Tensor, beam: int,
                wanted: int, last: bool, cost: "StepCost | None" = None, worth: TreeValues | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, Frontier] | None:
+               ) -> tuple[list[int], torch.Tensor, Frontier] | None:
     """Add the `beam` likeliest children of every expanded node (logp [m, V'] over the draft vocabulary `vocab`)
     to the proposals, in place, each valued by its parent's value plus its log-probability (`worth`: plus its fitted
     log-worth) -> (for the `beam` most valuable of them, their parents' rows among the expanded nodes [m'], their
     tokens [m'], the next frontier); None where growth stops: the last level, or nothing below this level could
     displace a proposal already among the `wanted` best, or (`cost`: the step's size is chosen by what rows cost)
-    nothing below it could pay for its row."""
+    nothing below it could pay for its row. A level holds a few numbers: they are valued in Python, since on so few
+    the dispatch of a tensor operation costs more than its arithmetic, and every step grows several levels."""
     top = logp.topk(min(beam, logp.shape[-1]), dim=-1)  # [m, b]
-    own = top.values if worth is None else worth.draft_worth(top.values, level)  # [m, b]
-    level_values = (frontier.values[:, None] + own).flatten()  # [m b]
-    level_tokens = vocab[top.indices.flatten()]  # [m b]
-    first, b = len(found.values), top.values.shape[1]
-    for i, (value, token, draft) in enumerate(zip(level_values.tolist(), level_tokens.tolist(),
-                                                  top.values.flatten().tolist())):
-        found.add(value, level, token, frontier.proposals[i // b], draft)
+    drafts, tokens = top.values.tolist(), vocab[top.indices].tolist()  # m lists of b
+    first = len(found.values)
+    children = []  # (value, parent's row, token) in proposal order
+    for row, (parent_value, parent, row_drafts, row_tokens) in enumerate(zip(frontier.values, frontier.proposals,
+                                                                              drafts, tokens)):
+        own = row_drafts if worth is None else worth.draft_worth(row_drafts, level)
+        for value, draft, token in zip(own, row_drafts, row_tokens):
+            value += parent_value
+            found.add(value, level, token, parent, draft)
+            children.append((value, row, token))
     if last:
         return None
-    best = level_values.topk(min(beam, len(level_values)))
+    # the level's most valuable, the first proposed on ties
+    best = sorted(range(len(children)), key=lambda i: -children[i][0])[:beam]
     # a child is never worth more than its parent: the level's best value bounds every deeper proposal's
-    if len(found.values) >= wanted and float(best.values[0]) < sorted(found.values, reverse=True)[wanted - 1]:
+    top_value = children[best[0]][0]
+    if len(found.values) >= wanted and top_value < sorted(found.values, reverse=True)[wanted - 1]:
         return None
-    if cost is not None and float(best.values[0]) < cost.floor(found.values):
+    if cost is not None and top_value < cost.floor(found.values):
         return None
-    return best.indices // b, level_tokens[best.indices], Frontier(best.values, [first + int(i) for i in best.indices])
+    return ([children[i][1] for i in best], torch.tensor([children[i][2] for i in best]),
+            Frontier([children[i][0] for i in best], [first + i for i in best]))
 
 
 def expand(model, heads, feature: torch.Tensor, root: int, wanted: int, beam: int, depth: int,
@@ -114,7 +124,7 @@ def expand(model, heads, feature: torch.Tensor, root: int, wanted: int, beam: in
     levels allow and (`cost`) their rows pay; `worth`: valued by the fitted model."""
     found = Proposals()
     state = feature_step(feature[None], model.embed_ids(torch.tensor([root])), *heads.layers)  # [1, H]
-    frontier = Frontier(torch.zeros(1), [-1])
+    frontier = ROOT
     for level in range(1, depth + 1):
         logp = level_logp(draft_logits(state, heads.readout))  # [m, V']
         grown = grow_level(found, logp, frontier, level, heads.vocab, beam, wanted, last=level == depth, cost=cost,
@@ -172,7 +182,7 @@ def candidates(found: Proposals, chains: list[tuple[list[int], list[float], str]
 
 def value_candidates(merged: Proposals, evidence: list[Evidence], values: TreeValues) -> None:
     """Each candidate's value, in place: its parent's plus its fitted log-worth (parents come first)."""
-    worth = values.log_worth(evidence_rows(evidence)).tolist() if evidence else []
+    worth = [values.worth(node) for node in evidence]
     for i, parent in enumerate(merged.parents):
         merged.values[i] = (merged.values[parent] if parent >= 0 else 0.0) + worth[i]
 

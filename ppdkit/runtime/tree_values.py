@@ -23,6 +23,8 @@ TREE_VALUES = "tree_values"  # the component's extra: tree_values.json
 FEATURES = ("bias", "draft", "draft_logit", "corpus", "corpus_logit", "chain", "chain_logit", "draft_and_corpus",
             "draft_and_chain", "depth")
 _EDGE = 1e-6  # probabilities clipped to [EDGE, 1 - EDGE] before their logit: a 0 or 1 rate stays finite
+# the same bounds as float32 holds them (feature_rows clips in float32): worth's logit at a bound is the fit's
+_LOW, _HIGH = torch.tensor([_EDGE, 1 - _EDGE], dtype=torch.float32).tolist()
 
 
 @dataclass(frozen=True)
@@ -67,15 +69,6 @@ def _weights(weights: tuple[float, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(weights, dtype=dtype)
 
 
-@functools.cache
-def _draft_only(depth: int, dtype: torch.dtype) -> torch.Tensor:
-    """The features [1, F] of a node at `depth` that only the draft proposed, its draft_logit left 0."""
-    features = torch.zeros(1, len(FEATURES), dtype=torch.float32 if dtype != torch.float64 else dtype)
-    features[0, FEATURES.index("bias")] = features[0, FEATURES.index("draft")] = 1.0
-    features[0, FEATURES.index("depth")] = depth - 1
-    return features
-
-
 @dataclass(frozen=True)
 class TreeValues:
     """The fitted weights (one per FEATURES name) and how they were fitted (prompts, samples, the measure on them)."""
@@ -87,13 +80,24 @@ class TreeValues:
         """features [..., F] -> log P(the node is the base's token | its parent was) [...], float32, below 0."""
         return torch.nn.functional.logsigmoid(features @ _weights(self.weights, features.dtype))
 
-    def draft_worth(self, logp: torch.Tensor, depth: int) -> torch.Tensor:
-        """A level's draft guesses alone: the draft's log-probabilities [m, b] at `depth` -> their log-worth [m, b].
-        feature_rows' numbers for a node only the draft proposed, built in a few operations, not thirty: a grown tree
-        values every level this way, and the small operations' dispatch cost more than a step's drafting arithmetic."""
-        features = _draft_only(depth, logp.dtype).repeat(logp.numel(), 1)  # [m b, F]
-        features[:, FEATURES.index("draft_logit")] = _logit(logp.exp().flatten().float())
-        return self.log_worth(features).view(logp.shape)
+    def worth(self, node: Evidence) -> float:
+        """log_worth's number for one node's evidence, in Python's floats: a grown tree values its candidates this way
+        every step, a few dozen numbers, where a tensor operation's dispatch costs more than its arithmetic."""
+        w = dict(zip(FEATURES, self.weights))
+        z = w["bias"] + w["depth"] * (node.depth - 1)
+        said = {}  # the sources that proposed the node
+        for source in ("draft", "corpus", "chain"):
+            p = getattr(node, source)
+            if p is not None and not math.isnan(p):
+                said[source] = p = min(max(p, _LOW), _HIGH)
+                z += w[source] + w[f"{source}_logit"] * (math.log(p) - math.log1p(-p))
+        if "draft" in said:
+            z += w["draft_and_corpus"] * ("corpus" in said) + w["draft_and_chain"] * ("chain" in said)
+        return -math.log1p(math.exp(-z)) if z >= 0 else z - math.log1p(math.exp(z))  # log sigmoid(z)
+
+    def draft_worth(self, drafts: list[float], depth: int) -> list[float]:
+        """A level's draft guesses alone: the draft's log-probabilities at `depth` -> their worth."""
+        return [self.worth(Evidence(depth, draft=math.exp(logp))) for logp in drafts]
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "weights": dict(zip(FEATURES, self.weights)), "fitted": self.fitted}
