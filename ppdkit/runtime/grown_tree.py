@@ -66,15 +66,15 @@ class Proposals:
         return len(self.values) - 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class Frontier:
     """The nodes a level expands: their values and proposal indices (-1: the root)."""
 
-    values: list[float]
-    proposals: list[int]
+    values: tuple[float, ...]
+    proposals: tuple[int, ...]
 
 
-ROOT = Frontier([0.0], [-1])  # the first level expands the root alone
+ROOT = Frontier((0.0,), (-1,))  # the first level expands the root alone
 
 
 def level_logp(logits: torch.Tensor) -> torch.Tensor:
@@ -115,7 +115,7 @@ def grow_level(found: Proposals, logp: torch.Tensor, frontier: Frontier, level: 
     if cost is not None and top_value < cost.floor(found.values):
         return None
     return ([children[i][1] for i in best], torch.tensor([children[i][2] for i in best]),
-            Frontier([children[i][0] for i in best], [first + i for i in best]))
+            Frontier(tuple(children[i][0] for i in best), tuple(first + i for i in best)))
 
 
 def expand(model, heads, feature: torch.Tensor, root: int, wanted: int, beam: int, depth: int,

@@ -12,7 +12,6 @@ never above its parent's, so any prefix of the proposals by value holds every ch
 Only which guesses a step verifies changes; what the step keeps is the base model's choice either way.
 """
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -45,14 +44,12 @@ def _logit(p: torch.Tensor) -> torch.Tensor:
 
 def feature_rows(depth: torch.Tensor, draft: torch.Tensor, corpus: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
     """Nodes' evidence as tensors [n] (a probability, NaN where the source did not propose the node; depth from 1)
-    -> their features [n, len(FEATURES)], float32. The three sources go through each operation together: every step
-    values its candidates this way, and on a few nodes an operation's dispatch costs more than its arithmetic."""
-    said = torch.stack([draft, corpus, chain], dim=-1)  # [n, 3]
-    has = (~torch.isnan(said)).float()  # [n, 3]
-    logits = torch.where(has > 0, _logit(torch.nan_to_num(said, nan=0.5).float()), 0.0)  # [n, 3]
-    pairs = has[:, :1] * has[:, 1:]  # [n, 2]: draft and corpus, draft and chain
-    sources = torch.stack([has, logits], dim=-1).flatten(1)  # [n, 6]: has, logit for each source in turn
-    return torch.cat([torch.ones_like(has[:, :1]), sources, pairs, depth.float()[:, None] - 1], dim=-1)
+    -> their features [n, len(FEATURES)], float32."""
+    has = [(~torch.isnan(p)).float() for p in (draft, corpus, chain)]  # 3 x [n]
+    logits = [torch.where(h > 0, _logit(torch.nan_to_num(p, nan=0.5).float()), 0.0) for h, p in zip(has, (draft, corpus,
+                                                                                                         chain))]
+    return torch.stack([torch.ones_like(has[0]), has[0], logits[0], has[1], logits[1], has[2], logits[2],
+                        has[0] * has[1], has[0] * has[2], depth.float() - 1], dim=-1)
 
 
 def evidence_rows(nodes: list[Evidence]) -> torch.Tensor:
@@ -61,12 +58,6 @@ def evidence_rows(nodes: list[Evidence]) -> torch.Tensor:
         return torch.tensor([math.nan if getattr(e, name) is None else getattr(e, name) for e in nodes],
                             dtype=torch.float64)
     return feature_rows(torch.tensor([e.depth for e in nodes]), column("draft"), column("corpus"), column("chain"))
-
-
-@functools.cache
-def _weights(weights: tuple[float, ...], dtype: torch.dtype) -> torch.Tensor:
-    """The fitted weights as a tensor [F], made once per weights and dtype (a step values nodes several times)."""
-    return torch.tensor(weights, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -78,18 +69,19 @@ class TreeValues:
 
     def log_worth(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., F] -> log P(the node is the base's token | its parent was) [...], float32, below 0."""
-        return torch.nn.functional.logsigmoid(features @ _weights(self.weights, features.dtype))
+        return torch.nn.functional.logsigmoid(features @ torch.tensor(self.weights, dtype=features.dtype))
 
     def worth(self, node: Evidence) -> float:
         """log_worth's number for one node's evidence, in Python's floats: a grown tree values its candidates this way
         every step, a few dozen numbers, where a tensor operation's dispatch costs more than its arithmetic."""
         w = dict(zip(FEATURES, self.weights))
         z = w["bias"] + w["depth"] * (node.depth - 1)
-        said = {}  # the sources that proposed the node
+        said = set()  # the sources that proposed the node
         for source in ("draft", "corpus", "chain"):
             p = getattr(node, source)
             if p is not None and not math.isnan(p):
-                said[source] = p = min(max(p, _LOW), _HIGH)
+                said.add(source)
+                p = min(max(p, _LOW), _HIGH)
                 z += w[source] + w[f"{source}_logit"] * (math.log(p) - math.log1p(-p))
         if "draft" in said:
             z += w["draft_and_corpus"] * ("corpus" in said) + w["draft_and_chain"] * ("chain" in said)
