@@ -12,6 +12,7 @@ never above its parent's, so any prefix of the proposals by value holds every ch
 Only which guesses a step verifies changes; what the step keeps is the base model's choice either way.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -67,6 +68,11 @@ class TreeValues:
     weights: tuple[float, ...]
     fitted: dict
 
+    @functools.cached_property
+    def named(self) -> dict[str, float]:
+        """The weights by FEATURES name, made once: worth reads them for every node of every step."""
+        return dict(zip(FEATURES, self.weights))
+
     def log_worth(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., F] -> log P(the node is the base's token | its parent was) [...], float32, below 0."""
         return torch.nn.functional.logsigmoid(features @ torch.tensor(self.weights, dtype=features.dtype))
@@ -74,7 +80,7 @@ class TreeValues:
     def worth(self, node: Evidence) -> float:
         """log_worth's number for one node's evidence, in Python's floats: a grown tree values its candidates this way
         every step, a few dozen numbers, where a tensor operation's dispatch costs more than its arithmetic."""
-        w = dict(zip(FEATURES, self.weights))
+        w = self.named
         z = w["bias"] + w["depth"] * (node.depth - 1)
         said = set()  # the sources that proposed the node
         for source in ("draft", "corpus", "chain"):
@@ -92,7 +98,7 @@ class TreeValues:
         return [self.worth(Evidence(depth, draft=math.exp(logp))) for logp in drafts]
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "weights": dict(zip(FEATURES, self.weights)), "fitted": self.fitted}
+        return {"format": FORMAT, "weights": dict(self.named), "fitted": self.fitted}
 
     @classmethod
     def from_json(cls, data: dict, where: str = "tree_values.json") -> "TreeValues":
