@@ -113,6 +113,25 @@ def test_the_second_layer_section_says_what_the_ab_measured(tool):
     assert "+0.0200/-0.0100 at distances 1-2" in text and "1.90x" in text and "ended +0.0100 from it" in text
 
 
+def test_the_objective_section_compares_every_arm_with_the_arm_at_0(tool):
+    arms = {"top1 share 0": {"top1_share": 0.0}, "top1 share 0.5": {"top1_share": 0.5}}
+    report = {"settings": {"steps": 2, "batch": 8, "lr": 3e-4, "depth": 2, "precision": "bf16-autocast"},
+              "started_from": "d", "heldout_sequences": 9, "date": "2026-12-05T00:00:00+00:00",
+              "machine": {"cpu": "Some CPU"}, "arms": arms, "identical": 80,
+              "evals": [{"step": 0, "positions": 0, "top1 share 0": [.7, .6], "top1 share 0.5": [.7, .6],
+                         "top5": {"top1 share 0": [.8, .7], "top1 share 0.5": [.8, .7]}},
+                        {"step": 2, "positions": 900, "top1 share 0": [.71, .6], "top1 share 0.5": [.72, .61],
+                         "top5": {"top1 share 0": [.81, .7], "top1 share 0.5": [.8, .72]}}],
+              "gate": {"measure": {"prompts": "mt-bench", "limit": 80, "method": "eagle3-anpd", "tree_size": 8,
+                                   "dtype": "float32"},
+                       "top1 share 0": {"tokens_per_step": 2.5, "kept_share": [.7, .4, .2, .1, .05]},
+                       "top1 share 0.5": {"tokens_per_step": 2.52, "kept_share": [.71, .41, .2, .1, .05]}}}
+    text = tool["objective_section"](report)
+    assert "| 2 | 900 | .710/.600 | .720/.610 |" in text
+    assert "| top1 share 0.5 | .720/.610 | .800/.720 | 2.520 | .710/.410/.200/.100/.050 |" in text
+    assert "top1 share 0.5 +0.020 tokens per step (top-1 d1 +0.0100)" in text and "80 of 80 prompts" in text
+
+
 def test_the_corpus_chain_measure_is_on_the_page_and_was_lossless(tool):
     """docs/tools/corpus_chain.py's report: both methods' tokens per step on the page, under the heading that
     docs/methods.md links to, and the same tokens from both on every prompt."""

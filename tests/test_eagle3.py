@@ -287,6 +287,23 @@ def test_auto_precision_trains_in_whichever_this_cpu_runs_faster(caplog):
             TrainConfig(method="feature-head", precision=precision)
 
 
+def test_top1_share_moves_the_target_onto_the_teachers_top1_and_its_gradient_follows():
+    """train.top1_share: the target is (1 - share) x the teacher's distribution + share x its top-1 (column 0), a
+    distribution still; a top-1 outside the draft vocabulary leaves the distribution as it is; 0 is EAGLE-3's loss."""
+    from ppdkit.trainer.losses import soft_cross_entropy, with_top1_share
+
+    index = torch.tensor([[[3, 1, 4]], [[-1, 2, 0]]])  # [N 2, 1, K 3]: the second's top-1 is outside the vocabulary
+    probs = torch.tensor([[[0.5, 0.3, 0.2]], [[0.0, 0.6, 0.4]]])
+    mixed = with_top1_share(index, probs, 0.25)
+    assert torch.allclose(mixed[0], torch.tensor([[0.625, 0.225, 0.15]])) and torch.equal(mixed[1], probs[1])
+    assert torch.allclose(mixed.sum(-1), torch.ones(2, 1)) and with_top1_share(index, probs, 0.0) is probs
+    logits = torch.zeros(2, 1, 5, requires_grad=True)  # [N, D, V']: a uniform draft
+    soft_cross_entropy(logits.log_softmax(-1), index, mixed).sum().backward()
+    assert logits.grad[0, 0].argmin() == 3  # the top-1's logit is pushed up hardest
+    with pytest.raises(ValueError, match="top1_share"):
+        TrainConfig(method="eagle3", top1_share=1.5)
+
+
 def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir, tmp_path):
     # the first visits write the states, from two ranks at once (the other method tests train on one, in-process)
     on_disk = EAGLE3_TRAIN.model_copy(update={"features_on_disk": True, "num_workers": 2})

@@ -7,6 +7,8 @@ committed. The page reads:
 - the gate's measure on held-out corpus prompts against MT-Bench (docs/measurements/draft-gap.json, written by
   docs/tools/draft_gap.py);
 - the A/B of a second draft layer (docs/measurements/draft-layers.json, written by docs/tools/draft_layers.py);
+- the A/B of the training target with part of it on the teacher's top-1 (docs/measurements/draft-objective.json,
+  written by docs/tools/draft_objective.py);
 - the gate's measure with the corpus's own chain in the tree (docs/measurements/corpus-chain.json, written by
   docs/tools/corpus_chain.py);
 - the gate's measure with the trees valued by the draft's own probabilities and by the fitted value model
@@ -119,6 +121,38 @@ def layers_section(report: dict) -> str:
             "against that).")
 
 
+def objective_section(report: dict) -> str:
+    """The A/B of train.top1_share on the same batches, then on the gate (docs/tools/draft_objective.py)."""
+    s, arms, last = report["settings"], list(report["arms"]), report["evals"][-1]
+    lines = ["| step | answer positions read | " + " | ".join(f"{a}: top-1 d1-4" for a in arms) + " |",
+             "|---|---|" + "---|" * len(arms)]
+    lines += [f"| {e['step']} | {e['positions']:,} | " + " | ".join(format_shares(e[a]) for a in arms) + " |"
+              for e in report["evals"]]
+    gate = report["gate"]
+    ends = ["| arm | held-out top-1 d1-4 | held-out top-5 d1-4 | MT-Bench tokens per step | steps keeping at least "
+            "1/2/3/4/5 guesses |", "|---|---|---|---|---|"]
+    ends += [f"| {a} | {format_shares(last[a])} | {format_shares(last['top5'][a])} | "
+             f"{gate[a]['tokens_per_step']:.3f} | {format_shares(gate[a]['kept_share'])} |" for a in arms]
+    control = arms[0]
+    gains = ", ".join(f"{a} {gate[a]['tokens_per_step'] - gate[control]['tokens_per_step']:+.3f} tokens per step "
+                      f"(top-1 d1 {last[a][0] - last[control][0]:+.4f})" for a in arms[1:])
+    measure = gate["measure"]
+    return ("## The training target: the teacher's top-1\n\n"
+            "Greedy decoding keeps a guess only where it is the base model's top-1, and EAGLE-3's loss weighs that "
+            "token by its probability. `train.top1_share` moves that share of each target onto the teacher's top-1. "
+            f"All arms start from the committed draft ({report['started_from']}) and read the same batches: "
+            f"{s['steps']} steps of {s['batch']} corpus conversations, lr {s['lr']} cosine, {s['precision']}, the "
+            f"training-time test {s['depth']} steps deep, held-out top-1 on {report['heldout_sequences']} held-out "
+            f"conversations ({report['date'][:10]}, {report['machine']['cpu']}, "
+            "[draft-objective.json](measurements/draft-objective.json), `python docs/tools/draft_objective.py`):\n\n"
+            + "\n".join(lines) + "\n\n"
+            f"Then each arm's tree values were fitted and it was measured as `ppdkit adopt` measures a candidate "
+            f"(`{measure['method']}`, trees of {measure['tree_size']} nodes, {measure['limit']} {measure['prompts']} "
+            f"first turns, {measure['dtype']}); all arms gave the same tokens on {report['identical']} of "
+            f"{measure['limit']} prompts:\n\n" + "\n".join(ends) + "\n\n"
+            f"Against the arm at 0 (EAGLE-3's loss), on the same batches: {gains}.")
+
+
 def chain_section(report: dict) -> str:
     """The gate's measure with eagle3-anpd and with eagle3-corpus (docs/tools/corpus_chain.py)."""
     before, after = (m["tokens_per_step"] for m in report["methods"].values())
@@ -226,6 +260,9 @@ def render() -> str:
     layers = MEASUREMENTS / "draft-layers.json"
     if layers.is_file():
         parts += ["", layers_section(json.loads(layers.read_text()))]
+    objective = MEASUREMENTS / "draft-objective.json"
+    if objective.is_file():
+        parts += ["", objective_section(json.loads(objective.read_text()))]
     gap = MEASUREMENTS / "draft-gap.json"
     if gap.is_file():
         parts += ["", gap_section(json.loads(gap.read_text()))]

@@ -222,6 +222,10 @@ class Eagle3Config(DraftHeadConfig):
                             "(much faster on a CPU with AVX512-BF16 and on a GPU, slower on a CPU without AMX whose "
                             "bfloat16 dot product issues slower than its float32 FMAs); auto: bf16-autocast or fp32, "
                             "whichever each worker times faster at its start")
+    top1_share: float = Field(0.0, ge=0.0, le=1.0, description="the share of each step's target moved onto the "
+                              "teacher's most likely token: (1 - share) x its distribution + share x its top-1. Greedy "
+                              "decoding keeps a guess only where it is the base's top-1; 0 learns the distribution "
+                              "alone (EAGLE-3's loss)")
 
     @field_validator("loss")
     @classmethod

@@ -6,8 +6,9 @@ at rotary position t+k, and guesses x_{t+2+k}, whose teacher distribution is the
 step k the query at t attends to step 0's keys at positions <= t (the verified context, as the decoder's draft
 cache holds it) and to steps 1..k's keys at t itself (the draft path that leads to it, as the decoder's
 tree rows do), so the draft trains on exactly the inputs and visibility it decodes with. The loss is the
-soft cross-entropy to the teacher renormalised on the draft vocabulary, step k weighted by alpha^(k+1).
-The base's hidden states come from trainer/features.py, computed in the teacher's dtype.
+soft cross-entropy to the teacher renormalised on the draft vocabulary (train.top1_share of it moved onto the
+teacher's most likely token), step k weighted by alpha^(k+1). The base's hidden states come from
+trainer/features.py, computed in the teacher's dtype.
 """
 
 import math
@@ -26,11 +27,11 @@ from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes, layer
 from .autocast_probe import use_autocast
 from .evaluate import TOPS, by_distance
 from .features import FeatureCache
-from .losses import on_draft_vocab, soft_cross_entropy, topk_hits
+from .losses import on_draft_vocab, soft_cross_entropy, topk_hits, with_top1_share
 from .warm_start import draft_vocabulary
 from .training_run import TrainingRun
 
-HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "alpha", "lr", "epochs", "seed")  # and the precision
+HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "top1_share", "alpha", "lr", "epochs", "seed")  # and the precision
 KEEP_FEATURE_BYTES = 2e9  # a worker's kept hidden states; past it they are computed at every visit
 
 
@@ -144,23 +145,24 @@ class Eagle3Run(TrainingRun):
         values.append(value.transpose(1, 2))
         return unrolled_attention(rotate(q.transpose(1, 2), cos, sin), keys, values, real)
 
-    def _targets(self, batch: SequenceBatch, rows: torch.Tensor):
-        """The teacher's entries `rows` on the draft vocabulary: (index [N, 1, K], probabilities [N, 1, K],
-        valid [N, 1], the teacher's most likely token's draft index [N, 1])."""
+    def _targets(self, batch: SequenceBatch, rows: torch.Tensor, top1_share: float):
+        """The teacher's entries `rows` on the draft vocabulary: (index [N, 1, K], the target's probabilities
+        [N, 1, K] with top1_share of it on the teacher's top-1, valid [N, 1], the teacher's most likely token's draft
+        index [N, 1])."""
         ids = batch.topk_ids[rows]
         index, probs, valid = on_draft_vocab(self.vocab_index, ids, batch.topk_logprobs[rows])
-        return index, probs, valid, self.vocab_index[ids[:, :1].long()]
+        return index, with_top1_share(index, probs, top1_share), valid, self.vocab_index[ids[:, :1].long()]
 
-    def _per_step(self, w, batch: SequenceBatch):
-        """Per step: (soft cross-entropy [N_k], valid [N_k], logp [N_k, V'], teacher top-1 [N_k])."""
+    def _per_step(self, w, batch: SequenceBatch, top1_share: float = 0.0):
+        """Per step: (soft cross-entropy [N_k] to the target, valid [N_k], logp [N_k, V'], teacher top-1 [N_k])."""
         steps = []
         for logp, rows in self.unroll(w, batch):
-            index, probs, valid, top1 = self._targets(batch, rows)
+            index, probs, valid, top1 = self._targets(batch, rows, top1_share)
             steps.append((soft_cross_entropy(logp[:, None], index, probs)[:, 0], valid[:, 0], logp, top1[:, 0]))
         return steps
 
     def loss(self, engine, sequences, rng: random.Random, step: int) -> tuple[torch.Tensor, int]:
-        steps = self._per_step(engine(), self.batch(sequences, "train"))
+        steps = self._per_step(engine(), self.batch(sequences, "train"), self.cfg.top1_share)
         # decay_mean over [N, D] wants one row per path: each step's mean, then the decayed mean over steps
         weights = self.cfg.alpha ** torch.arange(1, len(steps) + 1, dtype=torch.float32, device=self.device)
         means = torch.stack([(ce * valid).sum() / valid.sum().clamp_min(1) for ce, valid, _, _ in steps])
@@ -168,7 +170,8 @@ class Eagle3Run(TrainingRun):
 
     def evaluate(self, engine, holdout, step: int) -> dict[str, float]:
         """Top-1/5/10 agreement with the teacher's most likely token at distances 1 .. D (the training-time
-        test's steps, each on the draft's own earlier outputs), the loss by distance."""
+        test's steps, each on the draft's own earlier outputs), the loss by distance (to the teacher's distribution,
+        whatever train.top1_share trains on, so that runs compare)."""
         d = self.cfg.head_depth
         on = self.device  # the sums stay where the positions are scored (a GPU's), read once at the end
         hits, loss_sum, count = {top: torch.zeros(d, device=on) for top in TOPS}, torch.zeros(d, device=on), \

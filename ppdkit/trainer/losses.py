@@ -69,3 +69,16 @@ def on_draft_vocab(vocab_index: torch.Tensor, topk_ids: torch.Tensor, topk_logpr
     probs = torch.where(index >= 0, topk_logprobs.float().exp()[:, None], torch.zeros(()))
     kept = probs.sum(-1)  # [N, 1]
     return index, probs / kept.clamp_min(1e-12)[..., None], kept > 0
+
+
+def with_top1_share(index: torch.Tensor, probs: torch.Tensor, share: float) -> torch.Tensor:
+    """The target (1 - share) x the teacher's distribution + share x its most likely token: index, probs [N, D, K]
+    (on_draft_vocab's, the teacher's top-K in its order, so column 0 is its top-1) -> probs [N, D, K]. Greedy
+    decoding keeps a guess only where it is the base's top-1, which the distribution alone weighs by its probability.
+    Where the top-1 lies outside the draft vocabulary the distribution is kept as it is."""
+    if share == 0.0:
+        return probs
+    top1 = torch.zeros_like(probs)
+    top1[..., 0] = 1.0
+    mixed = (1.0 - share) * probs + share * top1
+    return torch.where(index[..., :1] >= 0, mixed, probs)
