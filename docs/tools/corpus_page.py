@@ -41,6 +41,7 @@ COMMAND = "python docs/tools/corpus_page.py"
 BASE = "smollm2-135m"
 COMPONENT = ROOT / "ppdkit" / "models" / "components" / "smollm2-135m-eagle3"
 MEASUREMENTS = ROOT / "docs" / "measurements"
+RECIPE = ROOT / "ppdkit" / "jobs" / "configs" / "smollm2-eagle3-continual.yaml"
 CURVE = ROOT / "docs" / "images" / "draft-scaling.png"
 
 
@@ -150,7 +151,18 @@ def objective_section(report: dict) -> str:
             f"(`{measure['method']}`, trees of {measure['tree_size']} nodes, {measure['limit']} {measure['prompts']} "
             f"first turns, {measure['dtype']}); all arms gave the same tokens on {report['identical']} of "
             f"{measure['limit']} prompts:\n\n" + "\n".join(ends) + "\n\n"
-            f"Against the arm at 0 (EAGLE-3's loss), on the same batches: {gains}.")
+            f"Against the arm at 0 (EAGLE-3's loss), on the same batches: {gains}. The continual recipe "
+            f"([{RECIPE.name}](../{RECIPE.relative_to(ROOT).as_posix()})) trains with top1_share "
+            f"{recipe_top1_share()}.")
+
+
+def recipe_top1_share() -> float:
+    """train.top1_share of the continual recipe (the config's default where it sets none)."""
+    import yaml
+
+    from ppdkit.trainer.config import Eagle3Config
+
+    return yaml.safe_load(RECIPE.read_text())["train"].get("top1_share", Eagle3Config.model_fields["top1_share"].default)
 
 
 def chain_section(report: dict) -> str:
