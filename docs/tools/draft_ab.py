@@ -24,6 +24,7 @@ from ppdkit.jobs.gpu_lane import COMPONENT, _sequences
 from ppdkit.models.artifact import read_component, write_component
 from ppdkit.models.loading import load_base_model
 from ppdkit.trainer.config import TrainConfig
+from ppdkit.trainer.online_teacher import OnlineTeacher
 from ppdkit.trainer.training_methods import TRAINING_METHODS, cosine
 from ppdkit.trainer.warm_start import starting_component
 
@@ -59,8 +60,6 @@ def run_ab(a: argparse.Namespace, argv: list[str] | None, tool: str, what: str, 
     base_cfg = TrainConfig(method="eagle3", online=True, init_from=str(COMPONENT), head_depth=a.depth,
                            draft_vocab=shape["draft_vocab"], precision=a.precision, lr=a.lr, micro_batch=a.batch,
                            num_workers=1)
-    from ppdkit.trainer.online_teacher import OnlineTeacher
-
     teacher = OnlineTeacher(loaded.model, 64, keep_bytes=3e9)
     train, holdout = _sequences(teacher, [committed_corpus("smollm2-135m")], loaded.fingerprint, loaded.tokenizer)
     holdout = holdout[:a.eval_sequences]
@@ -106,13 +105,18 @@ def run_ab(a: argparse.Namespace, argv: list[str] | None, tool: str, what: str, 
         positions += sum(len(s.positions) for s in batch)  # the answer positions the step read
         if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
             evaluate(step + 1)
-    for name, r in runs.items() if components is not None else ():
-        tensors = {k: v.detach().to(torch.float16) if v.is_floating_point() else v
-                   for k, v in r.export_tensors(r.module.state_dict()).items()}
-        write_component(components / name.replace(" ", "-"), "eagle3", r.hyperparameters(), "smollm2-135m",
-                        loaded.fingerprint, {"ab": tool, "arm": name, "steps": a.steps,
-                                             "started_from": COMPONENT.name}, tensors)
+    if components is not None:
+        for name, r in runs.items():
+            tensors = {k: v.detach().to(torch.float16) if v.is_floating_point() else v
+                       for k, v in r.export_tensors(r.module.state_dict()).items()}  # as adopt commits a draft
+            write_component(arm_directory(components, name), "eagle3", r.hyperparameters(), "smollm2-135m",
+                            loaded.fingerprint, {"ab": tool, "arm": name, "steps": a.steps,
+                                                 "started_from": COMPONENT.name}, tensors)
     return report
+
+
+def arm_directory(components: Path, arm: str) -> Path:
+    return components / arm.replace(" ", "-")
 
 
 def gate_measures(report: dict, components: Path) -> dict:
@@ -127,7 +131,7 @@ def gate_measures(report: dict, components: Path) -> dict:
     prompts = load_prompts(MEASURE["prompts"], MEASURE["limit"])
     measured = {}
     for name in report["arms"]:
-        path = components / name.replace(" ", "-")
+        path = arm_directory(components, name)
         fit_tree_values(path, committed_corpus("smollm2-135m"))
         measured[name] = measure_component(path, prompts, label=name)
     outputs = [m.outputs for m in measured.values()]
