@@ -302,6 +302,18 @@ def test_top1_share_moves_the_target_onto_the_teachers_top1_and_its_gradient_fol
     assert logits.grad[0, 0].argmin() == 3  # the top-1's logit is pushed up hardest
     with pytest.raises(ValueError, match="top1_share"):
         TrainConfig(method="eagle3", top1_share=1.5)
+    base = load_base_model("tiny-llama", quantization="none", dtype="float32")
+    ids = torch.tensor([random.Random(1).randrange(VOCAB) for _ in range(12)])
+    g = torch.Generator().manual_seed(0)
+    seq = ShardSequence(0, ids, torch.arange(11), torch.randint(0, VOCAB, (11, 4), generator=g),
+                        torch.randn(11, 4, generator=g).log_softmax(-1), torch.zeros(11))
+    runs = [TRAINING_METHODS["eagle3"].start(TrainConfig(method="eagle3", head_depth=2, draft_vocab=VOCAB,
+                                                         top1_share=share), base, [seq]) for share in (0.0, 0.5)]
+    with torch.no_grad():
+        trained = [r.loss(r.module, [seq], random.Random(0), 0)[0] for r in runs]
+        scored = [r.evaluate(r.module, [seq], 0) for r in runs]
+    assert not torch.allclose(trained[0], trained[1])  # the share trains on another target
+    assert scored[0] == scored[1]  # held-out figures are to the teacher's distribution, whatever the share
 
 
 def test_eagle3_trains_on_two_ray_workers_and_its_component_decodes(teacher_dir, tmp_path):
