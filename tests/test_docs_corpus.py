@@ -94,6 +94,15 @@ def test_the_cost_curve_counts_the_adopted_lineage_s_positions_and_fits_them_in_
     assert "a machine: 4 hours at 1,000 positions/s" in text and "](images/x.png)" in text
 
 
+def test_a_change_of_the_measure_between_runs_moves_every_point_not_the_slope():
+    curve = runpy.run_path(str(SCRIPT.parent / "draft_curve.py"))
+    # the second run's gate measured the committed draft at 2.45, not the 2.40 its own run had: the measure changed
+    rows = [_row(True, 1_000_000, 2.30, 2.40), _row(True, 1_000_000, 2.45, 2.50)]
+    start, points = curve["lineage"](rows)
+    assert abs(start - 2.35) < 1e-12 and [round(p.tokens_per_step, 12) for p in points] == [2.45, 2.50]
+    assert abs(curve["log_fit"](points).per_doubling - 0.05) < 1e-12  # the second run's gain, not its jump of .10
+
+
 def test_a_curve_that_does_not_rise_asks_no_positions():
     curve = runpy.run_path(str(SCRIPT.parent / "draft_curve.py"))
     rows = [_row(True, 1_000_000, 2.3, 2.45), _row(True, 1_000_000, 2.45, 2.40)]

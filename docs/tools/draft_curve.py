@@ -39,14 +39,20 @@ class LogFit:
 def lineage(rows: list[dict]) -> tuple[float | None, list[Point]]:
     """The history's rows -> (the measure of the draft the lineage started from, one point per adopted draft with
     the positions of every adopted run up to it). Rows not adopted trained drafts that were thrown away: their
-    positions are not the lineage's."""
-    start = rows[0]["committed_tokens_per_step"] if rows else None
+    positions are not the lineage's. A point's tokens per step is the latest draft's measure less the gains of the
+    adopted runs after it, each gain its candidate against the committed draft measured together: where the measure
+    itself changed between two runs (fitted tree values, 2026-12-05), every point moves with it, and the line's
+    slope stays what training gave."""
+    adopted = [row for row in rows if row["adopted"]]
+    if not adopted:
+        return (rows[0]["committed_tokens_per_step"] if rows else None), []
+    level = adopted[-1]["candidate_tokens_per_step"]  # today's measure of the committed draft
+    gains = [row["candidate_tokens_per_step"] - row["committed_tokens_per_step"] for row in adopted]
     points, seen = [], 0
-    for row in rows:
-        if row["adopted"]:
-            seen += row["trained_positions"]
-            points.append(Point(seen, row["candidate_tokens_per_step"], row["date"]))
-    return start, points
+    for i, row in enumerate(adopted):
+        seen += row["trained_positions"]
+        points.append(Point(seen, level - sum(gains[i + 1:]), row["date"]))
+    return level - sum(gains), points
 
 
 def log_fit(points: list[Point]) -> LogFit | None:
@@ -73,7 +79,8 @@ def section(rows: list[dict], rates: dict[str, float], image: str | None) -> str
         return head + "Fewer than two drafts adopted yet: no curve."
     last = points[-1]
     need = fit.positions_for(TARGET)
-    text = (f"The adopted drafts ({len(points)}, from {start:.3f} tokens per step before any continual run) lie on a "
+    text = (f"The adopted drafts ({len(points)}, from {start:.3f} tokens per step before any continual run, on "
+            "the latest measure: each run's gain over the draft it started from, summed) lie on a "
             f"line of **{fit.per_doubling:+.3f} tokens per step each time the positions trained double** "
             f"(least squares in log2 of positions; every run also changed more than its data, so this is a crude "
             f"guide). The latest, {last.tokens_per_step:.3f} after {last.positions / 1e6:.2f}M positions, ")
