@@ -4,12 +4,12 @@ same draft with train.top1_share of each target moved onto the teacher's most li
 adoption gate's MT-Bench measure.
 
 Greedy decoding keeps a draft's guess only where it is the base model's top-1; the distribution alone weighs that
-token by its probability, so a draft with little capacity spends some of it on the tail. Both arms start as the
+token by its probability, so a draft with little capacity spends some of it on the tail. All arms start as the
 committed draft and read the same batches (docs/tools/draft_ab.py); each arm's component is written to
 --components, its tree values fitted and measured as `ppdkit adopt` measures a candidate (--measure-only: that
 alone, on components an earlier run wrote, into its report):
 
-    .venv/bin/python docs/tools/draft_objective.py --share 0.25 --share 0.5 --components ~/.cache/ppdkit/ab  # ~90 min
+    .venv/bin/python docs/tools/draft_objective.py --share 0.25 --share 0.5 --components ~/.cache/ppdkit/ab  # ~80 min, 2 cores
 """
 
 import json
