@@ -157,12 +157,10 @@ def objective_section(report: dict) -> str:
 
 
 def recipe_top1_share() -> float:
-    """train.top1_share of the continual recipe (the config's default where it sets none)."""
-    import yaml
+    """train.top1_share of the continual recipe, read as `ppdkit run` reads it (its default where it sets none)."""
+    from ppdkit.jobs.spec import load_spec
 
-    from ppdkit.trainer.config import Eagle3Config
-
-    return yaml.safe_load(RECIPE.read_text())["train"].get("top1_share", Eagle3Config.model_fields["top1_share"].default)
+    return load_spec(RECIPE).train.top1_share
 
 
 def chain_section(report: dict) -> str:

@@ -31,7 +31,8 @@ from .losses import on_draft_vocab, soft_cross_entropy, topk_hits, with_top1_sha
 from .warm_start import draft_vocabulary
 from .training_run import TrainingRun
 
-HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "top1_share", "alpha", "lr", "epochs", "seed")  # and the precision
+# and the precision
+HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "top1_share", "alpha", "lr", "epochs", "seed")
 KEEP_FEATURE_BYTES = 2e9  # a worker's kept hidden states; past it they are computed at every visit
 
 
