@@ -27,9 +27,9 @@ from ppdkit.runtime.draft_parts import Eagle3Parts
 from ppdkit.runtime.decoder_loading import draft_matrices
 from ppdkit.runtime.drafter import Proposal, verify
 from ppdkit.models.eagle3 import readout
-from ppdkit.runtime.eagle3_drafter import Eagle3Drafter, draft_rows
+from ppdkit.runtime.eagle3_drafter import Eagle3Drafter, draft_rows, readout_top
 from ppdkit.runtime.layer_states import forward_with_states, states_after
-from ppdkit.runtime.grown_tree import StepCost, by_value, level_logp
+from ppdkit.runtime.grown_tree import StepCost, by_value, level_logp, level_top
 from ppdkit.runtime.head_loading import eagle3_set
 from ppdkit.runtime.tree_layout import shape_layout
 from ppdkit.trainer.autocast_probe import use_autocast
@@ -119,8 +119,9 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
 @pytest.mark.parametrize("matrices", [None, QUANTIZED])
 def test_the_native_draft_layer_is_the_pytorch_one(matrices, monkeypatch):
     """The draft layer in one native call (where the CPU kernels run its matrices) gives the PyTorch operations'
-    h and writes the same keys and values, for tree rows that see parts of the cache; its matrices as the model's
-    or in Q8_0 blocks (what bfloat16 and GGUF decoders draft with where the CPU has VNNI)."""
+    h and writes the same keys and values, for tree rows that see parts of the cache, and its native readout the
+    same guesses with the same log-probabilities; its matrices as the model's or in Q8_0 blocks (what bfloat16 and
+    GGUF decoders draft with where the CPU has VNNI)."""
     import dataclasses
 
     model, tok = tiny_model_on("native", monkeypatch)
@@ -150,6 +151,26 @@ def test_the_native_draft_layer_is_the_pytorch_one(matrices, monkeypatch):
         assert torch.allclose(h[0], h[1], atol=1e-5, rtol=1e-5), rows
         for a, b in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):
             assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), rows
+        top = [readout_top(decoder.model, draft, h[0], 3) for draft in (native, pytorch)]
+        assert torch.equal(top[0][1], top[1][1]), rows  # the same guesses of every row, best first
+        assert torch.allclose(top[0][0], top[1][0], atol=1e-5, rtol=1e-5), rows
+
+
+def test_the_native_readout_keeps_a_bad_draft_worthless(monkeypatch):
+    """A row of NaN states (a draft gone bad) gets log-probabilities of -inf from the native readout, as from
+    level_top: worthless guesses, never a child outranking its parent; the other rows are untouched."""
+    model, tok = tiny_model_on("native", monkeypatch)
+    vocab = torch.arange(3, VOCAB, 3)
+    decoder = _decoder(model, tok, _draft_tensors(model, vocab, 4, 0.5), vocab)
+    draft = decoder.draft.eagle3
+    assert draft.native_weights and decoder.model.native is not None  # the native readout really runs
+    h = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    h[1] = float("nan")
+    values, indices = readout_top(decoder.model, draft, h, 2)
+    assert values.shape == indices.shape == (3, 2)
+    assert torch.isneginf(values[1]).all() and torch.isfinite(values[[0, 2]]).all()
+    expected = level_top(readout(h[[0, 2]], draft.weights, draft.eps), 2)
+    assert torch.equal(indices[[0, 2]], expected[1])
 
 
 def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f64):

@@ -20,7 +20,7 @@ import torch
 from ppdkit.models.eagle3 import layer_input, layer_output, readout
 
 from .drafter import Proposal, Verified
-from .grown_tree import ROOT, GrownDrafter, Proposals, StepCost, grow_level, level_logp
+from .grown_tree import ROOT, GrownDrafter, Proposals, StepCost, grow_level, level_top
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
 from .llama import LeanLlama, attention_bias, rotate
@@ -73,6 +73,20 @@ def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch
     return layer_output(attended, hidden, w, draft.eps)
 
 
+def readout_top(model: LeanLlama, draft: Eagle3Set, h: torch.Tensor, beam: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's readout of h [m, H] and a tree level's choice (grown_tree.level_top): each row's `beam` likeliest
+    draft-vocabulary entries, their log-probabilities [m, b] and indices [m, b]. In one native call where the draft
+    layer runs natively: its norm, matmul, log-softmax and top-k are ~10 PyTorch operations on a few rows at every
+    level a step drafts, their dispatch costing more than their arithmetic."""
+    head = draft.weights["lm_head.weight"]
+    if (draft.native_weights and model.native is not None and head.panels is not None and h.dtype == torch.float32
+            and len(h) <= SKINNY_MAX_ROWS):
+        values, indices = model.native.eagle3_readout(h, draft.weights["norm.weight"], draft.eps, head.panels,
+                                                      head.out_features, beam)
+        return values, indices
+    return level_top(readout(h, draft.weights, draft.eps), beam)
+
+
 class Eagle3Drafter(GrownDrafter):
     """EAGLE-3's grown tree: its draft cache, and the verified positions waiting to be read into it (their fused
     states and tokens) until the next root is known. The verification captures the base's states at its layers."""
@@ -118,8 +132,8 @@ class Eagle3Drafter(GrownDrafter):
         rows = [[]]  # each expanded node's draft rows along its path (indices after the committed rows)
         frontier, found = ROOT, Proposals()
         for level in range(1, depth + 1):
-            logp = level_logp(readout(state, draft.weights, draft.eps))  # [m, V']
-            grown = grow_level(found, logp, frontier, level, draft.vocab, beam, wanted, last=level == depth,
+            grown = grow_level(found, readout_top(self.model, draft, state, beam), frontier, level, draft.vocab, beam,
+                               wanted, last=level == depth,
                                cost=cost, worth=self.values)
             if grown is None:
                 break

@@ -83,18 +83,26 @@ def level_logp(logits: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(torch.log_softmax(logits.float(), dim=-1), nan=-math.inf, posinf=0.0)
 
 
-def grow_level(found: Proposals, logp: torch.Tensor, frontier: Frontier, level: int, vocab: torch.Tensor, beam: int,
-               wanted: int, last: bool, cost: "StepCost | None" = None, worth: TreeValues | None = None
-               ) -> tuple[list[int], torch.Tensor, Frontier] | None:
-    """Add the `beam` likeliest children of every expanded node (logp [m, V'] over the draft vocabulary `vocab`)
-    to the proposals, in place, each valued by its parent's value plus its log-probability (`worth`: plus its fitted
-    log-worth) -> (for the `beam` most valuable of them, their parents' rows among the expanded nodes [m'], their
-    tokens [m'], the next frontier); None where growth stops: the last level, or nothing below this level could
-    displace a proposal already among the `wanted` best, or (`cost`: the step's size is chosen by what rows cost)
-    nothing below it could pay for its row. A level holds a few numbers: they are valued in Python, since on so few
-    the dispatch of a tensor operation costs more than its arithmetic, and every step grows several levels."""
-    top = logp.topk(min(beam, logp.shape[-1]), dim=-1)  # [m, b]
-    drafts, tokens = top.values.tolist(), vocab[top.indices].tolist()  # m lists of b
+def level_top(logits: torch.Tensor, beam: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A level's logits [m, V'] -> each row's `beam` likeliest entries, best first: their log-probabilities [m, b]
+    (level_logp's) and indices [m, b] into the draft vocabulary."""
+    logp = level_logp(logits)
+    top = logp.topk(min(beam, logp.shape[-1]), dim=-1)
+    return top.values, top.indices
+
+
+def grow_level(found: Proposals, top: tuple[torch.Tensor, torch.Tensor], frontier: Frontier, level: int,
+               vocab: torch.Tensor, beam: int, wanted: int, last: bool, cost: "StepCost | None" = None,
+               worth: TreeValues | None = None) -> tuple[list[int], torch.Tensor, Frontier] | None:
+    """Add the `beam` likeliest children of every expanded node (`top`: level_top's log-probabilities [m, b] and
+    indices [m, b] into the draft vocabulary `vocab`) to the proposals, in place, each valued by its parent's value
+    plus its log-probability (`worth`: plus its fitted log-worth) -> (for the `beam` most valuable of them, their
+    parents' rows among the expanded nodes [m'], their tokens [m'], the next frontier); None where growth stops: the
+    last level, or nothing below this level could displace a proposal already among the `wanted` best, or (`cost`:
+    the step's size is chosen by what rows cost) nothing below it could pay for its row. A level holds a few
+    numbers: they are valued in Python, since on so few the dispatch of a tensor operation costs more than its
+    arithmetic, and every step grows several levels."""
+    drafts, tokens = top[0].tolist(), vocab[top[1]].tolist()  # m lists of b
     first = len(found.values)
     children = []  # (value, parent's row, token) in proposal order
     for row, (parent_value, parent, row_drafts, row_tokens) in enumerate(zip(frontier.values, frontier.proposals,
@@ -126,8 +134,8 @@ def expand(model, heads, feature: torch.Tensor, root: int, wanted: int, beam: in
     state = feature_step(feature[None], model.embed_ids(torch.tensor([root])), *heads.layers)  # [1, H]
     frontier = ROOT
     for level in range(1, depth + 1):
-        logp = level_logp(draft_logits(state, heads.readout))  # [m, V']
-        grown = grow_level(found, logp, frontier, level, heads.vocab, beam, wanted, last=level == depth, cost=cost,
+        top = level_top(draft_logits(state, heads.readout), beam)  # [m, b] twice
+        grown = grow_level(found, top, frontier, level, heads.vocab, beam, wanted, last=level == depth, cost=cost,
                            worth=worth)
         if grown is None:
             break

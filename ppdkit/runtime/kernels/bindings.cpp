@@ -18,6 +18,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &skinny_linear, released());
   m.def("decoder_layers", &decoder_layers, released());
   m.def("eagle3_layer", &eagle3_layer, released());
+  m.def("eagle3_readout", &eagle3_readout, released());
   m.def("quantized_available", &quantized_available);
   m.def("quantized_pack", &quantized_pack);
   m.def("quantized_amx_available", &quantized_amx_available);

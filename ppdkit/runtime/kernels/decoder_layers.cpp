@@ -6,7 +6,8 @@
 // small operations per layer cost more in Python dispatch than in arithmetic (about a third of a step on 2
 // cores); here the norms, rotary, copies, attention and SwiGLU are plain loops.
 // EAGLE-3's draft layer (eagle3_layer: another input and residual) is built from the same attention and MLP
-// blocks, for the same reason: its ~60 PyTorch operations cost more in dispatch than in arithmetic.
+// blocks, for the same reason: its ~60 PyTorch operations cost more in dispatch than in arithmetic; so is its
+// readout with a tree level's choice (eagle3_readout), ~10 operations on a few rows at every level a step drafts.
 // Each row's arithmetic is the same whatever the number of rows in the step: the decoder's losslessness rests
 // on that (a library batched matmul may pick another kernel, or reduction order, for another row count).
 #include "decoder_layers.h"
@@ -501,4 +502,19 @@ torch::Tensor eagle3_layer(const torch::Tensor& embeds, const torch::Tensor& hid
   x.add_(attention_block(st, normed, weights[2], weights[3], cache_k, cache_v, 0, length));
   mlp_block(st, x, weights[4], weights[5], weights[6]);
   return x;
+}
+
+// EAGLE-3's readout (models/eagle3.py readout) and a grown tree level's choice (runtime/grown_tree.py level_top) on
+// T rows: h [T, H] -> the k likeliest draft-vocabulary entries of each row, as log-probabilities [T, k] (float32;
+// NaN -> -inf, +inf -> 0, as level_logp) and their indices [T, k], best first. norm [H] float32; panels: the LM
+// head's, `vocab` rows. The norm is this file's loop; the log-softmax and top-k are PyTorch's own kernels, called
+// from here, where a call costs a few microseconds rather than Python's ten or more.
+std::vector<torch::Tensor> eagle3_readout(const torch::Tensor& h, const torch::Tensor& norm, double eps,
+                                          const torch::Tensor& panels, int64_t vocab, int64_t k) {
+  TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat32 && norm.scalar_type() == torch::kFloat32 &&
+              norm.numel() == h.size(1), "eagle3_readout: h [T, H] and norm [H] float32");
+  auto logits = project(rms_norm(h.contiguous(), norm.contiguous(), static_cast<float>(eps)), panels, vocab);
+  auto logp = torch::nan_to_num(torch::log_softmax(logits, 1), -INFINITY, 0.0);  // [T, V']
+  auto top = torch::topk(logp, std::min(k, vocab), 1);
+  return {std::get<0>(top), std::get<1>(top)};
 }

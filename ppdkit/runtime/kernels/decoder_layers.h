@@ -1,5 +1,5 @@
-// All decoder layers of a Llama-family model for a few new tokens, in one call, and EAGLE-3's draft layer
-// (decoder_layers.cpp).
+// All decoder layers of a Llama-family model for a few new tokens, in one call; EAGLE-3's draft layer, and its
+// readout with a tree level's choice (decoder_layers.cpp).
 #pragma once
 #include <torch/extension.h>
 
@@ -15,3 +15,6 @@ torch::Tensor eagle3_layer(const torch::Tensor& embeds, const torch::Tensor& hid
                            const std::vector<torch::Tensor>& weights, const std::vector<int64_t>& shape, double eps,
                            const torch::Tensor& cos, const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
                            const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length);
+// h [T, H] -> the k likeliest of each row's draft-vocabulary entries: {log-probabilities [T, k], indices [T, k]}
+std::vector<torch::Tensor> eagle3_readout(const torch::Tensor& h, const torch::Tensor& norm, double eps,
+                                          const torch::Tensor& panels, int64_t vocab, int64_t k);
