@@ -132,9 +132,9 @@ class Eagle3Drafter(GrownDrafter):
         rows = [[]]  # each expanded node's draft rows along its path (indices after the committed rows)
         frontier, found = ROOT, Proposals()
         for level in range(1, depth + 1):
-            grown = grow_level(found, readout_top(self.model, draft, state, beam), frontier, level, draft.vocab, beam,
-                               wanted, last=level == depth,
-                               cost=cost, worth=self.values)
+            top = readout_top(self.model, draft, state, beam)  # [m, b] twice
+            grown = grow_level(found, top, frontier, level, draft.vocab, beam, wanted, last=level == depth, cost=cost,
+                               worth=self.values)
             if grown is None:
                 break
             parents, tokens, frontier = grown
