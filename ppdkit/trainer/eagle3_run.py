@@ -31,7 +31,7 @@ from .losses import on_draft_vocab, soft_cross_entropy, topk_hits, with_top1_sha
 from .warm_start import draft_vocabulary
 from .training_run import TrainingRun
 
-# and the precision
+# the config keys a run records as its hyperparameters; beside them, the precision it trained in (auto resolved)
 HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "top1_share", "alpha", "lr", "epochs", "seed")
 KEEP_FEATURE_BYTES = 2e9  # a worker's kept hidden states; past it they are computed at every visit
 
