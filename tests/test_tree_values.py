@@ -20,14 +20,20 @@ from ppdkit.runtime.grown_tree import Proposals, by_value, candidates, value_can
 from ppdkit.runtime.tree_values import FEATURES, Evidence, TreeValues, evidence_rows, fit
 from ppdkit.trainer.tree_values_fit import Samples, label, record
 
-FITTED = TreeValues((-1.4, 1.0, 1.0, 0.0, 0.65, 0.8, 0.7, 1.3, 0.4, 0.27), {})  # near the SmolLM2 draft's fit
+FITTED = TreeValues((-1.4, 1.4, 1.0, 0.0, 0.65, 0.45, 0.55, 1.1, 0.55, 0.02, -0.25, 0.2, 0.35, -0.07, 0.8),
+                    {})  # near the SmolLM2 draft's fit
 
 
 def test_the_file_round_trips_and_bad_files_are_refused_with_the_fix(tmp_path):
     data = FITTED.to_json()
     assert TreeValues.from_json(data) == FITTED
-    with pytest.raises(ValueError, match="ppdkit-tree-values/1.*fit-tree-values"):
+    with pytest.raises(ValueError, match="ppdkit-tree-values/2.*fit-tree-values"):
         TreeValues.from_json({**data, "format": "other/9"})
+    # the first format's file: its ten weights, the features it lacks at 0, so it values every node as it did
+    first = {"format": "ppdkit-tree-values/1", "weights": dict(zip(FEATURES[:10], FITTED.weights))}
+    assert TreeValues.from_json(first).weights == FITTED.weights[:10] + (0.0,) * (len(FEATURES) - 10)
+    with pytest.raises(ValueError, match="weight for each of bias"):
+        TreeValues.from_json({**first, "weights": data["weights"]})  # a second-format file's weights, mislabelled
     with pytest.raises(ValueError, match="weight for each of bias"):
         TreeValues.from_json({**data, "weights": {k: v for k, v in data["weights"].items() if k != "depth"}})
     with pytest.raises(ValueError, match="not a finite number"):
@@ -45,11 +51,15 @@ def test_the_file_round_trips_and_bad_files_are_refused_with_the_fix(tmp_path):
 
 def test_the_fit_recovers_the_model_that_labelled_the_samples():
     g = torch.Generator().manual_seed(0)
-    truth = torch.tensor([-1.0, 0.8, 1.2, -0.3, 0.6, 0.5, 0.9, 1.1, 0.4, 0.3], dtype=torch.float64)
-    nodes = [Evidence(depth=random.Random(i).randint(1, 5),
-                      draft=None if i % 5 == 0 else float(torch.rand(1, generator=g)),
-                      corpus=float(torch.rand(1, generator=g)) if i % 3 == 0 else None,
-                      chain=float(torch.rand(1, generator=g)) if i % 4 == 0 else None) for i in range(20000)]
+    truth = torch.tensor([-1.0, 0.8, 1.2, -0.3, 0.6, 0.5, 0.9, 1.1, 0.4, 0.3, -0.4, 0.2, 0.35, 0.3, 0.7],
+                         dtype=torch.float64)
+    nodes = []
+    for i in range(30000):
+        depth = random.Random(i).randint(1, 5)
+        nodes.append(Evidence(depth=depth, draft=None if i % 5 == 0 else float(torch.rand(1, generator=g)),
+                              corpus=float(torch.rand(1, generator=g)) if i % 3 == 0 else None,
+                              chain=float(torch.rand(1, generator=g)) if i % 4 == 0 else None,
+                              parent=float(torch.rand(1, generator=g)) if depth > 1 and i % 7 else None))
     x = evidence_rows(nodes).double()
     kept = (torch.rand(len(nodes), generator=g, dtype=torch.float64) < torch.sigmoid(x @ truth)).double()
     weights = torch.tensor(fit(x, kept, l2=0.0), dtype=torch.float64)
@@ -64,13 +74,15 @@ def test_a_nodes_worth_in_python_is_the_fitted_models_number_for_its_features():
     rng = random.Random(0)
     probabilities = [None, 0.0, 1e-12, 0.01, 0.3, 0.55, 1 - 1e-12, 1.0]
     nodes = [Evidence(depth=rng.randint(1, 6), draft=rng.choice(probabilities), corpus=rng.choice(probabilities),
-                      chain=rng.choice(probabilities)) for _ in range(400)]
+                      chain=rng.choice(probabilities), parent=rng.choice(probabilities)) for _ in range(400)]
     expected = FITTED.log_worth(evidence_rows(nodes)).tolist()
     assert [FITTED.worth(node) for node in nodes] == pytest.approx(expected, rel=1e-5, abs=1e-6)
     logps = [-math.inf, -30.0, math.log(0.01), math.log(0.3), math.log(0.55), -1e-9, 0.0]
-    for depth in (1, 2, 5):
-        rows = evidence_rows([Evidence(depth=depth, draft=math.exp(lp)) for lp in logps])
-        assert FITTED.draft_worth(logps, depth) == pytest.approx(FITTED.log_worth(rows).tolist(), rel=1e-5, abs=1e-6)
+    for depth, parent in ((1, None), (2, None), (2, math.log(0.7)), (5, -30.0)):
+        above = None if parent is None else math.exp(parent)
+        rows = evidence_rows([Evidence(depth=depth, draft=math.exp(lp), parent=above) for lp in logps])
+        assert FITTED.draft_worth(logps, depth, parent) == pytest.approx(FITTED.log_worth(rows).tolist(), rel=1e-5,
+                                                                         abs=1e-6)
     assert FITTED.draft_worth([math.log(0.6)], 1)[0] > FITTED.draft_worth([math.log(0.3)], 1)[0]
 
 
@@ -84,8 +96,9 @@ def test_candidates_merge_every_sources_guesses_and_value_them_below_their_paren
     assert len(merged.tokens) == 5  # 10, 11, 12 the draft's; 13 (under 12) and 14 (under 11) the chains'
     assert paths[(-1, 10)] == Evidence(depth=1, draft=pytest.approx(0.6), chain=0.4)
     assert paths[(-1, 11)] == Evidence(depth=1, draft=pytest.approx(0.3), corpus=0.9)
-    assert paths[(2, 13)] == Evidence(depth=3, chain=0.4)
-    assert paths[(1, 14)] == Evidence(depth=2, corpus=0.5)
+    assert paths[(0, 12)] == Evidence(depth=2, draft=pytest.approx(0.5), chain=0.4, parent=pytest.approx(0.6))
+    assert paths[(2, 13)] == Evidence(depth=3, chain=0.4, parent=pytest.approx(0.5))  # what the draft said of 12
+    assert paths[(1, 14)] == Evidence(depth=2, corpus=0.5, parent=pytest.approx(0.3))
     assert all(p < i for i, p in enumerate(merged.parents))  # parents first
     value_candidates(merged, evidence, FITTED)
     assert all(merged.values[i] < (merged.values[p] if p >= 0 else 0.0) for i, p in enumerate(merged.parents))

@@ -107,7 +107,8 @@ def grow_level(found: Proposals, top: tuple[torch.Tensor, torch.Tensor], frontie
     children = []  # (value, parent's row, token) in proposal order
     for row, (parent_value, parent, row_drafts, row_tokens) in enumerate(zip(frontier.values, frontier.proposals,
                                                                               drafts, tokens)):
-        own = row_drafts if worth is None else worth.draft_worth(row_drafts, level)
+        own = row_drafts if worth is None else worth.draft_worth(row_drafts, level,
+                                                                  found.drafts[parent] if parent >= 0 else None)
         for value, draft, token in zip(own, row_drafts, row_tokens):
             value += parent_value
             found.add(value, level, token, parent, draft)
@@ -171,10 +172,15 @@ def candidates(found: Proposals, chains: list[tuple[list[int], list[float], str]
     field) -> (the candidates, parents before children, values unset; their evidence)."""
     merged = Proposals()
     evidence = []
+    def above(parent: int) -> float | None:  # the draft's probability of a node's parent
+        draft = merged.drafts[parent] if parent >= 0 else None
+        return None if draft is None else math.exp(draft)
+
     for i, parent in enumerate(found.parents):  # the draft's own, level by level: parents first
         draft = found.drafts[i]
         merged.add(0.0, found.depths[i], found.tokens[i], parent, draft)
-        evidence.append({"depth": found.depths[i], "draft": None if draft is None else math.exp(draft)})
+        evidence.append({"depth": found.depths[i], "draft": None if draft is None else math.exp(draft),
+                         "parent": above(parent)})
     index = {(p, t): i for i, (p, t) in enumerate(zip(merged.parents, merged.tokens))}
     for tokens, rates, source in chains:
         parent = -1
@@ -182,7 +188,7 @@ def candidates(found: Proposals, chains: list[tuple[list[int], list[float], str]
             at = index.get((parent, token))
             if at is None:
                 at = index[(parent, token)] = merged.add(0.0, depth, token, parent)
-                evidence.append({"depth": depth})
+                evidence.append({"depth": depth, "parent": above(parent)})
             evidence[at][source] = rate
             parent = at
     return merged, [Evidence(**e) for e in evidence]

@@ -7,7 +7,8 @@ decoding: the draft learned the base model's *distribution*, and a token the bas
 every time it is the argmax; on held-out corpus prompts a draft guess of 0.55 was the base's token 0.70-0.75 of the
 times its parent was, and two sources agreeing are worth more than either alone. A logistic model over the sources'
 evidence (`FEATURES`) says how much, fitted on the draft's own held-out decoding (trainer/tree_values_fit.py) and
-shipped in the component as `tree_values.json`. A node's value is then its parent's plus log sigmoid(w . features):
+shipped in the component as `tree_values.json`. Depth weighs each source's guesses apart, and so does what the draft
+said of the node's parent, or that it never proposed the parent (a chain's guess under a chain's guess). A node's value is then its parent's plus log sigmoid(w . features):
 never above its parent's, so any prefix of the proposals by value holds every chosen node's path, as before.
 Only which guesses a step verifies changes; what the step keeps is the base model's choice either way.
 """
@@ -18,10 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
-FORMAT = "ppdkit-tree-values/1"
+FORMAT = "ppdkit-tree-values/2"
 TREE_VALUES = "tree_values"  # the component's extra: tree_values.json
 FEATURES = ("bias", "draft", "draft_logit", "corpus", "corpus_logit", "chain", "chain_logit", "draft_and_corpus",
-            "draft_and_chain", "depth")
+            "draft_and_chain", "depth", "first_level", "corpus_depth", "chain_depth", "parent_draft_logit",
+            "parent_undrafted")
+# the first format's features, each file of it read with the others at 0: the same values as it gave
+FORMATS = {"ppdkit-tree-values/1": FEATURES[:10], FORMAT: FEATURES}
 _EDGE = 1e-6  # probabilities clipped to [EDGE, 1 - EDGE] before their logit: a 0 or 1 rate stays finite
 # the same bounds as float32 holds them (feature_rows clips in float32): worth's logit at a bound is the fit's
 _LOW, _HIGH = torch.tensor([_EDGE, 1 - _EDGE], dtype=torch.float32).tolist()
@@ -36,6 +40,7 @@ class Evidence:
     draft: float | None = None
     corpus: float | None = None
     chain: float | None = None
+    parent: float | None = None  # the draft's probability of the node's parent; None at the root, or not the draft's
 
 
 def _logit(p: torch.Tensor) -> torch.Tensor:
@@ -43,14 +48,17 @@ def _logit(p: torch.Tensor) -> torch.Tensor:
     return torch.log(p) - torch.log1p(-p)
 
 
-def feature_rows(depth: torch.Tensor, draft: torch.Tensor, corpus: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
-    """Nodes' evidence as tensors [n] (a probability, NaN where the source did not propose the node; depth from 1)
-    -> their features [n, len(FEATURES)], float32."""
-    has = [(~torch.isnan(p)).float() for p in (draft, corpus, chain)]  # 3 x [n]
-    logits = [torch.where(h > 0, _logit(torch.nan_to_num(p, nan=0.5).float()), 0.0) for h, p in zip(has, (draft, corpus,
-                                                                                                         chain))]
+def feature_rows(depth: torch.Tensor, draft: torch.Tensor, corpus: torch.Tensor, chain: torch.Tensor,
+                 parent: torch.Tensor) -> torch.Tensor:
+    """Nodes' evidence as tensors [n] (a probability, NaN where the source did not propose the node or, for parent,
+    the parent; depth from 1) -> their features [n, len(FEATURES)], float32."""
+    has = [(~torch.isnan(p)).float() for p in (draft, corpus, chain, parent)]  # 4 x [n]
+    logits = [torch.where(h > 0, _logit(torch.nan_to_num(p, nan=0.5).float()), 0.0)
+              for h, p in zip(has, (draft, corpus, chain, parent))]
+    below = depth.float() - 1  # levels below the first
     return torch.stack([torch.ones_like(has[0]), has[0], logits[0], has[1], logits[1], has[2], logits[2],
-                        has[0] * has[1], has[0] * has[2], depth.float() - 1], dim=-1)
+                        has[0] * has[1], has[0] * has[2], below, (below == 0).float(), below * has[1], below * has[2],
+                        logits[3], (below > 0).float() * (1 - has[3])], dim=-1)
 
 
 def evidence_rows(nodes: list[Evidence]) -> torch.Tensor:
@@ -58,7 +66,13 @@ def evidence_rows(nodes: list[Evidence]) -> torch.Tensor:
     def column(name: str) -> torch.Tensor:
         return torch.tensor([math.nan if getattr(e, name) is None else getattr(e, name) for e in nodes],
                             dtype=torch.float64)
-    return feature_rows(torch.tensor([e.depth for e in nodes]), column("draft"), column("corpus"), column("chain"))
+    return feature_rows(torch.tensor([e.depth for e in nodes]), column("draft"), column("corpus"), column("chain"),
+                        column("parent"))
+
+
+def _clipped_logit(p: float) -> float:
+    p = min(max(p, _LOW), _HIGH)
+    return math.log(p) - math.log1p(-p)
 
 
 @dataclass(frozen=True)
@@ -81,39 +95,47 @@ class TreeValues:
         """log_worth's number for one node's evidence, in Python's floats: a grown tree values its candidates this way
         every step, a few dozen numbers, where a tensor operation's dispatch costs more than its arithmetic."""
         w = self.named
-        z = w["bias"] + w["depth"] * (node.depth - 1)
+        below = node.depth - 1
+        z = w["bias"] + w["depth"] * below + w["first_level"] * (below == 0)
         said = set()  # the sources that proposed the node
         for source in ("draft", "corpus", "chain"):
             p = getattr(node, source)
             if p is not None and not math.isnan(p):
                 said.add(source)
-                p = min(max(p, _LOW), _HIGH)
-                z += w[source] + w[f"{source}_logit"] * (math.log(p) - math.log1p(-p))
+                z += w[source] + w[f"{source}_logit"] * _clipped_logit(p)
         if "draft" in said:
             z += w["draft_and_corpus"] * ("corpus" in said) + w["draft_and_chain"] * ("chain" in said)
+        z += below * (w["corpus_depth"] * ("corpus" in said) + w["chain_depth"] * ("chain" in said))
+        if node.parent is not None and not math.isnan(node.parent):
+            z += w["parent_draft_logit"] * _clipped_logit(node.parent)
+        elif below > 0:
+            z += w["parent_undrafted"]
         return -math.log1p(math.exp(-z)) if z >= 0 else z - math.log1p(math.exp(z))  # log sigmoid(z)
 
-    def draft_worth(self, drafts: list[float], depth: int) -> list[float]:
-        """A level's draft guesses alone: the draft's log-probabilities at `depth` -> their worth."""
-        return [self.worth(Evidence(depth, draft=math.exp(logp))) for logp in drafts]
+    def draft_worth(self, drafts: list[float], depth: int, parent: float | None = None) -> list[float]:
+        """A level's draft guesses alone: the draft's log-probabilities at `depth` under a parent it gave `parent`
+        (a log-probability; None at the root) -> their worth."""
+        above = None if parent is None else math.exp(parent)
+        return [self.worth(Evidence(depth, draft=math.exp(logp), parent=above)) for logp in drafts]
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "weights": dict(self.named), "fitted": self.fitted}
 
     @classmethod
     def from_json(cls, data: dict, where: str = "tree_values.json") -> "TreeValues":
-        """Read and check: the format, exactly the FEATURES' weights, each finite."""
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        """Read and check: a known format, exactly its features' weights, each finite (a first-format file's missing
+        features weigh 0)."""
+        names = FORMATS.get(data.get("format")) if isinstance(data, dict) else None
+        if names is None:
             raise ValueError(f"{where} is not a {FORMAT} file (format {data.get('format') if isinstance(data, dict) else None!r}): "
                              "fit it again with `ppdkit fit-tree-values`")
         weights = data.get("weights")
-        if not isinstance(weights, dict) or set(weights) != set(FEATURES):
+        if not isinstance(weights, dict) or set(weights) != set(names):
             got = sorted(weights) if isinstance(weights, dict) else weights
-            raise ValueError(f"{where} must give a weight for each of {', '.join(FEATURES)}; it gives {got}")
-        values = tuple(weights[name] for name in FEATURES)
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            raise ValueError(f"{where} must give a weight for each of {', '.join(names)}; it gives {got}")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in weights.values()):
             raise ValueError(f"{where} holds a weight that is not a finite number: {weights}")
-        return cls(tuple(float(v) for v in values), dict(data.get("fitted") or {}))
+        return cls(tuple(float(weights.get(name, 0.0)) for name in FEATURES), dict(data.get("fitted") or {}))
 
 
 def fit(features: torch.Tensor, kept: torch.Tensor, l2: float = 1e-3) -> tuple[float, ...]:
