@@ -8,9 +8,10 @@ every time it is the argmax; on held-out corpus prompts a draft guess of 0.55 wa
 times its parent was, and two sources agreeing are worth more than either alone. A logistic model over the sources'
 evidence (`FEATURES`) says how much, fitted on the draft's own held-out decoding (trainer/tree_values_fit.py) and
 shipped in the component as `tree_values.json`. Depth weighs each source's guesses apart, and so does what the draft
-said of the node's parent, or that it never proposed the parent (a chain's guess under a chain's guess). A node's value is then its parent's plus log sigmoid(w . features):
-never above its parent's, so any prefix of the proposals by value holds every chosen node's path, as before.
-Only which guesses a step verifies changes; what the step keeps is the base model's choice either way.
+said of the node's parent, or that it never proposed the parent (a chain's guess under a chain's guess). A node's value
+is then its parent's plus log sigmoid(w . features): never above its parent's, so any prefix of the proposals by value
+holds every chosen node's path, as before. Only which guesses a step verifies changes; what the step keeps is the base
+model's choice either way.
 """
 
 import functools
@@ -127,8 +128,9 @@ class TreeValues:
         features weigh 0)."""
         names = FORMATS.get(data.get("format")) if isinstance(data, dict) else None
         if names is None:
-            raise ValueError(f"{where} is not a {FORMAT} file (format {data.get('format') if isinstance(data, dict) else None!r}): "
-                             "fit it again with `ppdkit fit-tree-values`")
+            found = data.get("format") if isinstance(data, dict) else None
+            raise ValueError(f"{where} is not a {FORMAT} file (format {found!r}): fit it again with `ppdkit "
+                             "fit-tree-values`")
         weights = data.get("weights")
         if not isinstance(weights, dict) or set(weights) != set(names):
             got = sorted(weights) if isinstance(weights, dict) else weights
