@@ -116,23 +116,29 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
         cache.commit(None, 1)
 
 
-@pytest.mark.parametrize("matrices", [None, QUANTIZED])
-def test_the_native_draft_layer_is_the_pytorch_one(matrices, monkeypatch):
+@pytest.mark.parametrize("matrices,bits", [(None, None), (QUANTIZED, 8), (QUANTIZED, 4)],
+                         ids=["model-dtype", "Q8_0", "Q4_1"])
+def test_the_native_draft_layer_is_the_pytorch_one(matrices, bits, monkeypatch):
     """The draft layer in one native call (where the CPU kernels run its matrices) gives the PyTorch operations'
     h and writes the same keys and values, for tree rows that see parts of the cache, and its native readout the
-    same guesses with the same log-probabilities; its matrices as the model's or in Q8_0 blocks (what bfloat16 and
-    GGUF decoders draft with where the CPU has VNNI)."""
+    same guesses with the same log-probabilities; its matrices as the model's, or in Q8_0 or Q4_1 blocks (what bfloat16
+    and GGUF decoders draft with where the CPU has VNNI: Q4_1, head_loading.EAGLE3_BLOCK_BITS)."""
     import dataclasses
 
     model, tok = tiny_model_on("native", monkeypatch)
     if matrices == QUANTIZED and not linear_module.native_kernels().quantized_available():
-        pytest.skip("this CPU has no AVX512-VNNI: no Q8_0 kernel")
+        pytest.skip("this CPU has no AVX512-VNNI: no GGUF block kernel")
     vocab = torch.arange(3, VOCAB, 3)
     decoder = _decoder(model, tok, _draft_tensors(model, vocab, 4, 0.5), vocab)
     decoder.draft.eagle3 = eagle3_set(_draft_tensors(model, vocab, 4, 0.5), vocab, decoder.draft.eagle3.layers, model,
-                                      matrices)
+                                      matrices, **({"bits": bits} if bits else {}))
     native = decoder.draft.eagle3
     assert (native.weights["qkv"].weight is None) == (matrices == QUANTIZED)
+    if bits:  # the blocks asked for: Q4_1's panels are two thirds the size of Q8_0's
+        panels = native.weights["qkv"].panels
+        other = eagle3_set(_draft_tensors(model, vocab, 4, 0.5), vocab, native.layers, model, matrices,
+                           bits=12 - bits).weights["qkv"].panels
+        assert (panels.numel() < other.numel()) == (bits == 4)
     assert native.native_weights  # the path under test really runs
     pytorch = dataclasses.replace(native, native_weights=[], native_shape=[])
     g = torch.Generator().manual_seed(0)
@@ -230,8 +236,8 @@ def test_growth_stops_where_no_deeper_guess_would_be_verified(tiny_f64):
 @pytest.mark.parametrize("path", ["native", "native-q4", "native-bf16", "pytorch", "pytorch-fixed"])
 def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatch):
     """native-q4: 4-bit blocks on the int8 kernel, what auto runs SmolLM2's drafts on where the CPU has VNNI;
-    native-bf16: bfloat16 weights; on both the draft's matrices in Q8_0 blocks where the CPU has VNNI
-    (ppdkit/runtime/decoder_loading.draft_matrices)."""
+    native-bf16: bfloat16 weights; on both the draft's matrices in Q4_1 blocks where the CPU has VNNI
+    (ppdkit/runtime/decoder_loading.draft_matrices, head_loading.EAGLE3_BLOCK_BITS)."""
     model, tok = tiny_model_on(path.removesuffix("-q4").removesuffix("-bf16"), monkeypatch)
     weights = q4_weights_or_skip(model) if path == "native-q4" else {}
     kernels = linear_module.native_kernels()  # tiny_model_on's: the native module, or None for PyTorch's layers

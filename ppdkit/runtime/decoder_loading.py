@@ -109,8 +109,9 @@ def base_weights(name: str, dtype: str) -> tuple[BaseModel, dict[str, QuantizedW
 
 def draft_matrices(dtype: str) -> torch.dtype | str | None:
     """The format of an EAGLE-3 draft's matrices for a decoder in `dtype` (resolved). In bfloat16 or on GGUF blocks:
-    Q8_0 blocks (QUANTIZED) where this CPU's int8 kernel runs them, about half bfloat16's bytes (drafting is
-    memory-bound, and the draft only ranks guesses: the verification decides what is kept); else on GGUF blocks
+    GGUF blocks (QUANTIZED: EAGLE-3's Q4_1, runtime/head_loading.EAGLE3_BLOCK_BITS; a feature head's Q8_0) where this
+    CPU's int8 kernel runs them, half bfloat16's bytes or less (drafting is memory-bound, and the draft only ranks
+    guesses: the verification decides what is kept); else on GGUF blocks
     bfloat16 where the kernels run it (the base model's float32 copy would double what each draft level reads);
     else the base model's weight dtype (None). What each cost: docs/history.md. A float32 decoder keeps the draft
     exact, as trained."""

@@ -55,9 +55,17 @@ def load_draft_heads(component: Component, model, matrices: torch.dtype | str | 
     return heads, trees
 
 
-def load_eagle3(component: Component, model, matrices: torch.dtype | str | None = None) -> Eagle3Set:
+# The bits of an EAGLE-3 draft's GGUF blocks (where `matrices` asks for blocks): Q4_1. A level reads every matrix of
+# the draft (~10 MB on Q8_0 for SmolLM2's, its 8192-row readout half of it) from memory, which the verification's
+# stream of the base weights has evicted; on Q4_1 a step's drafting takes less time and the trees keep about the
+# same guesses (docs/tools/draft_blocks.py, shown in the SmolLM2 draft's model card).
+EAGLE3_BLOCK_BITS = 4
+
+
+def load_eagle3(component: Component, model, matrices: torch.dtype | str | None = None,
+                bits: int = EAGLE3_BLOCK_BITS) -> Eagle3Set:
     """An eagle3 component's draft, its tensors' shapes and hidden-state layers checked against the base model;
-    `matrices` as eagle3_set's."""
+    `matrices` and `bits` as eagle3_set's."""
     where, config = component.path, model.config
     vocab = checked_draft_vocab(component, config.vocab_size)
     expected = expected_shapes(config, len(vocab))
@@ -71,17 +79,18 @@ def load_eagle3(component: Component, model, matrices: torch.dtype | str | None 
     if not all(1 <= k <= config.num_hidden_layers for k in layers):
         raise ArtifactError(f"{where}/component.json: hyperparameters.aux_layers must name 3 of the base model's "
                             f"hidden states (1 .. {config.num_hidden_layers}), found {layers!r}")
-    return eagle3_set({name: component.tensors[name] for name in expected}, vocab, tuple(layers), model, matrices)
+    return eagle3_set({name: component.tensors[name] for name in expected}, vocab, tuple(layers), model, matrices,
+                      bits)
 
 
 def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tuple[int, ...], model,
-               matrices: torch.dtype | str | None = None) -> Eagle3Set:
+               matrices: torch.dtype | str | None = None, bits: int = EAGLE3_BLOCK_BITS) -> Eagle3Set:
     """The runtime's draft from models/eagle3.py's tensors (checked), on `model`'s device and activations; its
-    matrices in `matrices` (runtime/decoder_loading.draft_matrices): a dtype, QUANTIZED (Q8_0 blocks, on a CPU; the
-    base's weight dtype elsewhere), by default the base's weight dtype."""
+    matrices in `matrices` (runtime/decoder_loading.draft_matrices): a dtype, QUANTIZED (GGUF blocks of `bits`, on a
+    CPU; the base's weight dtype elsewhere), by default the base's weight dtype."""
     config = model.config
-    # its matrices narrow (bfloat16 halves what each draft step reads, Q8_0 blocks quarter it: drafting is
-    # memory-bound, 27 MB a level in float32), its norms and activations in the decoder's activation dtype
+    # its matrices narrow (bfloat16 halves what each draft step reads, Q8_0 blocks quarter it, Q4_1 under a fifth:
+    # drafting is memory-bound, 35 MB a level in float32), its norms and activations in the decoder's activation dtype
     weight_dtype = next(model.parameters()).dtype
     dtype = activation_dtype(weight_dtype)
     blocks = draft_blocks(matrices, model.device)
@@ -89,7 +98,7 @@ def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tu
         matrices = torch.float32 if blocks else weight_dtype
     t = {name: value.to(model.device, matrices if value.dim() == 2 else dtype) for name, value in tensors.items()}
     qkv = torch.cat([t[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])
-    linear = draft_layers(blocks)
+    linear = draft_layers(blocks, bits)
     weights = {name: linear(value) if value.dim() == 2 else value for name, value in t.items()}
     draft = Eagle3Set({**weights, "qkv": linear(qkv)}, vocab.to(model.device), layers, config.num_attention_heads,
                       config.num_key_value_heads, head_dim(config), config.rms_norm_eps)

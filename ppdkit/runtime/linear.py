@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .gguf_blocks import QuantizedWeight, quantize_q8_0
+from .gguf_blocks import QuantizedWeight, quantize_q4_1, quantize_q8_0
 from .native import bf16_kernel, native_kernels, tune_bf16_fma
 
 ROWS_HINT = 64  # the batch oneDNN tunes its layout for; measured as good for 1 to 64 rows
@@ -101,17 +101,21 @@ class Linear:
 
 
 def draft_blocks(matrices: torch.dtype | str | None, device: torch.device) -> bool:
-    """Whether a draft's matrices in format `matrices` (runtime/decoder_loading.draft_matrices) go into Q8_0 blocks
+    """Whether a draft's matrices in format `matrices` (runtime/decoder_loading.draft_matrices) go into GGUF blocks
     on `device`: QUANTIZED asked for, on a CPU (the int8 kernel is CPU code)."""
     return matrices == QUANTIZED and torch.device(device).type == "cpu"
 
 
-def draft_layers(blocks: bool) -> Callable[[torch.Tensor], Linear]:
-    """How a draft's matrices become the runtime's layers: in Q8_0 blocks where `blocks` (the int8 kernel, CPU
-    code), cut from float32 copies, else as they are. A draft's states and logits only choose and rank its guesses
-    (the verification decides what is kept, so the output stays the base model's whatever they are), and drafting
-    reads its weights from memory each level: Q8_0 reads about half bfloat16's bytes and a quarter of float32's,
-    so a level takes less time (docs/history.md)."""
+BLOCK_QUANTIZERS = {8: quantize_q8_0, 4: quantize_q4_1}  # a draft's block bits: Q8_0, Q4_1
+
+
+def draft_layers(blocks: bool, bits: int = 8) -> Callable[[torch.Tensor], Linear]:
+    """How a draft's matrices become the runtime's layers: where `blocks` (the int8 kernel, CPU code), in GGUF blocks of
+    `bits` (8: Q8_0, 4: Q4_1) cut from float32 copies, else as they are. A draft's states and logits only choose and
+    rank its guesses (the verification decides what is kept, so the output stays the base model's whatever they are),
+    and drafting reads its weights from memory each level: Q8_0 reads about half bfloat16's bytes and a quarter of
+    float32's, Q4_1 two thirds of Q8_0's, so a level takes less time (docs/history.md, docs/tools/draft_blocks.py)."""
     if blocks:
-        return lambda weight: Linear(quantize_q8_0(weight.float()))
+        quantize = BLOCK_QUANTIZERS[bits]
+        return lambda weight: Linear(quantize(weight.float()))
     return Linear
