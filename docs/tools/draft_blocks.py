@@ -8,8 +8,8 @@ the draft guesses, so all of them).
     python docs/tools/draft_blocks.py                     # all 80 prompts, about 8 minutes on 2 cores
     python docs/tools/draft_blocks.py --limit 8 --out /tmp/draft-blocks.json
 
-Writes docs/measurements/draft-blocks.json (`--out`); the draft's model card shows it (docs/tools/figure_blocks.py). It times:
-run it on an idle machine (infra/corpus/background.sh pause).
+Writes docs/measurements/draft-blocks.json (`--out`); the draft's model card shows it (docs/tools/figure_blocks.py).
+It times: run it on an idle machine (infra/corpus/background.sh pause).
 """
 
 import argparse
