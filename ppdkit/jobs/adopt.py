@@ -135,8 +135,11 @@ def adopt(candidate: Path, committed: Path, run_dir: Path | None = None, corpus_
         from ppdkit.data_pipeline.corpus import committed_corpus
         from ppdkit.trainer.tree_values_fit import fit_tree_values
 
-        log.info("the committed draft's trees are valued by a fitted model: fitting the candidate's first")
-        fit_tree_values(candidate, corpus or committed_corpus(mine.base_model["name"]))
+        # as many held-out prompts as the committed draft's fit read: neither draft's values the better fitted
+        held_out = theirs.extras[TREE_VALUES].get("fitted", {}).get("prompts") or 64
+        log.info("the committed draft's trees are valued by a fitted model: fitting the candidate's first, on %d "
+                 "held-out prompts as it was", held_out)
+        fit_tree_values(candidate, corpus or committed_corpus(mine.base_model["name"]), prompts=held_out)
     prompts = load_prompts(MEASURE["prompts"], limit)
     before, after = measure_component(committed, prompts), measure_component(candidate, prompts)
     if before.outputs != after.outputs:  # both are greedy decoding of the same model: a difference is a bug
