@@ -133,10 +133,10 @@ def adopt(candidate: Path, committed: Path, run_dir: Path | None = None, corpus_
                          "for one base model: nothing to compare")
     if TREE_VALUES in theirs.extras and TREE_VALUES not in mine.extras:
         from ppdkit.data_pipeline.corpus import committed_corpus
-        from ppdkit.trainer.tree_values_fit import fit_tree_values
+        from ppdkit.trainer.tree_values_fit import HELD_OUT_PROMPTS, fit_tree_values
 
         # as many held-out prompts as the committed draft's fit read: neither draft's values the better fitted
-        held_out = theirs.extras[TREE_VALUES].get("fitted", {}).get("prompts") or 64
+        held_out = theirs.extras[TREE_VALUES].get("fitted", {}).get("prompts") or HELD_OUT_PROMPTS
         log.info("the committed draft's trees are valued by a fitted model: fitting the candidate's first, on %d "
                  "held-out prompts as it was", held_out)
         fit_tree_values(candidate, corpus or committed_corpus(mine.base_model["name"]), prompts=held_out)

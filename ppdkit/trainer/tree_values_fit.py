@@ -96,8 +96,12 @@ def record(decoder: Decoder, prompts: list[list[int]], method: str, max_new_toke
     return samples
 
 
-def fit_tree_values(component: Path, corpus_root: Path, prompts: int = 64, method: str = "eagle3-corpus",
-                    dtype: str = "float32", max_new_tokens: int = 128, seed: int = 0, write: bool = True) -> TreeValues:
+HELD_OUT_PROMPTS = 64  # the first turns a fit decodes unless told otherwise
+
+
+def fit_tree_values(component: Path, corpus_root: Path, prompts: int = HELD_OUT_PROMPTS,
+                    method: str = "eagle3-corpus", dtype: str = "float32", max_new_tokens: int = 128, seed: int = 0,
+                    write: bool = True) -> TreeValues:
     """Fit the value model of `component`'s grown trees on `prompts` held-out corpus first turns, and (`write`) add it
     to the component as tree_values.json (replacing one there: the fit runs without it, on the draft's own values)."""
     if not get_method(method).grown:
