@@ -24,6 +24,7 @@ from .grown_tree import ROOT, GrownDrafter, Proposals, StepCost, grow_level, lev
 from .kv_cache import KVCache
 from .linear import SKINNY_MAX_ROWS, Linear
 from .llama import LeanLlama, attention_bias, rotate
+from .tree_values import PROBABILITY_BOUNDS
 
 
 @dataclass
@@ -87,6 +88,11 @@ def readout_top(model: LeanLlama, draft: Eagle3Set, h: torch.Tensor, beam: int) 
     return level_top(readout(h, draft.weights, draft.eps), beam)
 
 
+# the fitted tree values' weights the native grow reads, in its order (runtime/kernels/eagle3_grow.cpp Weight)
+GROW_WEIGHTS = ("bias", "depth", "first_level", "draft", "draft_logit", "draft_and_corpus", "draft_and_chain",
+                "corpus_depth", "chain_depth", "parent_draft_logit", "parent_undrafted")
+
+
 class Eagle3Drafter(GrownDrafter):
     """EAGLE-3's grown tree: its draft cache, and the verified positions waiting to be read into it (their fused
     states and tokens) until the next root is known. The verification captures the base's states at its layers."""
@@ -125,9 +131,29 @@ class Eagle3Drafter(GrownDrafter):
         return h[-1]
 
     def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
-        """The draft's proposals under `root`, grown as runtime/grown_tree.py's expand grows the feature head's."""
+        """The draft's proposals under `root`, grown as runtime/grown_tree.py's expand grows the feature head's: in one
+        native call where the draft's layer and readout run natively, else level by level here."""
+        state = self._read_verified(root)[None]  # [1, H] the root's h
+        if native_grows(self.model, self.draft, self.beam):
+            return self.grow_native(state, wanted, cost)
+        return self.grow_levels(state, wanted, cost)
+
+    def grow_native(self, state: torch.Tensor, wanted: int, cost: StepCost | None) -> Proposals:
+        """grow's tree from the root's h [1, H] in one call (runtime/kernels/eagle3_grow.cpp, grow_levels's twin)."""
+        model, draft, cache = self.model, self.draft, self.draft_cache
+        head, values = draft.weights["lm_head.weight"], self.values
+        grown = model.native.eagle3_grow(
+            state, model.embed, draft.vocab, draft.native_weights, draft.native_shape, draft.eps,
+            draft.weights["norm.weight"], head.panels, head.out_features, model.cos, model.sin, cache.k, cache.v,
+            cache.length, self.beam, self.depth, wanted, [] if values is None else values.weights_named(GROW_WEIGHTS),
+            list(PROBABILITY_BOUNDS), [] if cost is None else cost.seconds, cost.ratio if cost else 0.0,
+            cost.overhead if cost else 0.0)
+        return Proposals(*(column.tolist() for column in grown))
+
+    def grow_levels(self, state: torch.Tensor, wanted: int, cost: StepCost | None) -> Proposals:
+        """grow's tree from the root's h [1, H], a level at a time: the draft's readout, grow_level's choice, the draft
+        layer on the chosen children."""
         cache, draft, beam, depth = self.draft_cache, self.draft, self.beam, self.depth
-        state = self._read_verified(root)[None]  # [m, H] the expanded nodes' h (the root alone first)
         committed = cache.length  # the verified rows, all kept: the tree's rows go after them
         rows = [[]]  # each expanded node's draft rows along its path (indices after the committed rows)
         frontier, found = ROOT, Proposals()
@@ -150,3 +176,11 @@ class Eagle3Drafter(GrownDrafter):
             cache.commit(None, len(rows))
         cache.rollback(committed)  # the tree's rows are dropped: only verified positions stay
         return found
+
+
+def native_grows(model: LeanLlama, draft: Eagle3Set, beam: int) -> bool:
+    """Whether a step's tree grows in one native call: the draft's layer and readout run natively (a bfloat16 or GGUF
+    decoder on the CPU kernels, float32 activations) and a level's rows fit one call."""
+    head = draft.weights["lm_head.weight"]
+    return (bool(draft.native_weights) and model.native is not None and getattr(head, "panels", None) is not None
+            and model.dtype == torch.float32 and beam <= SKINNY_MAX_ROWS)

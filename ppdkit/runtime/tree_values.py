@@ -30,6 +30,7 @@ FORMATS = {"ppdkit-tree-values/1": FEATURES[:10], FORMAT: FEATURES}
 _EDGE = 1e-6  # probabilities clipped to [EDGE, 1 - EDGE] before their logit: a 0 or 1 rate stays finite
 # the same bounds as float32 holds them (feature_rows clips in float32): worth's logit at a bound is the fit's
 _LOW, _HIGH = torch.tensor([_EDGE, 1 - _EDGE], dtype=torch.float32).tolist()
+PROBABILITY_BOUNDS = (_LOW, _HIGH)  # as worth clips a probability (runtime/kernels/eagle3_grow.cpp takes them)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,10 @@ class TreeValues:
     def named(self) -> dict[str, float]:
         """The weights by FEATURES name, made once: worth reads them for every node of every step."""
         return dict(zip(FEATURES, self.weights))
+
+    def weights_named(self, names: tuple[str, ...]) -> list[float]:
+        """The weights of `names`, in that order (the native grow's, runtime/eagle3_drafter.py GROW_WEIGHTS)."""
+        return [self.named[name] for name in names]
 
     def log_worth(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., F] -> log P(the node is the base's token | its parent was) [...], float32, below 0."""

@@ -1,5 +1,6 @@
 // The Python module of the runtime's native kernels (built by runtime/native.py).
 #include "decoder_layers.h"
+#include "eagle3_grow.h"
 #include "quantized_linear.h"
 #include "row_argmax.h"
 #include "skinny_linear.h"
@@ -19,6 +20,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decoder_layers", &decoder_layers, released());
   m.def("eagle3_layer", &eagle3_layer, released());
   m.def("eagle3_readout", &eagle3_readout, released());
+  m.def("eagle3_grow", &eagle3_grow, released());
   m.def("quantized_available", &quantized_available);
   m.def("quantized_pack", &quantized_pack);
   m.def("quantized_amx_available", &quantized_amx_available);

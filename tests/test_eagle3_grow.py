@@ -1,0 +1,62 @@
+"""EAGLE-3's tree grown in one native call (runtime/kernels/eagle3_grow.cpp) against the level-by-level growth it
+replaces where the CPU kernels run the draft: the same proposals, to the bit, and the same draft rows written."""
+
+import random
+
+import pytest
+import torch
+from conftest import tiny_model_on
+from test_draft_heads import VOCAB
+from test_eagle3 import _decoder, _draft_tensors
+
+from ppdkit.runtime.eagle3_drafter import Eagle3Drafter, native_grows
+from ppdkit.runtime.grown_tree import StepCost
+from ppdkit.runtime.tree_values import FEATURES, TreeValues
+
+
+def _fields(found) -> tuple:
+    return found.values, found.depths, found.tokens, found.parents, found.drafts
+
+
+@pytest.mark.parametrize("valued", [False, True], ids=["draft-probabilities", "tree-values"])
+@pytest.mark.parametrize("sized", [False, True], ids=["fixed", "sized"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bfloat16"])
+def test_the_native_grow_is_the_level_by_level_one(valued, sized, bf16, monkeypatch):
+    """Random drafts (confident to flat), random tree values, steps sized by random costs or fixed: both growths give
+    the same proposals (values, depths, tokens, parents, the draft's log-probabilities) and the same draft rows."""
+    model, tok = tiny_model_on("native", monkeypatch)
+    if bf16:
+        model = model.bfloat16()
+    rng = random.Random(7)
+    vocab = torch.arange(3, VOCAB, 3)
+    drafted = levels = 0
+    for trial in range(8):
+        tensors = _draft_tensors(model, vocab, trial, scale=rng.choice([0.1, 0.5, 3.0]))
+        if trial % 2:
+            tensors["lm_head.weight"] = 10 * tensors["lm_head.weight"]  # confident: deep, narrow trees
+        decoder = _decoder(model, tok, tensors, vocab)
+        if valued:
+            decoder.draft.tree_values = TreeValues(tuple(rng.uniform(-2, 2) for _ in FEATURES), {})
+        beam, depth, nodes = rng.choice([(2, 5, 8), (3, 4, 12), (4, 6, 16)])
+        drafter = Eagle3Drafter(decoder, decoder.model.new_cache(96), nodes=nodes, beam=beam, depth=depth)
+        assert native_grows(decoder.model, drafter.draft, beam)  # the path under test really runs
+        ids = torch.tensor([rng.randrange(VOCAB) for _ in range(12)])
+        drafter.prefill(ids[:10])
+        state = drafter._read_verified(int(ids[10]))[None]
+        committed = drafter.draft_cache.length
+        cost = None
+        if sized:
+            b1 = 10 ** rng.uniform(-5, -3)
+            cost = StepCost([0.01 + b1 * rows for rows in range(nodes + 1)], rng.uniform(0.3, 1.0), 0.002)
+        grown, rows = [], []
+        for grow in (drafter.grow_levels, drafter.grow_native):
+            drafter.draft_cache.k[..., committed:] = 0
+            drafter.draft_cache.v[:, :, committed:] = 0
+            grown.append(grow(state, nodes - 1, cost))
+            assert drafter.draft_cache.length == committed  # the tree's rows are not kept
+            rows.append((drafter.draft_cache.k[..., committed:].clone(), drafter.draft_cache.v[:, :, committed:].clone()))
+        assert _fields(grown[0]) == _fields(grown[1]), trial
+        assert all(torch.equal(a, b) for a, b in zip(*rows)), trial
+        drafted += len(grown[0].values)
+        levels += max(grown[0].depths)
+    assert drafted >= 40 and levels >= 16  # trees of several levels were grown, not only the first
