@@ -54,7 +54,8 @@ def test_the_native_grow_is_the_level_by_level_one(valued, sized, bf16, monkeypa
             drafter.draft_cache.v[:, :, committed:] = 0
             grown.append(grow(state, nodes - 1, cost))
             assert drafter.draft_cache.length == committed  # the tree's rows are not kept
-            rows.append((drafter.draft_cache.k[..., committed:].clone(), drafter.draft_cache.v[:, :, committed:].clone()))
+            cache = drafter.draft_cache
+            rows.append((cache.k[..., committed:].clone(), cache.v[:, :, committed:].clone()))
         assert _fields(grown[0]) == _fields(grown[1]), trial
         assert all(torch.equal(a, b) for a, b in zip(*rows)), trial
         drafted += len(grown[0].values)

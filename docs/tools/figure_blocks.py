@@ -13,8 +13,8 @@ The name is the report's path under docs/ without `.json`: a bench report (docs/
 precision report (docs/measurements/precision*.json, `ppdkit precision`), a serving-load report
 (docs/measurements/serve-load*.json, `ppdkit serve-bench --out`), a cluster-throughput report
 (docs/measurements/cluster-throughput*.json, `infra/ray/cluster_throughput.py --out`), a GPU lane's report
-(docs/measurements/gpu-lane*.json, the lane.json `python -m ppdkit.jobs.gpu_lane` writes), a draft-blocks report
-(docs/measurements/draft-blocks*.json, docs/tools/draft_blocks.py) or the history
+(docs/measurements/gpu-lane*.json, the lane.json `python -m ppdkit.jobs.gpu_lane` writes), a draft-arms report
+(docs/measurements/draft-blocks*.json and draft-grow*.json, docs/tools/draft_blocks.py) or the history
 (docs/measurements/history.json, figures transcribed from the pages before they had reports).
 
     .venv/bin/python docs/tools/figure_blocks.py           # rewrite every block from its report
@@ -219,9 +219,13 @@ def gpu_lane_block(name: str, report: dict, docs_link: str) -> list[str]:
     return lines + (["", f"Failed: {'; '.join(failed)}."] if failed else [])
 
 
-def draft_blocks_block(name: str, report: dict, docs_link: str) -> list[str]:
-    """A draft-blocks report (docs/tools/draft_blocks.py): the same decoder and draft with the draft's matrices on each
-    kind of GGUF block, prompts in turns: tok/s, against the first arm, tokens per step and ms a step."""
+DRAFT_ARMS = {"blocks": "the draft's blocks", "grow": "a step's tree"}  # each comparison's arms, as a column heads them
+
+
+def draft_arms_block(name: str, report: dict, docs_link: str) -> list[str]:
+    """A draft-arms report (docs/tools/draft_blocks.py): the committed draft run two ways on the same prompts in turns
+    (its matrices on each kind of GGUF block, or its trees grown natively or level by level): tok/s, against the first
+    arm, tokens per step, ms a step and of it drafting."""
     arms = report["arms"]
     first = next(iter(arms.values()))
     lines = [provenance(report, "python docs/tools/draft_blocks.py"), "",
@@ -229,13 +233,15 @@ def draft_blocks_block(name: str, report: dict, docs_link: str) -> list[str]:
              f"{report['prompts']} {report['prompts_source']} first turns, {report['max_new_tokens']} new tokens; "
              f"the same tokens on {report['identical']} of {report['prompts']} "
              f"([report]({docs_link}measurements/{name}.json)).", "",
-             "| the draft's blocks | tok/s | x the first | tokens per step | ms a step |", "|---|---:|---:|---:|---:|"]
+             f"| {DRAFT_ARMS[report['compare']]} | tok/s | x the first | tokens per step | ms a step "
+             "| of it drafting |",
+             "|---|---:|---:|---:|---:|---:|"]
     for arm, figures in arms.items():
-        default = " (the default)" if figures["bits"] == report["default_bits"] else ""
-        lines.append(f"| {arm}{default} | {figures['tokens_per_s']:.1f} | "
+        drafting = figures.get("drafting_ms_per_step")
+        lines.append(f"| {arm}{' (the default)' if figures['default'] else ''} | {figures['tokens_per_s']:.1f} | "
                      f"{figures['tokens_per_s'] / first['tokens_per_s']:.3f} | {figures['tokens_per_step']:.3f} | "
-                     f"{figures['ms_per_step']:.2f} |")
-    return lines
+                     f"{figures['ms_per_step']:.2f} | {'-' if drafting is None else f'{drafting:.2f}'} |")
+    return lines + (["", f"Note: {report['note']}"] if report.get("note") else [])
 
 
 def history_block(name: str, report: dict, docs_link: str) -> list[str]:
@@ -260,8 +266,8 @@ def report_kind(report: dict):
         return cluster_throughput_block
     if report.get("kind") == "gpu-lane":
         return gpu_lane_block
-    if report.get("kind") == "draft-blocks":
-        return draft_blocks_block
+    if report.get("kind") == "draft-arms":
+        return draft_arms_block
     if "entries" in report and "transcribed_from" in report:
         return history_block
     if "results" in report and "prompts_source" in report:
@@ -271,7 +277,7 @@ def report_kind(report: dict):
     if "perplexity" in report and "equal" in report:
         return precision_block
     raise ValueError("not a report this tool renders: a bench, step-cost, precision, serving-load, "
-                     "cluster-throughput, GPU lane, draft-blocks or history report")
+                     "cluster-throughput, GPU lane, draft-arms or history report")
 
 
 def docs_prefix(page: Path, docs: Path = DOCS) -> str:

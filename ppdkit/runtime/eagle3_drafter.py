@@ -88,6 +88,8 @@ def readout_top(model: LeanLlama, draft: Eagle3Set, h: torch.Tensor, beam: int) 
     return level_top(readout(h, draft.weights, draft.eps), beam)
 
 
+# False: every tree grown level by level, as where the kernels do not run (docs/tools/draft_blocks.py --compare grow)
+NATIVE_GROW = True
 # the fitted tree values' weights the native grow reads, in its order (runtime/kernels/eagle3_grow.cpp Weight)
 GROW_WEIGHTS = ("bias", "depth", "first_level", "draft", "draft_logit", "draft_and_corpus", "draft_and_chain",
                 "corpus_depth", "chain_depth", "parent_draft_logit", "parent_undrafted")
@@ -182,5 +184,5 @@ def native_grows(model: LeanLlama, draft: Eagle3Set, beam: int) -> bool:
     """Whether a step's tree grows in one native call: the draft's layer and readout run natively (a bfloat16 or GGUF
     decoder on the CPU kernels, float32 activations) and a level's rows fit one call."""
     head = draft.weights["lm_head.weight"]
-    return (bool(draft.native_weights) and model.native is not None and getattr(head, "panels", None) is not None
-            and model.dtype == torch.float32 and beam <= SKINNY_MAX_ROWS)
+    return (NATIVE_GROW and bool(draft.native_weights) and model.native is not None
+            and getattr(head, "panels", None) is not None and model.dtype == torch.float32 and beam <= SKINNY_MAX_ROWS)

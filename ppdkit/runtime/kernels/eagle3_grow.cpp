@@ -1,9 +1,9 @@
 // EAGLE-3's draft tree grown in one call (runtime/eagle3_drafter.py Eagle3Drafter.grow and runtime/grown_tree.py
 // grow_level, whose twin this is): every level's readout and choice, its children valued, the most valuable expanded
 // through the draft layer. Between two native calls a level's Python (valuing a few children, a visibility mask, an
-// attention bias, embeddings, rotary rows) cost about as much as the calls themselves: ~1.6 ms of a step's ~25 on a
-// 2-core CPU without AMX tiles. The values are Python's own doubles, added in Python's order, and the tree values'
-// log sigmoid is computed with the same libm calls, so both grow the same tree (tests/test_eagle3_grow.py).
+// attention bias, embeddings, rotary rows) cost about as much as the calls themselves (docs/tools/draft_blocks.py
+// --compare grow times both). The values are Python's own doubles, added in Python's order, and the tree values' log
+// sigmoid is computed with the same libm calls, so both grow the same tree (tests/test_eagle3_grow.py).
 #include "eagle3_grow.h"
 
 #include <algorithm>
