@@ -74,14 +74,20 @@ def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch
     return layer_output(attended, hidden, w, draft.eps)
 
 
+def reads_out_natively(model: LeanLlama, draft: Eagle3Set) -> bool:
+    """Whether the draft's layer and readout run on the CPU kernels: its layer's packed weights, the model's native
+    kernels and its LM head's panels (readout_top's path and native_grows's)."""
+    head = draft.weights["lm_head.weight"]
+    return bool(draft.native_weights) and model.native is not None and head.panels is not None
+
+
 def readout_top(model: LeanLlama, draft: Eagle3Set, h: torch.Tensor, beam: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The draft's readout of h [m, H] and a tree level's choice (grown_tree.level_top): each row's `beam` likeliest
     draft-vocabulary entries, their log-probabilities [m, b] and indices [m, b]. In one native call where the draft
     layer runs natively: its norm, matmul, log-softmax and top-k are ~10 PyTorch operations on a few rows at every
     level a step drafts, their dispatch costing more than their arithmetic."""
     head = draft.weights["lm_head.weight"]
-    if (draft.native_weights and model.native is not None and head.panels is not None and h.dtype == torch.float32
-            and len(h) <= SKINNY_MAX_ROWS):
+    if reads_out_natively(model, draft) and h.dtype == torch.float32 and len(h) <= SKINNY_MAX_ROWS:
         values, indices = model.native.eagle3_readout(h, draft.weights["norm.weight"], draft.eps, head.panels,
                                                       head.out_features, beam)
         return values, indices
@@ -183,6 +189,4 @@ class Eagle3Drafter(GrownDrafter):
 def native_grows(model: LeanLlama, draft: Eagle3Set, beam: int) -> bool:
     """Whether a step's tree grows in one native call: the draft's layer and readout run natively (a bfloat16 or GGUF
     decoder on the CPU kernels, float32 activations) and a level's rows fit one call."""
-    head = draft.weights["lm_head.weight"]
-    return (NATIVE_GROW and bool(draft.native_weights) and model.native is not None
-            and getattr(head, "panels", None) is not None and model.dtype == torch.float32 and beam <= SKINNY_MAX_ROWS)
+    return NATIVE_GROW and reads_out_natively(model, draft) and model.dtype == torch.float32 and beam <= SKINNY_MAX_ROWS

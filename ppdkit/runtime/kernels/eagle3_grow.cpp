@@ -1,4 +1,4 @@
-// EAGLE-3's draft tree grown in one call (runtime/eagle3_drafter.py Eagle3Drafter.grow and runtime/grown_tree.py
+// EAGLE-3's draft tree grown in one call (runtime/eagle3_drafter.py Eagle3Drafter.grow_levels and runtime/grown_tree.py
 // grow_level, whose twin this is): every level's readout and choice, its children valued, the most valuable expanded
 // through the draft layer. Between two native calls a level's Python (valuing a few children, a visibility mask, an
 // attention bias, embeddings, rotary rows) cost about as much as the calls themselves (docs/tools/draft_blocks.py
