@@ -66,6 +66,27 @@ def test_a_chain_reads_each_guess_after_the_ones_before_it_and_learns_its_rates_
         build_tables([[70000, 1]], 2)
 
 
+def test_a_chain_remembers_its_answers_queries_and_drafts_what_asking_anew_drafts(monkeypatch):
+    """A step whose chain was right asks the last step's queries again: answered from the chain's memory, its chains
+    are the ones every query asked of the tables gives, for fewer queries."""
+    rng = random.Random(3)
+    texts = [[rng.randrange(10) for _ in range(rng.randint(5, 40))] for _ in range(40)]
+    table = build_tables(texts, 4)
+    asked = Counter()
+    query = table.query
+    monkeypatch.setattr(table, "query", lambda text: asked.update([mode]) or query(text))
+    chain = CorpusChain(table, texts[0][:3])
+    for step in range(80):
+        root = rng.randrange(10)
+        mode = "anew"
+        expected = table.draft(chain.text + [root], chain.length)
+        mode = "remembering"
+        assert chain.draft(root) == expected[0] and chain.kinds == expected[1], step
+        right = rng.randrange(len(expected[0]) + 1)  # the chain right up to here, then the base model's own token
+        chain.update(expected[0], expected[0][:right], rng.randrange(10))
+    assert asked["remembering"] < 0.8 * asked["anew"]  # the remembered answers stood in for queries
+
+
 def _tiny_corpus(root, tok, texts: list[list[int]]):
     corpus = create_corpus(root, "tiny", "tiny-fingerprint", tok, 512)
     rows = [CorpusRow(id=f"r{i}", source="chitchat", input_ids=t, answer_spans=[(1, len(t))], seed=0,

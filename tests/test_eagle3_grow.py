@@ -42,22 +42,27 @@ def test_the_native_grow_is_the_level_by_level_one(valued, sized, bf16, monkeypa
         assert native_grows(decoder.model, drafter.draft, beam)  # the path under test really runs
         ids = torch.tensor([rng.randrange(VOCAB) for _ in range(12)])
         drafter.prefill(ids[:10])
-        state = drafter._read_verified(int(ids[10]))[None]
-        committed = drafter.draft_cache.length
+        if trial % 4 < 2:  # a step's few verified rows (a prompt's 10 here) read in the native call too
+            drafter.draft_cache.length = rng.randrange(3, 20)  # after earlier steps' rows
+        pending, cache = (drafter.pending_states, drafter.pending_tokens), drafter.draft_cache
+        before = cache.length
         cost = None
         if sized:
             b1 = 10 ** rng.uniform(-5, -3)
             cost = StepCost([0.01 + b1 * rows for rows in range(nodes + 1)], rng.uniform(0.3, 1.0), 0.002)
         grown, rows = [], []
-        for grow in (drafter.grow_levels, drafter.grow_native):
-            drafter.draft_cache.k[..., committed:] = 0
-            drafter.draft_cache.v[:, :, committed:] = 0
-            grown.append(grow(state, nodes - 1, cost))
-            assert drafter.draft_cache.length == committed  # the tree's rows are not kept
-            cache = drafter.draft_cache
-            rows.append((cache.k[..., committed:].clone(), cache.v[:, :, committed:].clone()))
+        for native in (False, True):
+            cache.k[..., before:] = 0
+            cache.v[:, :, before:] = 0
+            cache.length, (drafter.pending_states, drafter.pending_tokens) = before, pending
+            if native:
+                grown.append(drafter.grow_native(int(ids[10]), nodes - 1, cost))
+            else:
+                grown.append(drafter.grow_levels(drafter._read_verified(int(ids[10]))[None], nodes - 1, cost))
+            assert cache.length == before + 10 and drafter.pending_states is None  # the read rows kept, no tree's
+            rows.append((cache.k[..., before:].clone(), cache.v[:, :, before:].clone()))
         assert _fields(grown[0]) == _fields(grown[1]), trial
-        assert all(torch.equal(a, b) for a, b in zip(*rows)), trial
+        assert all(torch.equal(a, b) for a, b in zip(*rows)), trial  # the read rows and the last tree's
         drafted += len(grown[0].values)
         levels += max(grown[0].depths)
     assert drafted >= 40 and levels >= 16  # trees of several levels were grown, not only the first

@@ -13,8 +13,8 @@ from conftest import hf_greedy, tiny_model_on
 from test_draft_heads import HIDDEN, VOCAB, _decoder, _heads
 from test_sampling import first_two_tokens_follow_the_model
 
-from ppdkit.runtime.grown_tree import (ChainSource, Proposals, StepCost, add_chain, best_count, by_value, latency_model,
-                                       tree_shape)
+from ppdkit.runtime.grown_tree import (ChainSource, Proposals, StepCost, add_chain, best_count, breadth_first, by_value,
+                                       latency_model, tree_shape)
 
 GROWN = ("feature-grown", "feature-grown-anpd")
 
@@ -33,6 +33,33 @@ def test_proposals_are_chosen_by_value_and_keep_their_paths():
     assert tree_shape(chosen, found.parents) == ((-1, 0, 0, 1, 1), (-1, 0, 1, 0, 1))
     add_chain(found, [30], rate=0.9)  # a confident chain outranks the head's second guess
     assert by_value(found, 2) == [5, a]
+
+
+def test_a_tree_shape_takes_one_order_whatever_order_its_nodes_were_chosen_in():
+    """breadth_first: every order of one tree's proposals (parents first) gives one node order, so one layout; the
+    nodes keep their parents and each node's children keep their order (their ranks)."""
+    rng = random.Random(5)
+    for _ in range(200):
+        parents = [-1]  # proposal 0 under the root, each later one under the root or an earlier proposal
+        for i in range(1, rng.randint(1, 9)):
+            parents.append(rng.randrange(-1, i))
+        shapes = set()
+        for _ in range(6):  # parents-first orders of the same proposals, siblings kept in one order
+            chosen = []
+            waiting = sorted(range(len(parents)))
+            while waiting:
+                p = rng.choice([q for q in waiting if parents[q] == -1 or parents[q] in chosen])
+                later = [q for q in waiting if parents[q] == parents[p] and q < p]
+                p = later[0] if later else p  # a node's earlier siblings first: their ranks stay
+                chosen.append(p)
+                waiting.remove(p)
+            order = breadth_first(chosen, parents)
+            assert sorted(order) == sorted(chosen)
+            assert all(parents[p] == -1 or order.index(parents[p]) < order.index(p) for p in order)
+            siblings = lambda seq, parent: [q for q in seq if parents[q] == parent]  # noqa: E731
+            assert all(siblings(order, p) == siblings(chosen, p) for p in [-1, *chosen])
+            shapes.add(tree_shape(order, parents))
+        assert len(shapes) == 1
 
 
 def test_the_chain_rate_counts_guesses_right_after_right_predecessors():

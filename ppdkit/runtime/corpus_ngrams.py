@@ -64,14 +64,22 @@ class CorpusNgrams:
                 return int(table[i]) & ((1 << TOKEN_BITS) - 1), (n - 1) * SHARE_BUCKETS + bucket
         return None
 
-    def draft(self, text: list[int], length: int = CHAIN_LENGTH) -> tuple[list[int], list[int]]:
+    def draft(self, text: list[int], length: int = CHAIN_LENGTH,
+              known: dict[tuple[int, ...], tuple[int, int] | None] | None = None) -> tuple[list[int], list[int]]:
         """Up to `length` guesses after `text`, each read with the ones before it, and each one's kind (fewer
-        guesses when no ending is known)."""
-        tail, chain, kinds = list(text[-self.max_n:]), [], []
-        while len(chain) < length and (found := self.query(tail)) is not None:
+        guesses when no ending is known). known: the queries' answers by their last max_n tokens (all a query reads),
+        filled in as they are asked: a step whose chain was right asks most of the last step's queries again."""
+        tail, chain, kinds = tuple(text[-self.max_n:]), [], []
+        while len(chain) < length:
+            if known is None:
+                found = self.query(list(tail))
+            elif (found := known.get(tail, False)) is False:
+                found = known[tail] = self.query(list(tail))
+            if found is None:
+                break
             chain.append(found[0])
             kinds.append(found[1])
-            tail = (tail + [found[0]])[-self.max_n:]
+            tail = (*tail, found[0])[-self.max_n:]
         return chain, kinds
 
 
@@ -183,10 +191,11 @@ class CorpusChain:
         self.table, self.text, self.length = table, list(ids), length
         self.right, self.tried = [1.0] * table.kinds, [2.0] * table.kinds
         self.kinds: list[int] = []  # the kind of each guess of the last chain
+        self.known: dict[tuple[int, ...], tuple[int, int] | None] = {}  # this answer's queries (CorpusNgrams.draft)
 
     def draft(self, root: int) -> list[int]:
         self.text.append(root)
-        chain, self.kinds = self.table.draft(self.text, self.length)
+        chain, self.kinds = self.table.draft(self.text, self.length, self.known)
         return chain
 
     def values(self) -> list[float]:

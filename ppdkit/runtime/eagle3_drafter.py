@@ -141,21 +141,31 @@ class Eagle3Drafter(GrownDrafter):
     def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
         """The draft's proposals under `root`, grown as runtime/grown_tree.py's expand grows the feature head's: in one
         native call where the draft's layer and readout run natively, else level by level here."""
-        state = self._read_verified(root)[None]  # [1, H] the root's h
         if native_grows(self.model, self.draft, self.beam):
-            return self.grow_native(state, wanted, cost)
-        return self.grow_levels(state, wanted, cost)
+            return self.grow_native(root, wanted, cost)
+        return self.grow_levels(self._read_verified(root)[None], wanted, cost)
 
-    def grow_native(self, state: torch.Tensor, wanted: int, cost: StepCost | None) -> Proposals:
-        """grow's tree from the root's h [1, H] in one call (runtime/kernels/eagle3_grow.cpp, grow_levels's twin)."""
+    def grow_native(self, root: int, wanted: int, cost: StepCost | None) -> Proposals:
+        """grow's tree in one call (runtime/kernels/eagle3_grow.cpp, grow_levels's twin), the verified positions read
+        into the draft's cache in the same call where they fit one (_read_verified's twin: a step's few rows; a
+        prompt's go through _read_verified)."""
         model, draft, cache = self.model, self.draft, self.draft_cache
-        head, values = draft.weights["lm_head.weight"], self.values
+        head, fc, values = draft.weights["lm_head.weight"], draft.weights["fc.weight"], self.values
+        read = len(self.pending_states) if len(self.pending_states) <= SKINNY_MAX_ROWS and fc.panels is not None else 0
+        if read:
+            cache.reserve(read)
+            start, fc_panels, tokens = self.pending_states.to(model.dtype), fc.panels, self.pending_tokens
+        else:
+            start, fc_panels, tokens = self._read_verified(root)[None], None, None  # [1, H] the root's h
         grown = model.native.eagle3_grow(
-            state, model.embed, draft.vocab, draft.native_weights, draft.native_shape, draft.eps,
-            draft.weights["norm.weight"], head.panels, head.out_features, model.cos, model.sin, cache.k, cache.v,
-            cache.length, self.beam, self.depth, wanted, [] if values is None else values.weights_named(GROW_WEIGHTS),
-            list(PROBABILITY_BOUNDS), [] if cost is None else cost.seconds, cost.ratio if cost else 0.0,
-            cost.overhead if cost else 0.0)
+            start, fc_panels, tokens, root, model.embed, draft.vocab, draft.native_weights, draft.native_shape,
+            draft.eps, draft.weights["norm.weight"], head.panels, head.out_features, model.cos, model.sin, cache.k,
+            cache.v, cache.length, self.beam, self.depth, wanted,
+            [] if values is None else values.weights_named(GROW_WEIGHTS), list(PROBABILITY_BOUNDS),
+            [] if cost is None else cost.seconds, cost.ratio if cost else 0.0, cost.overhead if cost else 0.0)
+        if read:
+            cache.commit(None, read)
+            self.pending_states = self.pending_tokens = None
         return Proposals(*(column.tolist() for column in grown))
 
     def grow_levels(self, state: torch.Tensor, wanted: int, cost: StepCost | None) -> Proposals:

@@ -251,6 +251,20 @@ class StepCost:
         return math.log(row * rate / self.ratio)
 
 
+def breadth_first(chosen: list[int], parents: list[int]) -> list[int]:
+    """chosen proposals (parents first) level by level, each node's children together and in their order in `chosen`
+    (their ranks unchanged): a tree then takes one order for each shape, so shape_layout's cache holds every shape of a
+    step's few nodes (429 of 8 nodes). Ordered by value, one shape came numbered many ways (up to 7! for 8 nodes):
+    on 24 MT-Bench prompts with trees of 8, 823 of 1,225 steps missed the cache (~0.1 ms each), 181 in this order."""
+    children: dict[int, list[int]] = {}
+    for proposal in chosen:
+        children.setdefault(parents[proposal], []).append(proposal)
+    order = list(children.get(-1, ()))
+    for proposal in order:  # grows as it is walked: each node's children after the nodes before it
+        order.extend(children.get(proposal, ()))
+    return order
+
+
 def tree_shape(chosen: list[int], parents: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """chosen proposals (parents first) and every proposal's parent proposal (-1: the root) -> the tree's node
     parents and ranks, node 0 the root, node i + 1 the i-th chosen; a node's rank counts its earlier siblings."""
@@ -367,6 +381,7 @@ class GrownDrafter(Drafter):
         chosen = by_value(found, self.nodes - 1)
         if cost is not None:
             chosen = chosen[:cost.count([found.values[i] for i in chosen])]
+        chosen = breadth_first(chosen, found.parents)
         self.step = found, chosen, chains, True
         return Proposal(torch.tensor([root] + [found.tokens[i] for i in chosen]),  # [N]
                         shape_layout(*tree_shape(chosen, found.parents)))

@@ -26,12 +26,11 @@
 #include "quantized_linear.h"
 #include "skinny_linear.h"
 
-namespace {
-
-// x W^T on whichever few-rows kernel the panels were packed for.
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor& panels, int64_t width) {
   return is_quantized(panels) ? quantized_linear(x, panels, width) : skinny_linear(x, panels, width);
 }
+
+namespace {
 
 // w * x / sqrt(mean(x^2) + eps) per row of x [T, H].
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, float eps) {

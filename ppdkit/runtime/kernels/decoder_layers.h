@@ -6,6 +6,8 @@
 #include <optional>
 #include <vector>
 
+// x [T, K] W^T -> [T, width] on whichever few-rows kernel the panels were packed for (skinny_linear, quantized_linear)
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& panels, int64_t width);
 torch::Tensor decoder_layers(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
                              const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
                              const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,

@@ -63,9 +63,34 @@ struct Found {  // runtime/grown_tree.py Proposals
   std::vector<int64_t> depths, tokens, parents;
 };
 
+// Eagle3Drafter._read_verified: the verified positions' fused states [R, nH] into the draft's cache after its
+// `committed` rows, each with the token after it (tokens [R] shifted by one, then root) -> their h [R, H].
+torch::Tensor read_verified(const torch::Tensor& states, const torch::Tensor& fc_panels, const torch::Tensor& tokens,
+                            int64_t root, const torch::Tensor& embed, const std::vector<torch::Tensor>& weights,
+                            const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
+                            const torch::Tensor& sin, const torch::Tensor& cache_k, const torch::Tensor& cache_v,
+                            int64_t committed) {
+  const int64_t r = states.size(0), group = shape[0] / shape[1];
+  TORCH_CHECK(states.dim() == 2 && states.scalar_type() == torch::kFloat32 && tokens.scalar_type() == torch::kInt64 &&
+              tokens.dim() == 1 && tokens.size(0) == r, "eagle3_grow: states [R, nH] float32, read_tokens [R] int64");
+  const auto index = torch::TensorOptions().dtype(torch::kInt64);
+  const auto following = torch::cat({tokens.slice(0, 1), torch::full({1}, root, index)});
+  const auto g = project(states.contiguous(), fc_panels, shape[4]);  // [R, H]
+  auto bias = torch::full({group * r, committed + r}, -INFINITY, cos.options());  // causal: attention_bias's rows
+  float* bs = bias.data_ptr<float>();
+  for (int64_t q = 0; q < group; ++q)
+    for (int64_t i = 0; i < r; ++i) std::fill_n(bs + (q * r + i) * (committed + r), committed + i + 1, 0.f);
+  const auto positions = torch::arange(committed, committed + r, index);
+  return eagle3_layer(embed.index_select(0, following).to(torch::kFloat32), g, weights, shape, eps,
+                      cos.index_select(0, positions), sin.index_select(0, positions), bias, cache_k, cache_v,
+                      committed);
+}
+
 }  // namespace
 
-std::vector<torch::Tensor> eagle3_grow(const torch::Tensor& root_h, const torch::Tensor& embed,
+std::vector<torch::Tensor> eagle3_grow(const torch::Tensor& start, const std::optional<torch::Tensor>& fc_panels,
+                                       const std::optional<torch::Tensor>& read_tokens, int64_t root,
+                                       const torch::Tensor& embed,
                                        const torch::Tensor& vocab, const std::vector<torch::Tensor>& weights,
                                        const std::vector<int64_t>& shape, double eps, const torch::Tensor& norm,
                                        const torch::Tensor& panels, int64_t vocab_size, const torch::Tensor& cos,
@@ -77,13 +102,20 @@ std::vector<torch::Tensor> eagle3_grow(const torch::Tensor& root_h, const torch:
   TORCH_CHECK(worth_weights.empty() || worth_weights.size() == kWeights, "eagle3_grow: ", kWeights,
               " tree-value weights or none");
   TORCH_CHECK(clip.size() == 2 && wanted >= 1, "eagle3_grow: clip {low, high}, wanted >= 1");
-  TORCH_CHECK(vocab.scalar_type() == torch::kInt64 && root_h.dim() == 2 && root_h.size(0) == 1,
-              "eagle3_grow: vocab int64, root_h [1, H]");
+  TORCH_CHECK(vocab.scalar_type() == torch::kInt64, "eagle3_grow: vocab int64");
+  TORCH_CHECK(fc_panels.has_value() == read_tokens.has_value(), "eagle3_grow: fc_panels and read_tokens together");
+  torch::Tensor state = start;  // [m, H]: the expanded nodes' h (the root alone first)
+  if (fc_panels) {
+    const auto h = read_verified(start, *fc_panels, *read_tokens, root, embed, weights, shape, eps, cos, sin,
+                                 cache_k, cache_v, committed);
+    committed += start.size(0);  // the tree's rows go after the read ones
+    state = h.slice(0, h.size(0) - 1);
+  }
+  TORCH_CHECK(state.dim() == 2 && state.size(0) == 1, "eagle3_grow: start [1, H] without fc_panels");
   const int64_t group = shape[0] / shape[1];
   const auto index = torch::TensorOptions().dtype(torch::kInt64);
   const int64_t* vocab_ids = vocab.data_ptr<int64_t>();
   Found found;
-  torch::Tensor state = root_h;  // [m, H]: the expanded nodes' h (the root alone first)
   std::vector<double> frontier_values{0.0};
   std::vector<int64_t> frontier_proposals{-1};
   std::vector<std::vector<int64_t>> rows{{}};  // each expanded node's draft rows along its path (after committed)
