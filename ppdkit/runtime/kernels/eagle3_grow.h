@@ -5,17 +5,17 @@
 #include <optional>
 #include <vector>
 
-// start: the root's h [1, H], whose guesses are the root's children; or, with fc_panels, the verified positions'
-// fused states [R, nH] (R <= 15), read into the draft's cache first as Eagle3Drafter._read_verified reads them
-// (fc, then the draft layer at positions committed .., causal; each row with the token after it: read_tokens [R]
-// int64 shifted by one, then `root`), the last row's h then the root's. embed [V, H] the base's embeddings; vocab
-// [V'] the draft vocabulary's token ids; weights, shape, eps: eagle3_layer's; norm, panels, vocab_size:
-// eagle3_readout's; cos/sin [P, D] the rotary tables; the draft's cache with `committed` rows. beam, depth, wanted as
-// grow_level's; worth_weights: the fitted tree values (GROW_WEIGHTS's order) or none; clip {low, high}: their
-// probabilities' bounds; seconds (a forward's by rows), ratio, overhead: StepCost's, seconds empty without one. ->
-// the proposals: values [n] float64, depths [n], tokens [n], parents [n] (-1: the root), drafts [n] float64
-// (log-probabilities). The cache's R read rows are the caller's to commit; the rows after them are the tree's, left
-// for the next verification to overwrite.
+// start: the root's h [1, H], whose guesses are the root's children; or, with fc_panels, the verified positions' fused
+// states [R, nH] (a step's few rows), read into the draft's cache first as Eagle3Drafter._read_verified reads them (fc,
+// then the draft layer at positions committed .., causal; each row with the token after it: read_tokens [R] int64
+// shifted by one, then `root`), the last row's h then the root's. embed [V, H] the base's embeddings; vocab [V'] the
+// draft vocabulary's token ids; weights, shape, eps: eagle3_layer's; norm, panels, vocab_size: eagle3_readout's;
+// cos/sin [P, D] the rotary tables; the draft's cache with `committed` rows. beam, depth, wanted as grow_level's;
+// worth_weights: the fitted tree values (GROW_WEIGHTS's order) or none; clip {low, high}: their probabilities' bounds;
+// seconds (a forward's by rows), ratio, overhead: StepCost's, seconds empty without one. -> the proposals: values [n]
+// float64, depths [n], tokens [n], parents [n] (-1: the root), drafts [n] float64 (log-probabilities). The cache's R
+// read rows are the caller's to commit; the rows after them are the tree's, left for the next verification to
+// overwrite.
 std::vector<torch::Tensor> eagle3_grow(const torch::Tensor& start, const std::optional<torch::Tensor>& fc_panels,
                                        const std::optional<torch::Tensor>& read_tokens, int64_t root,
                                        const torch::Tensor& embed,
