@@ -42,8 +42,10 @@ def test_the_native_grow_is_the_level_by_level_one(valued, sized, bf16, monkeypa
         assert native_grows(decoder.model, drafter.draft, beam)  # the path under test really runs
         ids = torch.tensor([rng.randrange(VOCAB) for _ in range(12)])
         drafter.prefill(ids[:10])
-        if trial % 4 < 2:  # a step's few verified rows (a prompt's 10 here) read in the native call too
-            drafter.draft_cache.length = rng.randrange(3, 20)  # after earlier steps' rows
+        # the pending 10 rows (the prompt's here) are read in the native call too; for half the trials they go after
+        # earlier steps' rows, as a step's do
+        if trial % 4 < 2:
+            drafter.draft_cache.length = rng.randrange(3, 20)
         pending, cache = (drafter.pending_states, drafter.pending_tokens), drafter.draft_cache
         before = cache.length
         cost = None
