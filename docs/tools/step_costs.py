@@ -4,10 +4,11 @@ Writes docs/measurements/step-costs.json (`--out`): this machine's read bandwidt
 array on the runtime's threads, the fastest of 15: a stream the prefetcher follows, as the kernels' panels are;
 the fastest, because what other tenants of the VM take varies from one second to the next), the
 bytes a step's matmuls read (every packed weight, the LM head included), and per dtype the median latency of one
-forward plus LM head of n new rows over 256 cached tokens (ppdkit/runtime/profile.py's measure_latency), bfloat16 on each
-of its kernels this CPU has (AVX512-BF16 dot products or float32 FMAs, AMX tiles), and on AVX512-BF16 both as the
-runtime runs it (float32 FMAs from the rows where they were faster here, ppdkit/runtime/native.bf16_fma_rows) and with
-VDPBF16PS for every row count ("bfloat16-avx512-vdpbf16ps"). Run it on an idle machine: `python docs/tools/step_costs.py`.
+forward plus LM head of n new rows over 256 cached tokens (ppdkit/runtime/profile.py's measure_latencies, the row
+counts in turns), bfloat16 on each of its kernels this CPU has (AVX512-BF16 dot products or float32 FMAs, AMX
+tiles), and on AVX512-BF16 both as the runtime runs it (float32 FMAs from the rows where they were faster here,
+ppdkit/runtime/native.bf16_fma_rows) and with VDPBF16PS for every row count ("bfloat16-avx512-vdpbf16ps"). Run it on
+an idle machine: `python docs/tools/step_costs.py`.
 """
 
 import argparse
@@ -22,7 +23,7 @@ import torch
 from ppdkit.bench.decoding import machine_info
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.native import NEVER, native_kernels
-from ppdkit.runtime.profile import measure_latency
+from ppdkit.runtime.profile import measure_latencies
 
 ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80)
 OUT = Path(__file__).resolve().parents[1] / "measurements" / "step-costs.json"
@@ -71,7 +72,7 @@ def main() -> None:
                                *([(f"{dtype}-{kernel}-vdpbf16ps", NEVER)] if dot else [])]:
             if fma_rows is not None:
                 native.bf16_fma_from_rows(fma_rows)
-            latency = {n: measure_latency(decoder.model, n, args.context, repeats=9) for n in ROWS}
+            latency = measure_latencies(decoder.model, list(ROWS), args.context)
             report["dtypes"][name] = {
                 "weight_bytes": size, "read_once_ms": 1000 * size / bandwidth,
                 "latency_ms": {str(n): 1000 * s for n, s in latency.items()},

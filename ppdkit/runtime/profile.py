@@ -14,7 +14,7 @@ from ppdkit.models.paths import cache_dir
 from .llama import LeanLlama
 
 
-RUNTIME_REVISION = 10  # bumped when the forward's cost changes, so profiles cached before are measured again
+RUNTIME_REVISION = 11  # bumped when the forward's cost changes, so profiles cached before are measured again
 
 
 def machine_key() -> str:
@@ -33,23 +33,28 @@ def runtime_key(model: LeanLlama) -> str:
     return f"{machine_key()}-{path_kind}-r{RUNTIME_REVISION}"
 
 
-def measure_latency(model: LeanLlama, size: int, context: int = 256, repeats: int = 5) -> float:
-    """Median seconds of one forward of `size` tree tokens over `context` cached tokens."""
-    cache = model.new_cache(context + size + 1)
-    cache.length = context  # the cache's contents do not change the cost
+def measure_latencies(model: LeanLlama, sizes: list[int], context: int = 256, rounds: int = 9) -> dict[int, float]:
+    """size -> median seconds of one forward of `size` tree tokens over `context` cached tokens, the sizes taken in
+    turns, `rounds` times. In turns because a shared VM has slow spells of a few hundred ms: measured one size after
+    another, a spell lands on one size alone (on a 2-core EPYC, bfloat16: 4 rows 26.6 ms, 8 rows 25.7, 2 rows 15.5, one
+    14.9), the grown trees' latency line starts from that (runtime/grown_tree.latency_model) and they kept 4.1 rows a
+    step where trees of 8 paid more. In turns a spell touches a round of every size, and the median drops it."""
     device = model.device
-    x = model.embed_ids(torch.randint(0, model.vocab_size, (size,), device=device))
-    positions = torch.arange(context, context + size, device=device)
-    mask = torch.ones(size, context + size, dtype=torch.bool, device=device).tril(diagonal=context)
-    times = []
+    cache = model.new_cache(context + max(sizes) + 1)
+    times: dict[int, list[float]] = {size: [] for size in sizes}
     with torch.inference_mode():
-        for _ in range(repeats + 1):
-            started = time.perf_counter()
-            hidden = model.forward(x, positions, cache, mask)
-            float(model.logits(hidden)[0, 0])  # read back: on a GPU the forward has then finished
-            times.append(time.perf_counter() - started)
-    times = sorted(times[1:])  # the first call warms caches and allocators
-    return times[len(times) // 2]
+        for round_ in range(rounds + 1):
+            for size in sizes:
+                cache.length = context  # the cache's contents do not change the cost
+                x = model.embed_ids(torch.randint(0, model.vocab_size, (size,), device=device))
+                positions = torch.arange(context, context + size, device=device)
+                mask = torch.ones(size, context + size, dtype=torch.bool, device=device).tril(diagonal=context)
+                started = time.perf_counter()
+                hidden = model.forward(x, positions, cache, mask)
+                float(model.logits(hidden)[0, 0])  # read back: on a GPU the forward has then finished
+                if round_:  # the first round warms caches and allocators
+                    times[size].append(time.perf_counter() - started)
+    return {size: sorted(t)[len(t) // 2] for size, t in times.items()}
 
 
 def profile_trees(model: LeanLlama, taus: dict[int, float], fingerprint: str, refresh: bool = False,
@@ -66,10 +71,11 @@ def profile_trees(model: LeanLlama, taus: dict[int, float], fingerprint: str, re
             return saved
     rows = []
     context = max(1, min(context, model.max_positions - 1 - max(key)))  # a short window (Mistral's cap) fits too
-    baseline = measure_latency(model, 1, context)
+    forward = measure_latencies(model, sorted({1, *key}), context)
+    baseline = forward[1]
     for size in key:
         drafting = draft_seconds(size) if draft_seconds is not None else 0.0
-        latency = measure_latency(model, size, context) + drafting
+        latency = forward[size] + drafting
         rows.append({"size": size, "tau": taus[size], "latency_ms": 1000 * latency, "draft_ms": 1000 * drafting,
                      "tokens_per_s": taus[size] / latency, "speedup_vs_one_token": taus[size] * baseline / latency})
     chosen = max(rows, key=lambda r: r["tokens_per_s"])["size"]
