@@ -14,7 +14,7 @@ from ppdkit.models.paths import cache_dir
 from .llama import LeanLlama
 
 
-RUNTIME_REVISION = 11  # bumped when the forward's cost changes, so profiles cached before are measured again
+RUNTIME_REVISION = 11  # bumped when the forward's cost or its measuring changes: cached profiles are measured again
 
 
 def machine_key() -> str:
