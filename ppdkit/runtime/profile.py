@@ -41,14 +41,16 @@ def measure_latencies(model: LeanLlama, sizes: list[int], context: int = 256, ro
     step where trees of 8 paid more. In turns a spell touches a round of every size, and the median drops it."""
     device = model.device
     cache = model.new_cache(context + max(sizes) + 1)
+    inputs = {size: (model.embed_ids(torch.randint(0, model.vocab_size, (size,), device=device)),  # [n, H]
+                     torch.arange(context, context + size, device=device),  # [n]
+                     torch.ones(size, context + size, dtype=torch.bool, device=device).tril(diagonal=context))
+              for size in sizes}
     times: dict[int, list[float]] = {size: [] for size in sizes}
     with torch.inference_mode():
         for round_ in range(rounds + 1):
             for size in sizes:
+                x, positions, mask = inputs[size]
                 cache.length = context  # the cache's contents do not change the cost
-                x = model.embed_ids(torch.randint(0, model.vocab_size, (size,), device=device))
-                positions = torch.arange(context, context + size, device=device)
-                mask = torch.ones(size, context + size, dtype=torch.bool, device=device).tril(diagonal=context)
                 started = time.perf_counter()
                 hidden = model.forward(x, positions, cache, mask)
                 float(model.logits(hidden)[0, 0])  # read back: on a GPU the forward has then finished
