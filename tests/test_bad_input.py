@@ -12,6 +12,7 @@ from typing import get_args
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from conftest import FIXTURES, free_port
 from ppdkit.data_pipeline.config import DataConfig, TeacherConfig
@@ -23,6 +24,7 @@ from ppdkit.cli.main import main
 from ppdkit.jobs.spec import EvalMethod, SpecError, load_spec, spec_from_dict
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.runtime.tree import best_tree_for_size
+from ppdkit.serving.requests import ChatRequest, RequestError, ServeLimits, generate_options
 from ppdkit.trainer.config import CalibrateConfig
 
 MB = 1 << 20
@@ -432,3 +434,49 @@ def test_magpie_prompts_need_a_limit_and_regeneration_and_only_user_turns_are_wr
     for row in rows[1:]:
         with pytest.raises(MalformedRow, match="only a user turn without content can be marked write"):
             to_conversation(row, "1")
+
+
+# --- `ppdkit serve`'s requests: what a text model cannot serve is refused by name (tests/test_serve.py: over HTTP) ---
+
+def _chat_refusal(content) -> str:
+    with pytest.raises(ValidationError) as refused:
+        ChatRequest.model_validate({"messages": [{"role": "user", "content": content}]})
+    [error] = refused.value.errors()
+    assert error["loc"] == ("messages", 0, "content")
+    return error["msg"]
+
+
+@pytest.mark.parametrize("part", [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+                                  {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+                                  {"type": "file", "file": {"file_id": "file-1"}},
+                                  {"type": "video_url", "video_url": {"url": "https://example.com/a.mp4"}}],
+                         ids=lambda part: part["type"])
+def test_a_content_part_that_is_not_text_is_refused_by_its_type(part):
+    said = _chat_refusal([{"type": "text", "text": "What is this?"}, part])
+    assert f"content part 1 is of type '{part['type']}'" in said and "serves text parts only" in said, said
+
+
+@pytest.mark.parametrize("part, says", [({"type": "text"}, "content part 0 has no 'text'"),
+                                        ({"type": "text", "text": 3}, "has 'text' of type int, not a string"),
+                                        ({"type": "text", "text": ["a"]}, "has 'text' of type list, not a string"),
+                                        ("Hello", "content part 0 is a str, not a content part")])
+def test_a_text_part_without_a_string_text_says_so(part, says):
+    assert says in _chat_refusal([part])
+
+
+def test_no_content_parts_at_all_is_refused():
+    assert "no content parts" in _chat_refusal([])
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("tools", [{"type": "function", "function": {"name": "weather", "parameters": {}}}], "calls no tools"),
+    ("functions", [{"name": "weather", "parameters": {}}], "calls no tools"),
+    ("n", 2, "one choice per request; send n=1"),
+])
+def test_tools_and_several_choices_are_refused_by_name(field, value, says):
+    """Checked before the decoder is asked anything: no decoder needed."""
+    request = ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], field: value})
+    with pytest.raises(RequestError) as refused:
+        generate_options(request, None, ServeLimits(), "ar")
+    assert refused.value.status == 400 and refused.value.param == field and says in refused.value.message
+    assert refused.value.message.startswith(field)

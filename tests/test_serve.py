@@ -22,6 +22,7 @@ from ppdkit.registry.models import register_component
 from ppdkit.registry.pyfunc import save_pyfunc
 
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.serving.requests import ChatRequest, chat_ids
 
 pytestmark = pytest.mark.integration  # the server runs in a process of its own (make test-fast leaves it out)
 
@@ -113,6 +114,51 @@ def test_sampled_answers_follow_the_seed(server):
     assert ask(3) == ask(3)
 
 
+def _messages(*messages: dict) -> list[dict]:
+    return [m.model_dump() for m in ChatRequest.model_validate({"messages": list(messages)}).messages]
+
+
+def test_content_parts_are_their_texts_joined_by_newlines():
+    """OpenAI's SDK and LangChain send a message's content as a list of parts: the text parts' texts joined with
+    newlines (as vLLM does) are the message, for any role; a string stays as it is."""
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": " world"}]
+    assert _messages({"role": "user", "content": parts}) == _messages({"role": "user", "content": "Hello\n world"})
+    assert _messages({"role": "user", "content": parts[:1]}) == [{"role": "user", "content": "Hello"}]
+    assert _messages({"role": "system", "content": parts}, {"role": "user", "content": "Hi"},
+                     {"role": "assistant", "content": parts}) == [{"role": "system", "content": "Hello\n world"},
+                                                                   {"role": "user", "content": "Hi"},
+                                                                   {"role": "assistant", "content": "Hello\n world"}]
+
+
+def test_the_developer_role_is_the_system_role(decoder):
+    """OpenAI's newer models take their system turn as `developer`: the same prompt ids as `system` (the tiny model's
+    template would write `developer` into the prompt as it is)."""
+    said = {"role": "user", "content": PROMPT}
+    as_developer = ChatRequest.model_validate({"messages": [{"role": "developer", "content": "Be brief."}, said]})
+    as_system = ChatRequest.model_validate({"messages": [{"role": "system", "content": "Be brief."}, said]})
+    assert as_developer.messages == as_system.messages
+    assert chat_ids(decoder, as_developer.messages) == chat_ids(decoder, as_system.messages)
+
+
+def test_an_openai_client_sends_content_parts_and_the_developer_role_but_no_image(server):
+    """End to end: the same answer as plain strings with a system turn; an image part gets a 400 naming it."""
+    client = _client(server[0])
+
+    def ask(messages: list[dict]) -> str:
+        return client.chat.completions.create(model="tiny-llama", messages=messages,
+                                              max_tokens=16).choices[0].message.content
+
+    parts = [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Answer in English."}]
+    assert ask([{"role": "developer", "content": parts}, {"role": "user", "content": [{"type": "text", "text": PROMPT}]}]
+               ) == ask([{"role": "system", "content": "Be brief.\nAnswer in English."},
+                         {"role": "user", "content": PROMPT}])
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask([{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                          {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}])
+    assert refused.value.status_code == 400 and "content part 1 is of type 'image_url'" in refused.value.message
+    assert "serves text parts only" in refused.value.message
+
+
 def _post(url: str, body: bytes) -> tuple[int, dict]:
     request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
     try:
@@ -129,7 +175,8 @@ def _post(url: str, body: bytes) -> tuple[int, dict]:
     ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "up to 4"),
     ({"messages": []}, 400, "messages"),
     ({"prompt": "hi"}, 400, "messages: Field required"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, 400, "Input should be 'system', 'user' or 'assistant'"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, 400,
+     "Input should be 'system', 'developer', 'user' or 'assistant'"),
     ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "above this server's cap of 4000"),
     ({"messages": [{"role": "user", "content": "x" * 3000}], "stream": True}, 400, "more than this decoder's "
                                                                                    "max_length=2048"),

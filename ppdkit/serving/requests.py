@@ -4,7 +4,8 @@ and the decoding options a request comes to (runtime/generate_options.py) or the
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.generate_options import GenerateOptions
@@ -20,7 +21,7 @@ class ServeLimits:
 
 class OpenAIRequest(BaseModel):
     # OpenAI clients send fields we do not use (user, logprobs: null, ...): ignored, but the ones that would
-    # change the answer are checked in `_check_supported`
+    # change the answer are checked in `generate_options`
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
@@ -33,13 +34,53 @@ class OpenAIRequest(BaseModel):
     seed: int | None = None
     stream: bool = False
     method: str | None = None
+    tools: list | None = None  # refused: nothing here calls a tool
+    functions: list | None = None  # tools' older form
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str  # OpenAI's list of content parts comes as its text (`text_of_parts`)
+
+    @field_validator("role")
+    @classmethod
+    def _developer_is_system(cls, role: str) -> str:
+        # OpenAI's system role for its newer models; chat templates know it as system
+        return "system" if role == "developer" else role
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _parts_as_text(cls, content):
+        return text_of_parts(content) if isinstance(content, list) else content
+
+
+TEXT_PART = '{"type": "text", "text": "..."}'
+
+
+def text_of_parts(parts: list) -> str:
+    """A message's content parts as one string: their texts, or a validation error naming the part that is no text
+    part (an image, audio, a file: this server serves a text model)."""
+    if not parts:
+        raise PydanticCustomError("content_parts", f"no content parts: send a string or at least one {TEXT_PART}")
+    for i, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise _part_error(i, f"is a {type(part).__name__}, not a content part like {TEXT_PART}")
+        if part.get("type") != "text":
+            raise _part_error(i, f"is of type {part.get('type')!r}: this server serves text parts only ({TEXT_PART}), "
+                                 "no images, audio or files")
+        if "text" not in part:
+            raise _part_error(i, "has no 'text'")
+        if not isinstance(part["text"], str):
+            raise _part_error(i, f"has 'text' of type {type(part['text']).__name__}, not a string")
+    # OpenAI does not document how a message's text parts join; vLLM and TensorRT-LLM, servers its clients talk to in
+    # its place, join them with newlines, so the same request makes the same prompt here
+    return "\n".join(part["text"] for part in parts)
+
+
+def _part_error(index: int, what: str) -> PydanticCustomError:
+    return PydanticCustomError("content_part", f"content part {index} {what}")
 
 
 class ChatRequest(OpenAIRequest):
@@ -61,6 +102,10 @@ def generate_options(request: OpenAIRequest, decoder: Decoder, limits: ServeLimi
     """What `decoder.generate` is asked for this request, or RequestError(400) naming what cannot be served."""
     if request.n != 1:
         raise RequestError(400, f"n={request.n}: this server returns one choice per request; send n=1", "n")
+    for name, given in (("tools", request.tools), ("functions", request.functions)):
+        if given:
+            raise RequestError(400, f"{name}: this server answers in text and calls no tools; send the request "
+                                    f"without {name}", name)
     if len(stops(request)) > MAX_STOPS or "" in stops(request):
         raise RequestError(400, f"stop: up to {MAX_STOPS} non-empty strings", "stop")
     if request.top_p != 1.0:
