@@ -73,12 +73,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     decoder = Decoder.from_pretrained(args.model, tree_size=None, device=args.device, dtype=args.dtype,
                                       fixed_shapes=FIXED_SHAPES[args.fixed_shapes])
-    if args.refresh:
-        from ppdkit.runtime.profile import profile_trees
-
-        decoder.profile = profile_trees(decoder.model, {int(r["size"]): r["tau"] for r in decoder.profile["rows"]},
-                                        decoder.fingerprint, refresh=True,
-                                        **decoder.draft.profile_arguments(decoder.model))
+    if args.refresh and decoder.measure_profile is not None:  # the way the load measured it: a grown tree's too
+        decoder.measure_profile()
     if decoder.profile is None:
         raise ValueError(f"{args.model} has no trees.json: run the calibrate stage first")
     p = decoder.profile

@@ -17,6 +17,9 @@ class GenerateResult:
     pruned_rows: list[int] = field(default_factory=list)  # with early pruning: the tree nodes each step dropped
     rows_per_step: list[int] = field(default_factory=list)  # the inputs each step after the prompt fed the model
     method: str = ""  # the method that decoded (auto's choice, for auto)
+    # each step's seconds after the prompt's, by part: "draft" (proposing its tree) and "verify" (the forward over its
+    # rows and the acceptance); the answer's seconds less their sum are the prompt's read and the loop's own time
+    step_seconds: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def mean_accepted_per_step(self) -> float:
@@ -36,13 +39,16 @@ class AnswerTokens:
     tokens: list[int] = field(default_factory=list)
     per_step: list[int] = field(default_factory=list)
     rows_fed: list[int] = field(default_factory=list)
+    step_seconds: list[dict[str, float]] = field(default_factory=list)
 
-    def add(self, tokens: list[int], rows: int | None = None) -> bool:
-        """Append one step's tokens (`rows`: the inputs the step fed the model; None for the prompt's step) -> True
-        when the answer is over (an end token, the token budget, or should_stop)."""
+    def add(self, tokens: list[int], rows: int | None = None, seconds: dict[str, float] | None = None) -> bool:
+        """Append one step's tokens (`rows`: the inputs the step fed the model, `seconds`: its time by part; None for
+        the prompt's step) -> True when the answer is over (an end token, the token budget, or should_stop)."""
         self.per_step.append(len(tokens))
         if rows is not None:
             self.rows_fed.append(rows)
+        if seconds is not None:
+            self.step_seconds.append(dict(seconds))
         for i, t in enumerate(tokens):
             self.tokens.append(t)
             if t in self.eos or len(self.tokens) >= self.max_new_tokens:
@@ -57,4 +63,5 @@ class AnswerTokens:
                pruned_rows: list[int] | None = None) -> GenerateResult:
         out = self.tokens[:self.max_new_tokens]
         return GenerateResult(out, tokenizer.decode(out, skip_special_tokens=True), len(self.per_step), self.per_step,
-                              tree_size, seconds, tree_sizes or [], pruned_rows or [], self.rows_fed, method)
+                              tree_size, seconds, tree_sizes or [], pruned_rows or [], self.rows_fed, method,
+                              self.step_seconds)

@@ -10,6 +10,7 @@ short and timings here drift by several percent, and auto must never be slower t
 import json
 import logging
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -51,35 +52,55 @@ def choose(speeds: dict[str, float], margin: float = MARGIN) -> str:
 
 
 def measure(decoder, methods: list[str], prompts: tuple[str, ...] = TRIAL_PROMPTS,
-            tokens: int = TRIAL_TOKENS) -> dict[str, float]:
-    """Tokens per second of each method on the prompts, interleaved prompt by prompt (greedy)."""
+            tokens: int = TRIAL_TOKENS) -> tuple[dict[str, float], dict[str, float]]:
+    """Tokens per second of each method on the prompts, interleaved prompt by prompt (greedy), and the median seconds
+    of its steps after the prompt's (drafting and verification: what runtime/profile_check.py holds live steps to)."""
     seconds, made = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0)
+    steps: dict[str, list[float]] = {m: [] for m in methods}
     for method in methods:  # warm-up: first-call allocations are not measured
         decoder.generate(prompts[0], max_new_tokens=4, method=method)
     for prompt in tqdm(prompts, desc=f"auto: timing {len(methods)} methods", unit="prompt", leave=False):
         for method in methods:
             started = time.perf_counter()
-            made[method] += len(decoder.generate(prompt, max_new_tokens=tokens, method=method).tokens)
+            result = decoder.generate(prompt, max_new_tokens=tokens, method=method)
             seconds[method] += time.perf_counter() - started
-    return {m: made[m] / seconds[m] for m in methods}
+            made[method] += len(result.tokens)
+            steps[method] += [sum(step.values()) for step in result.step_seconds]
+    return ({m: made[m] / seconds[m] for m in methods},
+            {m: sorted(steps[m])[len(steps[m]) // 2] if steps[m] else 0.0 for m in methods})
 
 
-def fastest_method(decoder, refresh: bool = False) -> str:
-    """The method auto runs for this decoder here: measured once, then read from the cache."""
+def trial_path(decoder) -> Path:
+    return cache_dir() / "profiles" / f"auto-{decoder.identity()}-{runtime_key(decoder.model)}.json"
+
+
+def read_trial(decoder) -> dict | None:
+    """The cached trial for this decoder here, if it timed the methods the decoder serves now (and their steps)."""
+    path = trial_path(decoder)
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return saved if saved.get("methods") == candidates(decoder) and "step_seconds" in saved else None
+
+
+def run_trial(decoder) -> dict:
+    """Time the decoder's methods here and cache the choice: {"machine", "methods", "tokens_per_s", "step_seconds",
+    "chosen"}."""
     methods = candidates(decoder)
-    if methods == ["ar"]:
-        return "ar"
-    path = cache_dir() / "profiles" / f"auto-{decoder.identity()}-{runtime_key(decoder.model)}.json"
-    if path.is_file() and not refresh:
-        saved = json.loads(path.read_text())
-        if saved.get("methods") == methods:
-            return saved["chosen"]
     log.info("auto: timing %s on %d prompts to choose the fastest here (once per machine)", ", ".join(methods),
              len(TRIAL_PROMPTS))
-    speeds = measure(decoder, methods)
+    speeds, step_seconds = measure(decoder, methods)
     chosen = choose(speeds)
     log.info("auto: %s (tokens/s %s)", chosen, ", ".join(f"{m} {s:.1f}" for m, s in speeds.items()))
+    trial = {"machine": machine_key(), "methods": methods, "tokens_per_s": speeds, "step_seconds": step_seconds,
+             "chosen": chosen}
+    path = trial_path(decoder)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine_key(), "methods": methods, "tokens_per_s": speeds,
-                                "chosen": chosen}, indent=2))
-    return chosen
+    path.write_text(json.dumps(trial, indent=2))
+    return trial
+
+
+def drop_trial(decoder) -> None:
+    """Forget the cached trial (runtime/profile_check.py found it stale): the next auto decode times the methods
+    again."""
+    trial_path(decoder).unlink(missing_ok=True)

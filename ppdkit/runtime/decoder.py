@@ -15,7 +15,7 @@ import torch
 from . import decoder_loading
 from .acceptance import Sampling
 from .answer_tokens import AnswerTokens, GenerateResult
-from .auto import AUTO, fastest_method
+from .auto import AUTO, candidates, drop_trial, read_trial, run_trial
 from .draft_parts import DraftParts
 from .devices import on_device
 from .fixed_shapes import ROWS as FIXED_ROWS
@@ -25,6 +25,7 @@ from .gguf_blocks import QuantizedWeight
 from .llama import LeanLlama, end_tokens
 from .loop import decode
 from .openmp import release_openmp_threads
+from .profile_check import StepCheck
 from .tree_sizer import TreeSizer
 from .decoding_methods import METHODS, Need, get_method
 
@@ -75,6 +76,11 @@ class Decoder:
         self.profile: dict | None = None  # this machine's measured step latencies by tree size (runtime/profile.py)
         self.component_digest = "none"  # sha256 of the component's component.json: what auto's choice is for
         self._fastest: str | None = None  # auto's choice, once measured or read
+        self._trial: dict | None = None  # the trial it was chosen by (runtime/auto.py)
+        # measures `profile` again where one was measured (runtime/decoder_loading.py sets it)
+        self.measure_profile: Callable[[], None] | None = None
+        # the live steps held to the cached timings they ran by: "profile", and auto's trial's step of each method
+        self._checks: dict[str, StepCheck] = {}
 
     def fix_shapes(self, fixed: bool | None) -> None:
         """Steps of one shape (True), of their own (False), or by the device (None: fixed off the CPU)."""
@@ -110,7 +116,11 @@ class Decoder:
         """What `auto` runs here: the fastest method of this decoder in a short trial, measured once per machine
         (runtime/auto.py)."""
         if self._fastest is None or refresh:
-            self._fastest = fastest_method(self, refresh)
+            if candidates(self) == ["ar"]:
+                self._fastest = "ar"
+            else:
+                self._trial = (None if refresh else read_trial(self)) or run_trial(self)
+                self._fastest = self._trial["chosen"]
         return self._fastest
 
     def encode_chat(self, prompt: str) -> list[int]:
@@ -182,8 +192,35 @@ class Decoder:
         sizer = self.draft.new_sizer(self.profile) if get_method(method).sized else None
         drafter = self.new_drafter(method, len(ids), max_new_tokens, sizer)
         pruned_rows = decode(drafter, ids, answer.add, sampling, generator)
-        return answer.result(self.tokenizer, method, self.step_rows(method), time.perf_counter() - started,
-                             sizer.chosen if sizer is not None else [], pruned_rows)
+        result = answer.result(self.tokenizer, method, self.step_rows(method), time.perf_counter() - started,
+                               sizer.chosen if sizer is not None else [], pruned_rows)
+        self._check_cached_timings(result)
+        return result
+
+    def _check_cached_timings(self, result: GenerateResult) -> None:
+        """Hold an answer's steps to the cached timings they were chosen by, the latency profile and auto's trial
+        (runtime/profile_check.py), and measure again what they prove was measured on a busier machine."""
+        if self.profile is not None and self.measure_profile is not None:
+            check = self._checks.setdefault("profile", StepCheck.of_profile(self.profile))
+            for rows, seconds in zip(result.rows_per_step, result.step_seconds):
+                check.observe(rows, seconds["verify"])
+            if check.stale():
+                log.warning("the cached latency profile was measured on a busier machine: it priced one row at %.1f "
+                            "ms, and %s; measuring it again", 1000 * check.predicted(1), check.describe())
+                del self._checks["profile"]
+                self.measure_profile()
+        trial_step = (self._trial or {}).get("step_seconds", {}).get(result.method, 0.0)
+        if trial_step > 0:
+            check = self._checks.setdefault(result.method, StepCheck([1], [trial_step]))
+            for seconds in result.step_seconds:
+                check.observe(1, sum(seconds.values()))
+            if check.stale():
+                log.warning("auto's cached trial was timed on a busier machine: it timed a step of %s at %.1f ms, and "
+                            "%s; the next auto decode times the methods again", result.method, 1000 * trial_step,
+                            check.describe())
+                drop_trial(self)
+                self._trial = self._fastest = None
+                self._checks = {"profile": self._checks["profile"]} if "profile" in self._checks else {}
 
     def new_drafter(self, method: str, prompt_length: int, max_new_tokens: int, sizer: TreeSizer | None = None):
         """A fresh drafter of `method` (resolved) for one answer, over a cache that holds the prompt, the answer and

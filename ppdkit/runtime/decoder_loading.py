@@ -72,10 +72,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, options: LoadOptio
         if isinstance(draft, SizedParts) and draft.taus:
             _size_trees(decoder, draft, tree_size, options.dynamic_size)
         elif isinstance(draft, Eagle3Parts) and tree_size is None:
-            # no calibrated trees: the grown tree's latency line starts from this machine's forward times by rows
-            # (each size's "tau" 1: a latency profile, cached per machine like the others)
-            decoder.profile = profile_trees(decoder.model, {size: 1.0 for size in LATENCY_SIZES}, base.fingerprint,
-                                            drafter="latency")
+            _latency_profile(decoder)
         check_rows(decoder)
     del base, blocks  # the last references but the decoder's: a block format's float copy and unpacked blocks go
     _release_float_weights(decoder, component.base_model["name"], dtype, device)
@@ -152,14 +149,24 @@ def tree_values(component: Component) -> TreeValues | None:
         raise ArtifactError(str(error)) from None
 
 
-def _size_trees(decoder: "Decoder", draft: SizedParts, tree_size: int | None, dynamic_size: bool) -> None:
+def _size_trees(decoder: "Decoder", draft: SizedParts, tree_size: int | None, dynamic_size: bool,
+                refresh: bool = False) -> None:
     """Take the calibrated tree nearest `tree_size`, or, when none is given, the size this machine's
-    profile chose (measured once per machine, then cached)."""
+    profile chose (measured once per machine, then cached; again where the live steps prove it stale)."""
     if tree_size is None:
-        decoder.profile = profile_trees(decoder.model, draft.taus, decoder.fingerprint,
+        decoder.profile = profile_trees(decoder.model, draft.taus, decoder.fingerprint, refresh=refresh,
                                         **draft.profile_arguments(decoder.model))
+        decoder.measure_profile = lambda: _size_trees(decoder, draft, None, dynamic_size, refresh=True)
         tree_size = decoder.profile["chosen"]
     draft.use_size(min(draft.taus, key=lambda s: abs(s - tree_size)), dynamic_size)
+
+
+def _latency_profile(decoder: "Decoder", refresh: bool = False) -> None:
+    """No calibrated trees (EAGLE-3): the grown tree's latency line starts from this machine's forward times by rows
+    (each size's "tau" 1: a latency profile, cached per machine like the others)."""
+    decoder.profile = profile_trees(decoder.model, {size: 1.0 for size in LATENCY_SIZES}, decoder.fingerprint,
+                                    drafter="latency", refresh=refresh)
+    decoder.measure_profile = lambda: _latency_profile(decoder, refresh=True)
 
 
 def from_base(cls: type["Decoder"], name: str, options: LoadOptions | None = None, **overrides) -> "Decoder":

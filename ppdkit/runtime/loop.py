@@ -19,7 +19,7 @@ def steps(drafter: Drafter, ids: torch.Tensor, emit: Callable[..., bool], sampli
           generator: torch.Generator | None) -> Generator[Proposal, Verified, None]:
     """Read the prompt ids [P], then yield each step's proposal and take its verification back (its seconds
     {"verify": ...} filled in by whoever verified; the drafting's are added here), until emit(step's tokens, rows=the
-    rows it fed the model) returns True."""
+    rows it fed the model, seconds=its seconds by part) returns True."""
     root = pick(drafter.prefill(ids), sampling, generator)
     done = emit([root])
     while not done:
@@ -30,7 +30,7 @@ def steps(drafter: Drafter, ids: torch.Tensor, emit: Callable[..., bool], sampli
         verified.seconds["draft"] = drafted
         drafter.accept(proposal, verified)
         root = verified.next_token
-        done = emit(verified.accepted + [root], rows=proposal.rows)
+        done = emit(verified.accepted + [root], rows=proposal.rows, seconds=verified.seconds)
 
 
 def decode(drafter: Drafter, ids: torch.Tensor, emit: Callable[..., bool], sampling: Sampling,
