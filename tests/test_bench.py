@@ -193,3 +193,24 @@ def test_ppdkit_bench_records_its_command_line_and_draws_the_plot(prompts, monke
     assert report["command"] == "ppdkit " + " ".join(argv)
     with Image.open(tmp_path / "plots" / "r.png") as image:
         assert image.size == (1200, 500)
+
+
+def test_a_report_says_where_each_methods_step_time_goes(prompts, monkeypatch, tmp_path, capsys):
+    """The prompt's read, and per step the drafting, the verification by rows, the drafter's accept and the rest: they
+    add up to the answers' time, and a plain step is 1.00x itself."""
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
+    report = bench.run_bench("tiny-llama", prompts, None, 12, ["ar", "anpd"], base_only=True)
+    results = {r["method"]: r for r in report["results"]}
+    assert "breakdown" not in results["hf-greedy"]  # transformers' generate: no steps of ours to time
+    for method in ("ar", "anpd"):
+        b, row = results[method]["breakdown"], results[method]
+        assert b["steps"] == row["new_tokens"] / row["mean_accepted_per_step"] - row["prompts"]  # the prompt's aside
+        parts = b["ms_per_step"]
+        assert abs(parts["draft"] + parts["verify"] + parts["accept"] + parts["rest"] - b["step_ms"]) < 1e-6
+        assert abs(b["steps"] * b["step_ms"] + row["prompts"] * b["prompt_ms"] - 1000 * row["seconds"]) < 1e-6
+        assert sum(v["steps"] for v in b["verify_ms_by_rows"].values()) == b["steps"]
+    assert list(results["ar"]["breakdown"]["verify_ms_by_rows"]) == ["1"] and results["ar"]["breakdown"][
+        "step_vs_ar"] == 1.0
+    bench.print_table(report)
+    out = capsys.readouterr().out
+    assert "where a step's time goes" in out and "verification by rows" in out

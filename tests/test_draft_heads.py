@@ -236,6 +236,9 @@ def test_two_steps_match_the_recorded_losses(method, teacher_dir, tmp_path):
             out = decoder.generate(prompt, max_new_tokens=16, method=name)
             assert out.tokens == decoder.generate(prompt, max_new_tokens=16,
                                                   method="ar").tokens and set(out.rows_per_step) <= {8, 9}
+            # each step's drafting timed by part (the bench's breakdown, bench/step_breakdown.py)
+            assert all({"draft.grow", "draft.chains", "draft.choose", "verify", "accept"} <= set(step)
+                       for step in out.step_seconds) and len(out.step_seconds) == out.steps - 1
     assert all(decoder.step_rows(name) == 8 for name in grown)
     with pytest.raises(ValueError, match="method ppd needs prompt tokens"):
         decoder.generate("Hi", max_new_tokens=4, method="ppd")

@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from ppdkit.data_pipeline.readers import read_conversations
+from ppdkit.runtime.answer_tokens import GenerateResult
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.decoding_methods import METHODS, get_method
 from ppdkit.runtime.load_options import LoadOptions, load_options
@@ -26,6 +27,7 @@ from ppdkit.runtime.native import cpu_info
 from ppdkit.runtime.dtypes import DTYPES
 
 from .llama_cpp import LLAMA_METHODS, llama_runners
+from .step_breakdown import print_breakdown, step_breakdown
 
 log = logging.getLogger(__name__)
 HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
@@ -60,26 +62,28 @@ def _hf_generate(decoder: Decoder, ids: list[int], max_new_tokens: int, pld: boo
 
 
 def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: int, llama: dict | None = None,
-               others: dict[str, Decoder] | None = None) -> tuple[list[int], int, list[int], float, list[int]]:
+               others: dict[str, Decoder] | None = None) -> tuple[list[int], int, list[int], float, list[int],
+                                                                  GenerateResult | None]:
     """(new tokens, decoding steps, the tree size of each step, tree rows dropped by early pruning, the inputs each
-    step fed the model). `llama`: the llama.cpp runners by method (bench/llama_cpp.py); `others`: the decoders of
-    other dtypes, for method@dtype."""
+    step fed the model, ppdkit's result with its timings: None for the baselines). `llama`: the llama.cpp runners
+    by method (bench/llama_cpp.py); `others`: the decoders of other dtypes, for method@dtype."""
     if method in LLAMA_METHODS:
         tokens = llama[method].generate(ids, max_new_tokens)
-        return tokens, len(tokens), [], 0.0, []
+        return tokens, len(tokens), [], 0.0, [], None
     if AT in method:  # the same method on the decoder of another dtype
         method, _, dtype = method.partition(AT)
         decoder = others[dtype]
     if method in HF_METHODS:
         tokens = _hf_generate(decoder, ids, max_new_tokens, pld=method == "hf-pld")
-        return tokens, len(tokens), [], 0.0, []
+        return tokens, len(tokens), [], 0.0, [], None
     sized = isinstance(decoder.draft, SizedParts)
     if sized:
         decoder.draft.dynamic_size = method.endswith(DYNAMIC)
     result = decoder.generate(ids, max_new_tokens=max_new_tokens, method=method.removesuffix(DYNAMIC))
     tree_method = sized and get_method(method.removesuffix(DYNAMIC)).sized
     fixed = [decoder.draft.size] * (result.steps - 1) if tree_method else []  # a tree method, one size
-    return result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows), result.rows_per_step
+    return (result.tokens, result.steps, result.tree_sizes or fixed, sum(result.pruned_rows), result.rows_per_step,
+            result)
 
 
 def _plain(method: str) -> str:
@@ -184,6 +188,7 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
         run_method(decoder, method, prompts[0][:16], 4, llama, others)
     outputs: dict[str, list[list[int]]] = {m: [] for m in order}
     stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0, "sizes": [], "pruned": 0.0, "rows": []} for m in order}
+    timings: dict[str, list[tuple[float, GenerateResult]]] = {m: [] for m in order}  # (seconds, result): breakdown
     for index, ids in enumerate(tqdm(prompts, desc="bench", unit="prompt")):
         fastest: dict[str, tuple[float, tuple]] = {}
         for _ in range(repeats):
@@ -196,7 +201,9 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
                                        "decoding should be deterministic; report this with the prompt")
                 if method not in fastest or seconds < fastest[method][0]:
                     fastest[method] = (seconds, run)
-        for method, (seconds, (tokens, steps, sizes, pruned, rows)) in fastest.items():
+        for method, (seconds, (tokens, steps, sizes, pruned, rows, result)) in fastest.items():
+            if result is not None:
+                timings[method].append((seconds, result))
             stats[method]["seconds"] += seconds
             stats[method]["new_tokens"] += len(tokens)
             stats[method]["steps"] += steps
@@ -226,6 +233,8 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
         row["divergences"] = [] if not examined else [
             {"prompt": i, **divergence(decoder, prompts[i], outputs[method][i], outputs[reference][i])}
             for i, ok in enumerate(same) if not ok]
+        if timings[method]:  # where its time went: the prompt, drafting by part, verification by rows, the rest
+            row["breakdown"] = step_breakdown(timings[method])
         if _plain(method) == "auto":  # which method that was: the trial's choice for this decoder and machine
             row["ran"] = (others[method.partition(AT)[2]] if AT in method else decoder).fastest_method()
         results.append(row)
@@ -235,6 +244,10 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
         row["speedup_vs_hf_greedy"] = row["tokens_per_s"] / base
         if ar is not None:  # our own plain decoding: what the drafts themselves add
             row["speedup_vs_ar"] = row["tokens_per_s"] / ar
+    ar_step = next((r["breakdown"]["step_ms"] for r in results if r["method"] == "ar" and "breakdown" in r), None)
+    for row in results:
+        if ar_step and "breakdown" in row:  # what a step costs against a plain one (issue: <= 1.5x)
+            row["breakdown"]["step_vs_ar"] = row["breakdown"]["step_ms"] / ar_step
     tree_size = _tree_size(decoder.draft)
     return {"model": str(model), "prompts_source": prompts_source, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "tree_size": tree_size, "profile": decoder.profile, "device": str(decoder.device),
@@ -326,6 +339,7 @@ def print_table(report: dict) -> None:
         print(f"measured {report['date']} on {describe_machine(report['machine'])}")
     if report.get("llama_cpp_system"):
         print(f"llama.cpp built for: {report['llama_cpp_system']}")
+    print_breakdown(report["results"])
 
 
 def write_report(report: dict, path: Path) -> None:

@@ -17,13 +17,19 @@ class GenerateResult:
     pruned_rows: list[int] = field(default_factory=list)  # with early pruning: the tree nodes each step dropped
     rows_per_step: list[int] = field(default_factory=list)  # the inputs each step after the prompt fed the model
     method: str = ""  # the method that decoded (auto's choice, for auto)
-    # each step's seconds after the prompt's, by part: "draft" (proposing its tree) and "verify" (the forward over its
-    # rows and the acceptance); the answer's seconds less their sum are the prompt's read and the loop's own time
+    # each step's seconds after the prompt's, by part: "draft" (proposing its tree; "draft.PART" where the drafter
+    # times its parts), "verify" (the forward over its rows and the acceptance) and "accept" (the drafter taking the
+    # verified path back: the draft's cache, its n-gram chains)
     step_seconds: list[dict[str, float]] = field(default_factory=list)
+    prompt_seconds: float = 0.0  # reading the prompt and choosing the first token
 
     @property
     def mean_accepted_per_step(self) -> float:
         return sum(self.accepted_per_step) / max(len(self.accepted_per_step), 1)
+
+    def step_totals(self) -> list[float]:
+        """Each step's seconds after the prompt's: its drafting, its verification, and its drafter's accept."""
+        return [step["draft"] + step["verify"] + step["accept"] for step in self.step_seconds]
 
 
 @dataclass
@@ -40,14 +46,17 @@ class AnswerTokens:
     per_step: list[int] = field(default_factory=list)
     rows_fed: list[int] = field(default_factory=list)
     step_seconds: list[dict[str, float]] = field(default_factory=list)
+    prompt_seconds: float = 0.0
 
     def add(self, tokens: list[int], rows: int | None = None, seconds: dict[str, float] | None = None) -> bool:
-        """Append one step's tokens (`rows`: the inputs the step fed the model, `seconds`: its time by part; None for
-        the prompt's step) -> True when the answer is over (an end token, the token budget, or should_stop)."""
+        """Append one step's tokens (`rows`: the inputs the step fed the model, None for the prompt's step;
+        `seconds`: its time by part) -> True when the answer is over (an end token, the token budget, or should_stop)."""
         self.per_step.append(len(tokens))
         if rows is not None:
             self.rows_fed.append(rows)
-        if seconds is not None:
+        if seconds is not None and rows is None:
+            self.prompt_seconds = seconds["prompt"]
+        elif seconds is not None:
             self.step_seconds.append(dict(seconds))
         for i, t in enumerate(tokens):
             self.tokens.append(t)
@@ -64,4 +73,4 @@ class AnswerTokens:
         out = self.tokens[:self.max_new_tokens]
         return GenerateResult(out, tokenizer.decode(out, skip_special_tokens=True), len(self.per_step), self.per_step,
                               tree_size, seconds, tree_sizes or [], pruned_rows or [], self.rows_fed, method,
-                              self.step_seconds)
+                              self.step_seconds, self.prompt_seconds)

@@ -65,7 +65,7 @@ def measure(decoder, methods: list[str], prompts: tuple[str, ...] = TRIAL_PROMPT
             result = decoder.generate(prompt, max_new_tokens=tokens, method=method)
             seconds[method] += time.perf_counter() - started
             made[method] += len(result.tokens)
-            steps[method] += [sum(step.values()) for step in result.step_seconds]
+            steps[method] += result.step_totals()
     return ({m: made[m] / seconds[m] for m in methods},
             {m: sorted(steps[m])[len(steps[m]) // 2] if steps[m] else 0.0 for m in methods})
 

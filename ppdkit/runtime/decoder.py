@@ -212,8 +212,8 @@ class Decoder:
         trial_step = (self._trial or {}).get("step_seconds", {}).get(result.method, 0.0)
         if trial_step > 0:
             check = self._checks.setdefault(result.method, StepCheck([1], [trial_step]))
-            for seconds in result.step_seconds:
-                check.observe(1, sum(seconds.values()))
+            for seconds in result.step_totals():
+                check.observe(1, seconds)
             if check.stale():
                 log.warning("auto's cached trial was timed on a busier machine: it timed a step of %s at %.1f ms, and "
                             "%s; the next auto decode times the methods again", result.method, 1000 * trial_step,
