@@ -138,8 +138,16 @@ def test_the_amx_int8_tiles_give_the_vnni_kernels_bits(make):
         x[20, 32:64] = 0.0
         vnni = module.quantized_linear(x, packed, n, amx_from_rows=10 ** 6)
         assert torch.equal(vnni, quantized_linear_twin(x, weight)), (n, k)
-        for rows in (1, 2, 15, 16, 17, 33, 80):
+        for rows in (1, 2, 15, 16, 17, 24, 25, 33, 80):  # balanced tiles: 24 as 12 + 12, 25 as 13 + 12 and a zero row
             assert torch.equal(module.quantized_linear(x[:rows], packed, n, amx_from_rows=1), vnni[:rows]), (n, rows)
+    default = module.quantized_amx_from_rows()  # the tiles from this many rows in a call that names none
+    assert default == 16
+    try:
+        module.quantized_amx_from_rows(1)
+        assert module.quantized_amx_from_rows() == 1 and torch.equal(module.quantized_linear(x[:3], packed, n),
+                                                                     vnni[:3])
+    finally:
+        module.quantized_amx_from_rows(default)
 
 
 def test_the_vnni_kernel_on_smollm2s_own_blocks(gguf_tensors):

@@ -107,6 +107,15 @@ def step_cost_block(name: str, report: dict, docs_link: str) -> list[str]:
              "| rows | " + " | ".join(rows) + " |", "|---|" + "---:|" * len(rows)]
     for dtype, costs in report["dtypes"].items():
         lines.append(f"| {dtype} ms | " + " | ".join(f"{costs['latency_ms'][r]:.1f}" for r in rows) + " |")
+    gguf = report["dtypes"].get("gguf")
+    if gguf and "roofline_ms" in gguf:  # the 4-bit blocks' floor: their read, or their int8 work at the kernel's rate
+        lines.append("| gguf roofline ms | " + " | ".join(f"{gguf['roofline_ms'][r]:.1f}" for r in rows) + " |")
+    llama = report.get("llama_cpp")
+    if llama:  # llama-bench's pp n: n rows over an empty context
+        lines.append("| llama.cpp pp ms | " + " | ".join(f"{llama['latency_ms'][r]:.1f}" if r in llama["latency_ms"]
+                                                        else "-" for r in rows) + " |")
+        lines += ["", f"llama.cpp's own tg128 step on the same file: {llama['tg128_ms']:.1f} ms a token "
+                      f"(build {llama['build']})."]
     return lines
 
 

@@ -9,11 +9,18 @@ counts in turns), bfloat16 on each of its kernels this CPU has (AVX512-BF16 dot 
 tiles), and on AVX512-BF16 both as the runtime runs it (float32 FMAs from the rows where they were faster here,
 ppdkit/runtime/native.bf16_fma_rows) and with VDPBF16PS for every row count ("bfloat16-avx512-vdpbf16ps"). Run it on
 an idle machine: `python docs/tools/step_costs.py`.
+
+The base model's own GGUF blocks (`gguf`, Q4_1 on the int8 kernel) are timed too, with AMX-INT8 tiles from their
+row count where the CPU has them and on AVX512-VNNI for every count ("gguf-vnni"), against a roofline: the weight
+read at the measured bandwidth, or the rows' int8 multiply-adds at the kernel's own rate on a weight in cache,
+whichever is longer. Where `make setup-llama-server` built llama.cpp's `llama-bench`, its batched figures for the
+same file join them (`llama.cpp`: pp n as the ms of a step of n rows over an empty context, tg128 as one row's).
 """
 
 import argparse
 import json
 import os
+import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,7 +28,10 @@ from pathlib import Path
 import torch
 
 from ppdkit.bench.decoding import machine_info
+from ppdkit.bench.serving_backends import Unavailable, llama_server_binary
+from ppdkit.models.catalog import base_gguf
 from ppdkit.runtime.decoder import Decoder
+from ppdkit.runtime.gguf_blocks import quantize_q4_1
 from ppdkit.runtime.native import NEVER, native_kernels
 from ppdkit.runtime.profile import measure_latencies
 
@@ -47,6 +57,72 @@ def weight_bytes(decoder: Decoder) -> int:
     model = decoder.model
     linears = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.head]
     return sum(lin.panels.numel() * lin.panels.element_size() for lin in linears)
+
+
+def int8_rate(native, rows: int = 12, repeats: int = 15) -> float:
+    """Multiply-adds per second of the int8 kernel on a 3072 x 576 Q4_1 weight in cache (1 MB: no memory stream),
+    `rows` rows on VNNI (one pass): the compute side of the gguf roofline."""
+    generator = torch.Generator().manual_seed(0)
+    weight = quantize_q4_1(torch.randn(3072, 576, generator=generator))
+    panels = native.quantized_pack(weight.codes, weight.scale, weight.minimum)
+    x = torch.randn(rows, 576, generator=generator)
+    native.quantized_linear(x, panels, 3072, NEVER)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        native.quantized_linear(x, panels, 3072, NEVER)
+        times.append(time.perf_counter() - started)
+    return rows * 3072 * 576 / min(times)
+
+
+def llama_bench(base: str, threads: int) -> dict | None:
+    """llama.cpp's llama-bench on the base model's GGUF, built beside llama-server (None where it is not):
+    {"latency_ms": {n: ms of pp n, n rows at once}, "tg128_ms": ms a token of tg128, "build": its build line}."""
+    try:
+        binary = llama_server_binary(None).with_name("llama-bench")
+    except Unavailable:
+        return None
+    if not binary.is_file():
+        return None
+    sizes = [n for n in ROWS if n <= 64]
+    out = subprocess.run([str(binary), "-m", str(base_gguf(base)), "-t", str(threads), "-p",
+                          ",".join(map(str, sizes)), "-n", "128", "-o", "json"], capture_output=True, text=True,
+                         check=True).stdout
+    runs = json.loads(out)
+    pp = {run["n_prompt"]: run["avg_ts"] for run in runs if run["n_prompt"] and not run["n_gen"]}
+    tg = next(run["avg_ts"] for run in runs if run["n_gen"] and not run["n_prompt"])
+    return {"latency_ms": {str(n): 1000 * n / pp[n] for n in sizes}, "tg128_ms": 1000 / tg,
+            "build": f"{runs[0].get('build_commit', '?')} ({runs[0].get('cpu_info', '?')})"}
+
+
+def gguf_costs(base: str, context: int, bandwidth: float, native) -> dict:
+    """The base model on its GGUF blocks: latency by rows with the kernel's own AMX-INT8 threshold ("gguf") and,
+    where the CPU has AMX-INT8, on VNNI for every count ("gguf-vnni"), each with its roofline."""
+    decoder = Decoder.from_base(base, dtype="gguf")
+    size, rate = weight_bytes(decoder), int8_rate(native)
+    params = sum(lin.out_features * lin.in_features for layer in decoder.model.layers
+                 for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)) + decoder.model.head.out_features * \
+        decoder.model.head.in_features
+    read_ms = 1000 * size / bandwidth
+    roofline = {str(n): max(read_ms, 1000 * n * params / rate) for n in ROWS}
+    default = native.quantized_amx_from_rows()
+    kernels = {"gguf": default, **({"gguf-vnni": NEVER} if native.quantized_amx_available() else {})}
+    # the kernels in turns too, 3 rounds each a turn (a VM's slow spell lands on no one kernel), each count's median
+    turns: dict[str, dict[int, list[float]]] = {name: {n: [] for n in ROWS} for name in kernels}
+    for _ in range(5):
+        for name, threshold in kernels.items():
+            native.quantized_amx_from_rows(threshold)
+            for n, seconds in measure_latencies(decoder.model, list(ROWS), context, rounds=3).items():
+                turns[name][n].append(seconds)
+    native.quantized_amx_from_rows(default)
+    out = {}
+    for name, threshold in kernels.items():
+        latency = {n: sorted(times)[len(times) // 2] for n, times in turns[name].items()}
+        out[name] = {"weight_bytes": size, "read_once_ms": read_ms, "int8_macs_per_s": rate, "roofline_ms": roofline,
+                     "amx_int8_from_rows": threshold if threshold < NEVER else None,
+                     "latency_ms": {str(n): 1000 * s for n, s in latency.items()},
+                     "x_one_row": {str(n): s / latency[1] for n, s in latency.items()}}
+    return out
 
 
 def main() -> None:
@@ -82,11 +158,19 @@ def main() -> None:
         if chosen is not None:
             native.bf16_fma_from_rows(chosen)
         del decoder
+    if native is not None and native.quantized_available():
+        report["dtypes"].update(gguf_costs(args.base, args.context, bandwidth, native))
+    llama = llama_bench(args.base, torch.get_num_threads())
+    if llama is not None:
+        report["llama_cpp"] = llama
     args.out.write_text(json.dumps(report, indent=2))
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; wrote {args.out}")
     for dtype, figures in report["dtypes"].items():
         print(f"{dtype}: weights {figures['weight_bytes'] / 1e6:.0f} MB, read once {figures['read_once_ms']:.1f} ms; "
               + ", ".join(f"{n} rows {ms:.1f} ms" for n, ms in figures["latency_ms"].items()))
+    if llama is not None:
+        print(f"llama.cpp: tg128 {llama['tg128_ms']:.1f} ms a token; "
+              + ", ".join(f"pp{n} {ms:.1f} ms" for n, ms in llama["latency_ms"].items()))
 
 
 if __name__ == "__main__":

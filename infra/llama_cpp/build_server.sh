@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# `make setup-llama-server`: llama.cpp's own `llama-server` (the peer `ppdkit serve-bench` drives with parallel slots),
-# built from the llama.cpp source vendored in the llama-cpp-python sdist that `make setup-llama` builds, so both peers
+# `make setup-llama-server`: llama.cpp's own `llama-server` (the peer `ppdkit serve-bench` drives with parallel slots)
+# and `llama-bench` (its batched step costs, beside ppdkit's in docs/tools/step_costs.py), built from the llama.cpp source vendored in the llama-cpp-python sdist that `make setup-llama` builds, so both peers
 # are the same llama.cpp, with the same CMake arguments for this CPU (cmake_args.sh: the native build, clang for its
 # AMX kernels where the CPU has them). About 4 minutes on 2 cores.
 # usage: build_server.sh PYTHON
-# Writes $PPDKIT_CACHE/llama.cpp/llama-cpp-python-VERSION/bin/llama-server (ppdkit/bench/serving_backends.py looks
-# there): one static binary (no shared libraries beside it), no web UI (its prebuilt assets come from a model hub,
+# Writes $PPDKIT_CACHE/llama.cpp/llama-cpp-python-VERSION/bin/llama-server and llama-bench
+# (ppdkit/bench/serving_backends.py looks there): static binaries (no shared libraries beside it), no web UI (its prebuilt assets come from a model hub,
 # which the build must not need), no curl or OpenSSL (the server loads a local file and serves plain HTTP).
 set -euo pipefail
 python="$1"
@@ -22,10 +22,12 @@ eval "native=($(bash "$here/cmake_args.sh" "$@"))"  # its quoted flags split as 
 cmake -S "$source" -B "$work/build" -DCMAKE_BUILD_TYPE=Release "${native[@]}" -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF > "$work/configure.log" || { cat "$work/configure.log" >&2; exit 1; }
-cmake --build "$work/build" --target llama-server -j "$(nproc)" > "$work/build.log" \
+cmake --build "$work/build" --target llama-server llama-bench -j "$(nproc)" > "$work/build.log" \
     || { tail -50 "$work/build.log" >&2; exit 1; }
 mkdir -p "$dest/bin"
-install -m 755 "$work/build/bin/llama-server" "$dest/bin/llama-server.partial"
-mv "$dest/bin/llama-server.partial" "$dest/bin/llama-server"
+for tool in llama-bench llama-server; do  # llama-server last: its presence says the build is whole
+    install -m 755 "$work/build/bin/$tool" "$dest/bin/$tool.partial"
+    mv "$dest/bin/$tool.partial" "$dest/bin/$tool"
+done
 "$dest/bin/llama-server" --version 2>&1 | tail -2
-echo "setup-llama-server: wrote $dest/bin/llama-server"
+echo "setup-llama-server: wrote $dest/bin/llama-server and llama-bench"

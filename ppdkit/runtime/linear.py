@@ -21,7 +21,7 @@ activations stay float32 and are rounded to bfloat16 as the kernel reads them; b
 oneDNN's bfloat16 matmul runs on the same weights.
 
 A GGUF's 4-bit and 8-bit blocks (runtime/gguf_blocks.py) take runtime/kernels/quantized_linear.cpp (AVX512-VNNI,
-and AMX-INT8 tiles from 8 rows where the CPU has them: the same bits) for every number of rows, prefill too: there
+and AMX-INT8 tiles from 16 rows where the CPU has them: the same bits) for every number of rows, prefill too: there
 is no other copy of the weights to multiply, and its rows never depend on each other.
 """
 

@@ -24,6 +24,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_available", &quantized_available);
   m.def("quantized_pack", &quantized_pack);
   m.def("quantized_amx_available", &quantized_amx_available);
+  m.def("quantized_amx_from_rows", &quantized_amx_from_rows, pybind11::arg("rows") = 0);
   m.def("quantized_linear", &quantized_linear, pybind11::arg("x"), pybind11::arg("packed"),
         pybind11::arg("out_features"), pybind11::arg("amx_from_rows") = -1, released());
   m.def("row_argmax", &row_argmax, released());

@@ -2,7 +2,7 @@
 // (w = d q + m, q in 0..15) or Q8_0 (w = d q, q int8). The arithmetic is runtime/kernels_twin.py's
 // quantized_linear_twin, bit for bit:
 // - x is quantized per row and block: amax / 127 its scale dx, round-half-even(x * (127 / amax)) its int8 codes;
-// - per output and block, AVX512-VNNI's VPDPBUSD (or, from 8 rows where the CPU has them, AMX-INT8's TDPBSUD)
+// - per output and block, AVX512-VNNI's VPDPBUSD (or, from 16 rows where the CPU has them, AMX-INT8's TDPBSUD)
 //   sums the products of the weight's unsigned codes and x's signed codes exactly in int32 (Q8_0's signed codes
 //   are stored plus 128, and 128 * sum(x codes) taken off after);
 // - per block in order, the float32 sum gains (dw * dx) * s, then for Q4_1 mw * (dx * sum(x codes)), each product
@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -31,7 +32,11 @@ namespace {
 constexpr int64_t kLanes = 16;  // outputs per panel
 constexpr int64_t kBlock = 32;  // weights per block
 constexpr int kMaxRows = 12;    // rows per pass: 12 sums, 8 weight vectors and the scales fit in 32 registers
-constexpr int64_t kAmxRows = 8;  // from this many rows AMX-INT8 tiles, where the CPU has them (amx_from_rows)
+// from this many rows AMX-INT8 tiles, where the CPU has them (amx_from_rows): over a whole model's weights streamed
+// from memory on a 2-core Sapphire Rapids Xeon, the tiles took 1.17x VNNI's time at 4-12 rows and 0.94x at 16
+// (docs/measurements/step-costs-gguf.json); in cache they win from 12
+constexpr int64_t kAmxRows = 16;
+std::atomic<int64_t> amx_rows{kAmxRows};  // the threshold in use (quantized_amx_from_rows sets it)
 
 struct Activations {
   torch::Tensor codes;       // [M, K] int8
@@ -174,6 +179,12 @@ void amx_panels(const Activations& a, const int8_t* codes, int64_t m, int64_t ro
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* panel = w + p * blocks * stride;
+    // the next panel is asked for while this one's tiles run, as panels() does: streamed from memory, the tiles
+    // otherwise wait for every panel's lines (8 rows: 1.25x VNNI's time over the whole model, 0.99x in cache)
+    const uint8_t* next = p + 1 < p1 ? panel + blocks * stride : nullptr;
+    if (next)
+      for (int64_t line = 0; line < blocks * stride; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + line), _MM_HINT_T1);
     if constexpr (Q4) {
       for (int64_t b = 0; b < blocks; ++b)
         for (int h = 0; h < 4; ++h) {
@@ -222,7 +233,8 @@ void amx_panels(const Activations& a, const int8_t* codes, int64_t m, int64_t ro
 
 template <bool Q4>
 void amx_linear(const Activations& a, int64_t m, const uint8_t* w, float* y, int64_t blocks, int64_t n_dim) {
-  const int64_t rows = std::min<int64_t>(m, 16), tiles = (m + 15) / 16, k = blocks * kBlock;
+  // balanced tiles (24 rows as 12 + 12, not 16 + 16 with 8 of zeros): a row's sums are the same in any tile
+  const int64_t tiles = (m + 15) / 16, rows = (m + tiles - 1) / tiles, k = blocks * kBlock;
   torch::Tensor padded = a.codes;  // the x tiles read whole tiles of rows: zeros past the real ones
   if (tiles * rows != m) {
     padded = torch::zeros({tiles * rows, k}, a.codes.options());
@@ -285,6 +297,15 @@ torch::Tensor quantized_pack(const torch::Tensor& codes, const torch::Tensor& sc
 
 bool is_quantized(const torch::Tensor& packed) { return packed.scalar_type() == torch::kUInt8; }
 
+int64_t quantized_amx_from_rows(int64_t rows) {
+#ifdef PPDKIT_AMX_INT8
+  if (rows > 0) amx_rows = rows;
+  return amx_rows;
+#else
+  return INT64_MAX;
+#endif
+}
+
 bool quantized_amx_available() {
 #ifdef PPDKIT_AMX_INT8
   return amx::permitted();
@@ -306,7 +327,7 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& pack
   const uint8_t* w = packed.data_ptr<uint8_t>();
 #ifdef PPDKIT_AMX_INT8
   // the same bits as the passes below, in fewer instructions
-  if (m >= (amx_from_rows < 0 ? kAmxRows : amx_from_rows) && amx::permitted()) {
+  if (m >= (amx_from_rows < 0 ? amx_rows.load() : amx_from_rows) && amx::permitted()) {
     if (q4) {
       amx_linear<true>(a, m, w, y.data_ptr<float>(), blocks, n_dim);
     } else {
@@ -332,6 +353,7 @@ torch::Tensor quantized_linear(const torch::Tensor& x, const torch::Tensor& pack
 
 bool quantized_available() { return false; }
 bool quantized_amx_available() { return false; }
+int64_t quantized_amx_from_rows(int64_t) { return INT64_MAX; }
 bool is_quantized(const torch::Tensor& packed) { return packed.scalar_type() == torch::kUInt8; }
 torch::Tensor quantized_pack(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
   TORCH_CHECK(false, "built without AVX512-VNNI");

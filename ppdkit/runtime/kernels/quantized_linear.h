@@ -5,6 +5,9 @@
 
 bool quantized_available();      // built with AVX512-VNNI
 bool quantized_amx_available();  // and with AMX-INT8, which Linux allows: many rows go through its tiles
+// From how many rows a call goes through the AMX-INT8 tiles (`rows` > 0 sets it; the same bits either way) -> the
+// count in use (INT64_MAX where the build has no AMX-INT8)
+int64_t quantized_amx_from_rows(int64_t rows = 0);
 // codes [N, B, 32] (uint8 0..15 for Q4_1, int8 for Q8_0), scale and minimum [N, B] float32 (minimum empty for
 // Q8_0) -> the panels, uint8 [N/16, B, bytes]: each block's codes, scales and minimums
 torch::Tensor quantized_pack(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& minimum);
