@@ -38,21 +38,28 @@ constexpr int kMaxRows = 12;    // rows per pass: 12 sums, 8 weight vectors and 
 constexpr int64_t kAmxRows = 16;
 std::atomic<int64_t> amx_rows{kAmxRows};  // the threshold in use (quantized_amx_from_rows sets it)
 
+// x's int8 codes and per-block figures, in a buffer of the calling thread's that every call reuses: a step makes
+// ~120 of these (4 matmuls a layer), and 4 tensors each cost more in allocation than the quantization itself.
 struct Activations {
-  torch::Tensor codes;       // [M, K] int8
-  torch::Tensor scale;       // [M, B] float32: amax / 127
-  torch::Tensor scaled_sum;  // [M, B] float32: scale * sum of the block's codes
-  torch::Tensor code_sum;    // [M, B] int32: sum of the block's codes
+  int8_t* codes;       // [M, K]
+  float* scale;        // [M, B]: amax / 127
+  float* scaled_sum;   // [M, B]: scale * sum of the block's codes
+  int32_t* code_sum;   // [M, B]: sum of the block's codes
 };
 
 Activations quantize_rows(const torch::Tensor& x) {
   const int64_t m = x.size(0), k = x.size(1), blocks = k / kBlock;
-  Activations a{torch::empty({m, k}, x.options().dtype(torch::kInt8)), torch::empty({m, blocks}, x.options()),
-                torch::empty({m, blocks}, x.options()), torch::empty({m, blocks}, x.options().dtype(torch::kInt32))};
+  thread_local std::vector<uint8_t> buffer;
+  const size_t code_bytes = (static_cast<size_t>(m * k) + 63) / 64 * 64, figures = static_cast<size_t>(m * blocks);
+  buffer.resize(code_bytes + 3 * figures * 4 + 64);
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+  Activations a{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + code_bytes),
+                reinterpret_cast<float*>(base + code_bytes + figures * 4),
+                reinterpret_cast<int32_t*>(base + code_bytes + 2 * figures * 4)};
   const float* src = x.data_ptr<float>();
-  int8_t* codes = a.codes.data_ptr<int8_t>();
-  float *scale = a.scale.data_ptr<float>(), *scaled = a.scaled_sum.data_ptr<float>();
-  int32_t* sums = a.code_sum.data_ptr<int32_t>();
+  int8_t* codes = a.codes;
+  float *scale = a.scale, *scaled = a.scaled_sum;
+  int32_t* sums = a.code_sum;
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int64_t i = 0; i < m * blocks; ++i) {  // a block of 32 is two vectors
     const float* v = src + i * kBlock;
@@ -100,10 +107,10 @@ void panels(const Activations& a, int64_t row0, const uint8_t* __restrict w, flo
             int64_t n_dim, int64_t p0, int64_t p1) {
   constexpr int64_t codes_bytes = Q4 ? kQ4Codes : kQ8Codes, stride = Q4 ? kQ4Stride : kQ8Stride;
   const int64_t k = blocks * kBlock;
-  const int8_t* xq = a.codes.data_ptr<int8_t>() + row0 * k;
-  const float* dx = a.scale.data_ptr<float>() + row0 * blocks;
-  const float* dxs = a.scaled_sum.data_ptr<float>() + row0 * blocks;
-  const int32_t* xs = a.code_sum.data_ptr<int32_t>() + row0 * blocks;
+  const int8_t* xq = a.codes + row0 * k;
+  const float* dx = a.scale + row0 * blocks;
+  const float* dxs = a.scaled_sum + row0 * blocks;
+  const int32_t* xs = a.code_sum + row0 * blocks;
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t p = p0; p < p1; ++p) {
     __m512 acc[Rows];
@@ -169,9 +176,9 @@ void amx_panels(const Activations& a, const int8_t* codes, int64_t m, int64_t ro
   config.rows[3] = static_cast<uint8_t>(rows), config.colsb[3] = 64;  // tmm3: the next block's sums
   const amx::Scope tiles_in_use(config);
   const int64_t k = blocks * kBlock;
-  const float* dx = a.scale.data_ptr<float>();
-  const float* dxs = a.scaled_sum.data_ptr<float>();
-  const int32_t* xs = a.code_sum.data_ptr<int32_t>();
+  const float* dx = a.scale;
+  const float* dxs = a.scaled_sum;
+  const int32_t* xs = a.code_sum;
   alignas(64) int32_t sums[2][16][kLanes];  // a block's int32 sums, two blocks in turn (tmm0 and tmm3)
   std::vector<uint8_t> unpacked(Q4 ? blocks * kQ8Codes + 64 : 0);  // a panel's weight tiles, Q4_1 unpacked once
   uint8_t* tiles_q4 = Q4 ? reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(unpacked.data()) + 63) & ~63ull)
@@ -235,12 +242,13 @@ template <bool Q4>
 void amx_linear(const Activations& a, int64_t m, const uint8_t* w, float* y, int64_t blocks, int64_t n_dim) {
   // balanced tiles (24 rows as 12 + 12, not 16 + 16 with 8 of zeros): a row's sums are the same in any tile
   const int64_t tiles = (m + 15) / 16, rows = (m + tiles - 1) / tiles, k = blocks * kBlock;
-  torch::Tensor padded = a.codes;  // the x tiles read whole tiles of rows: zeros past the real ones
+  std::vector<int8_t> padded;  // the x tiles read whole tiles of rows: zeros past the real ones
+  const int8_t* codes = a.codes;
   if (tiles * rows != m) {
-    padded = torch::zeros({tiles * rows, k}, a.codes.options());
-    padded.narrow(0, 0, m).copy_(a.codes);
+    padded.assign(tiles * rows * k, 0);
+    std::memcpy(padded.data(), a.codes, m * k);
+    codes = padded.data();
   }
-  const int8_t* codes = padded.data_ptr<int8_t>();
   at::parallel_for(0, n_dim / kLanes, 4, [&](int64_t p0, int64_t p1) {
     amx_panels<Q4>(a, codes, m, rows, tiles, w, y, blocks, n_dim, p0, p1);
   });
