@@ -54,9 +54,9 @@ def test_the_rotary_row_order_is_a_permutation_of_whole_heads():
 
 
 def _random_q4_1(n: int, k: int, g: torch.Generator) -> QuantizedWeight:
-    return QuantizedWeight("Q4_1", torch.rand(n, k // 32, generator=g) * 0.02,
+    return QuantizedWeight("Q4_1", (torch.rand(n, k // 32, generator=g) * 0.02).half().float(),  # float16, as stored
                            torch.randint(0, 16, (n, k // 32, 32), generator=g, dtype=torch.uint8),
-                           (torch.rand(n, k // 32, generator=g) - 0.5) * 0.2)
+                           ((torch.rand(n, k // 32, generator=g) - 0.5) * 0.2).half().float())
 
 
 def test_activation_blocks_keep_their_largest_value_and_zero_blocks_stay_zero():
@@ -97,8 +97,20 @@ def _vnni_kernels():
 
 
 def _random_q8_0(n: int, k: int, g: torch.Generator) -> QuantizedWeight:
-    return QuantizedWeight("Q8_0", torch.rand(n, k // 32, generator=g) * 0.02,
+    return QuantizedWeight("Q8_0", (torch.rand(n, k // 32, generator=g) * 0.02).half().float(),
                            torch.randint(-128, 128, (n, k // 32, 32), generator=g, dtype=torch.int8), None)
+
+
+def test_panels_keep_the_blocks_float16_scales_and_refuse_others():
+    """A panel block holds 16 outputs' codes, then their scales (and Q4_1's minimums) in float16, as the GGUF does:
+    exact for every block a GGUF or the quantizers give; a scale float16 cannot hold is refused, not rounded."""
+    module = _vnni_kernels()
+    g = torch.Generator().manual_seed(2)
+    q4, q8 = _random_q4_1(16, 64, g), _random_q8_0(16, 64, g)
+    assert _packed(module, q4).shape == (1, 2, 256 + 2 * 16 * 2) and _packed(module, q8).shape == (1, 2, 512 + 16 * 2)
+    unheld = QuantizedWeight("Q4_1", q4.scale * (1 + 2 ** -20), q4.codes, q4.minimum)
+    with pytest.raises(RuntimeError, match="must be float16 values"):
+        _packed(module, unheld)
 
 
 def _packed(module, weight: QuantizedWeight):

@@ -51,4 +51,5 @@ def print_breakdown(results: list[dict]) -> None:
     print("verification by rows: rows: ms (steps)")
     for r in rows:
         by_rows = r["breakdown"]["verify_ms_by_rows"]
-        print(f"    {r['method']:<{width}} " + ", ".join(f"{n}: {v['ms']:.2f} ({v['steps']})" for n, v in by_rows.items()))
+        print(f"    {r['method']:<{width}} "
+              + ", ".join(f"{n}: {v['ms']:.2f} ({v['steps']})" for n, v in by_rows.items()))

@@ -50,7 +50,8 @@ class AnswerTokens:
 
     def add(self, tokens: list[int], rows: int | None = None, seconds: dict[str, float] | None = None) -> bool:
         """Append one step's tokens (`rows`: the inputs the step fed the model, None for the prompt's step;
-        `seconds`: its time by part) -> True when the answer is over (an end token, the token budget, or should_stop)."""
+        `seconds`: its time by part) -> True when the answer is over (an end token, the token budget, or
+        should_stop)."""
         self.per_step.append(len(tokens))
         if rows is not None:
             self.rows_fed.append(rows)

@@ -35,7 +35,7 @@ class Proposal:
     mask: torch.Tensor | None = None  # [T, T] bool; None: layout.mask
     extra_readout: Callable[[torch.Tensor], torch.Tensor] | None = None  # hidden [T, H] -> more rows [E, H] for the
     # same LM-head call (under pruning: one per prompt token of each node, as pruning.logit_owners counts them)
-    parts: dict[str, float] = field(default_factory=dict)  # the drafting's seconds by part, where its drafter times them
+    parts: dict[str, float] = field(default_factory=dict)  # the drafting's seconds by part, where its drafter times it
 
     @property
     def rows(self) -> int:
@@ -54,7 +54,7 @@ class Verified:
     logits: torch.Tensor  # [N + E, V] the nodes', then the extra readout's rows
     states: torch.Tensor | None = None  # [T, len(capture) H] the residual stream after the captured layers
     pruned: int = 0  # rows early pruning dropped
-    seconds: dict[str, float] = field(default_factory=dict)  # "draft", "verify" (and "draft.PART"): filled in by the loop
+    seconds: dict[str, float] = field(default_factory=dict)  # "draft" (and "draft.PART"), "verify": the loop's
 
     @property
     def final(self) -> int:

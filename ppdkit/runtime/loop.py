@@ -18,8 +18,9 @@ from .drafter import Drafter, Proposal, Verified, verify
 def steps(drafter: Drafter, ids: torch.Tensor, emit: Callable[..., bool], sampling: Sampling,
           generator: torch.Generator | None) -> Generator[Proposal, Verified, None]:
     """Read the prompt ids [P], then yield each step's proposal and take its verification back (its seconds
-    {"verify": ...} filled in by whoever verified; the drafting's and the drafter's accept are added here), until emit(step's tokens, rows=the
-    rows it fed the model, seconds=its seconds by part; the prompt's step: seconds={"prompt": ...}) returns True."""
+    {"verify": ...} filled in by whoever verified; the drafting's and the drafter's accept are added here), until
+    emit(step's tokens, rows=the rows it fed the model, seconds=its seconds by part; the prompt's step:
+    seconds={"prompt": ...}) returns True."""
     started = time.perf_counter()
     root = pick(drafter.prefill(ids), sampling, generator)
     done = emit([root], seconds={"prompt": time.perf_counter() - started})

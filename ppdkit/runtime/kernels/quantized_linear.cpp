@@ -8,10 +8,10 @@
 // - per block in order, the float32 sum gains (dw * dx) * s, then for Q4_1 mw * (dx * sum(x codes)), each product
 //   and sum rounded once (-ffp-contract=off: no FMA).
 // Panels hold 16 outputs (one vector of lanes), packed into one uint8 tensor [N/16, B, bytes]: per block the 16
-// outputs' codes (Q4_1: 256 bytes, two codes a byte; Q8_0: 512), then their 16 float32 scales, then (Q4_1) their 16
-// minimums, so a block's data is read in one stream. Each row's operations are the same whatever the number of
-// rows, so a row's result never depends on the rows beside it. Rows share the weight loads: a pass of up to 12 rows
-// reads W once.
+// outputs' codes (Q4_1: 256 bytes, two codes a byte; Q8_0: 512), then their 16 scales, then (Q4_1) their 16
+// minimums, both float16 as the GGUF holds them, so a block's data is read in one stream. Each row's operations are
+// the same whatever the number of rows, so a row's result never depends on the rows beside it. Rows share the weight
+// loads: a pass of up to 12 rows reads W once.
 #include "quantized_linear.h"
 
 #include <ATen/Parallel.h>
@@ -99,7 +99,13 @@ inline __m512 add_block(__m512 acc, __m512i s, __m512 scale, __m512 minimum, flo
 }
 
 constexpr int64_t kQ4Codes = kLanes * kBlock / 2, kQ8Codes = kLanes * kBlock;  // code bytes per panel block
-constexpr int64_t kQ4Stride = kQ4Codes + 2 * kLanes * 4, kQ8Stride = kQ8Codes + kLanes * 4;  // with the floats
+// with the 16 scales (and minimums) as float16, as the GGUF stores them: exact (QuantizedWeight's are float16 values),
+// and a block's bytes are what the one-row step streams (Q4_1 320 per 16 x 32 weights against 384 as float32)
+constexpr int64_t kQ4Stride = kQ4Codes + 2 * kLanes * 2, kQ8Stride = kQ8Codes + kLanes * 2;
+
+inline __m512 halves(const uint8_t* p) {  // 16 float16 -> float32, exactly
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 
 // Panels [p0, p1) of W for `Rows` rows of x.
 template <bool Q4, int Rows>
@@ -136,9 +142,8 @@ void panels(const Activations& a, int64_t row0, const uint8_t* __restrict w, flo
 #pragma GCC unroll 8
         for (int g = 0; g < 8; ++g) wv[g] = _mm512_loadu_si512(block + g * 64);
       }
-      const __m512 scale = _mm512_loadu_ps(reinterpret_cast<const float*>(block + codes_bytes));
-      const __m512 minimum = Q4 ? _mm512_loadu_ps(reinterpret_cast<const float*>(block + codes_bytes + kLanes * 4))
-                                : _mm512_setzero_ps();
+      const __m512 scale = halves(block + codes_bytes);
+      const __m512 minimum = Q4 ? halves(block + codes_bytes + kLanes * 2) : _mm512_setzero_ps();
 #pragma GCC unroll 12
       for (int r = 0; r < Rows; ++r) {
         const int8_t* xr = xq + r * k + b * kBlock;
@@ -221,9 +226,8 @@ void amx_panels(const Activations& a, const int8_t* codes, int64_t m, int64_t ro
           _tile_stored(3, sums[(b + 1) % 2], 64);
         }
         const uint8_t* block = panel + b * stride;
-        const __m512 scale = _mm512_loadu_ps(reinterpret_cast<const float*>(block + codes_bytes));
-        const __m512 minimum = Q4 ? _mm512_loadu_ps(reinterpret_cast<const float*>(block + codes_bytes + kLanes * 4))
-                                  : _mm512_setzero_ps();
+        const __m512 scale = halves(block + codes_bytes);
+        const __m512 minimum = Q4 ? halves(block + codes_bytes + kLanes * 2) : _mm512_setzero_ps();
 #pragma GCC unroll 16
         for (int r = 0; r < 16; ++r) {  // panels()'s float32 steps, in its order (unrolled: acc stays in registers)
           if (r >= count) break;
@@ -280,11 +284,17 @@ torch::Tensor quantized_pack(const torch::Tensor& codes, const torch::Tensor& sc
               "quantized_pack: Q4_1 codes are uint8 with a minimum, Q8_0 codes int8 without");
   const int64_t n = codes.size(0), blocks = codes.size(1), padded = (n + kLanes - 1) / kLanes * kLanes;
   const int64_t panels = padded / kLanes;
-  auto floats = [&](const torch::Tensor& t) {  // [P, B, 64 bytes]; rows past N: zero scales, so zero outputs
-    auto out = torch::zeros({padded, blocks}, t.options().dtype(torch::kFloat32));
-    out.narrow(0, 0, n).copy_(t);
+  auto floats = [&](const torch::Tensor& t) {  // [P, B, 32 bytes] float16; rows past N: zero scales, zero outputs
+    const auto wide = t.to(torch::kFloat32);
+    const auto half = wide.to(torch::kHalf);
+    const auto back = half.to(torch::kFloat32);  // NaN stays NaN: a draft's blocks load whatever values they hold
+    TORCH_CHECK((back.eq(wide) | (back.isnan() & wide.isnan())).all().item<bool>(), "quantized_pack: scales and "
+                "minimums must be float16 values, as a GGUF block stores them (gguf_blocks.quantize_q4_1 / "
+                "quantize_q8_0 round them so)");
+    auto out = torch::zeros({padded, blocks}, t.options().dtype(torch::kHalf));
+    out.narrow(0, 0, n).copy_(half);
     auto lanes = out.view({panels, kLanes, blocks}).transpose(1, 2).contiguous();  // [P, B, 16]
-    return lanes.view(torch::kUInt8);  // [P, B, 64]
+    return lanes.view(torch::kUInt8);  // [P, B, 32]
   };
   auto wide = codes.to(torch::kInt16);
   if (!q4) wide = wide + 128;  // unsigned for VPDPBUSD
