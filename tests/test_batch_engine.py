@@ -77,6 +77,31 @@ def test_eagle3_trees_share_steps_losslessly_whatever_rows_they_are_given(monkey
         engine.close()
 
 
+def test_no_slot_of_the_shared_cache_is_read_before_it_is_written(monkeypatch):
+    """The engine's shared cache is not filled (its pages stay untouched until answers write them): filled with NaN
+    instead, every answer is still its own generate's, so no row reads a slot before it is written."""
+    model, tok = tiny_model_on("native", monkeypatch)
+    vocab = torch.arange(3, 256, 3)
+    decoder = eagle3_decoder(model, tok, _draft_tensors(model, vocab, 4, 0.5), vocab)
+    unfilled, new_cache = [], decoder.model.new_cache
+
+    def garbage(capacity, zeroed=True):
+        cache = new_cache(capacity, zeroed)
+        if not zeroed:
+            cache.k.fill_(float("nan"))
+            cache.v.fill_(float("nan"))
+            unfilled.append(cache)
+        return cache
+
+    monkeypatch.setattr(decoder.model, "new_cache", garbage)
+    engine = BatchEngine(decoder, max_batch=5)
+    try:
+        _alone_and_batched(decoder, engine, ["eagle3-anpd", "ar", "anpd", "eagle3"])
+    finally:
+        engine.close()
+    assert len(unfilled) == 1 and unfilled[0] is engine.cache
+
+
 def test_prompt_token_trees_share_steps(tmp_path):
     """PPD's trees with their prompt-token rows (and lookup chains) in the shared forward."""
     decoder = Decoder.from_pretrained(write_tiny_ppd_component(tmp_path / "component"), tree_size=8)

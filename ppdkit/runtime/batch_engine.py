@@ -97,7 +97,7 @@ class BatchEngine:
         if not 1 <= max_rows <= SKINNY_MAX_ROWS:
             raise ValueError(f"max_rows must be between 1 and {SKINNY_MAX_ROWS}, not {max_rows}")
         self.decoder, self.model, self.max_batch, self.max_rows = decoder, decoder.model, max_batch, max_rows
-        # allocated by the engine's thread, the only one that does its torch work: filling gigabytes with zeros is a
+        # allocated by the engine's thread, the only one that does its torch work: filling a cache with zeros is a
         # parallel loop, whose OpenMP workers would stay with the calling thread (runtime/openmp.py)
         self.cache = self.scratch = None
         self.ranges = SlotRanges(cache_positions or _default_positions(decoder, max_batch))
@@ -146,7 +146,10 @@ class BatchEngine:
     # -- the engine's thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
         with torch.inference_mode(), on_device(self.decoder.device):
-            self.cache = self.model.new_cache(self.ranges.capacity)
+            # not filled: a row reads its segment's committed slots and its step's rows, each written before it is
+            # read (a prompt's copied in, a step's by its forward), so the cache's pages (up to 2 GB of them) stay
+            # the system's untouched zero pages until answers write them, and the server's memory grows with its load
+            self.cache = self.model.new_cache(self.ranges.capacity, zeroed=False)
             self.scratch = self.model.new_cache(self.decoder.max_length + 64)  # a prompt's read, copied into its range
             while True:
                 with self._wake:

@@ -25,9 +25,12 @@ def cache_width(capacity: int) -> int:
 
 class KVCache:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
-        self.k = torch.zeros(layers, kv_heads, head_dim, capacity, dtype=dtype, device=device)  # [Lyr, Hkv, D, S]
-        self.v = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # [Lyr, Hkv, S, D]
+                 device: torch.device | str = "cpu", zeroed: bool = True):
+        """zeroed=False leaves the slots unfilled: for a cache whose slots are each read only once written (the batch
+        engine's shared one, gigabytes whose pages then stay untouched until an answer writes them)."""
+        new = torch.zeros if zeroed else torch.empty
+        self.k = new(layers, kv_heads, head_dim, capacity, dtype=dtype, device=device)  # [Lyr, Hkv, D, S]
+        self.v = new(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # [Lyr, Hkv, S, D]
         self.length = 0  # committed tokens
         self.capacity = capacity
 

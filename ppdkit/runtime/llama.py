@@ -132,7 +132,7 @@ class LeanLlama:
         view.native_weights = _native_weights(view.layers) if self.native else []
         return view
 
-    def new_cache(self, capacity: int) -> KVCache:
+    def new_cache(self, capacity: int, zeroed: bool = True) -> KVCache:
         if self.fixed_rows:  # the attention's shapes include the capacity: one for every call
             fixed = fixed_shapes.capacity(self.max_positions, self.fixed_rows)
             if capacity > fixed:
@@ -141,7 +141,7 @@ class LeanLlama:
             capacity = fixed
         elif self.native is not None:
             capacity = cache_width(capacity)
-        return KVCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
+        return KVCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype, self.device, zeroed)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()  # in float32 whatever the dtype, as transformers does, so the outputs agree
