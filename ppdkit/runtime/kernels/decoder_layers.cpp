@@ -273,7 +273,7 @@ void softmax(float* w, int64_t n, const float* b, float scale, float* scratch) {
 torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, int64_t capacity, int64_t s,
                         const std::optional<torch::Tensor>& bias, float scale, int64_t tokens, const int64_t* window) {
   const int64_t hkv = q.size(0), rows = q.size(1), d = q.size(2);
-  auto attn = torch::zeros({hkv, rows, d}, q.options());
+  auto attn = torch::empty({hkv, rows, d}, q.options());  // every (head, row) is one work item's, written whole
   auto scratch = torch::empty({hkv * rows, s}, q.options());  // a row's scores, then its weights
   const float* qs = q.data_ptr<float>();
   const float* bs = bias ? bias->data_ptr<float>() : nullptr;
@@ -283,14 +283,18 @@ torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, 
   // those keys and values. Consecutive tokens with the same window (all of a step's without one; a sequence's tree
   // rows with one) form a span, whose rows are taken in the grouped layout's order: query head q of token r is row
   // q T + r, so a span of one token groups its query heads (T rows apart) and a longer span runs along its tokens.
+  // Too few groups for the threads (a one-token step: a group per key/value head, 3 for 2 threads, 2 : 1), each row is
+  // an item of its own: the threads then share the work evenly, each row's sums the same as in a group.
   const int64_t g = rows / tokens;
+  const int64_t together = hkv * ((rows + kRowsTogether - 1) / kRowsTogether) < 2 * at::get_num_threads()
+                               ? 1 : kRowsTogether;
   std::vector<std::array<int64_t, kRowsTogether>> groups;
   std::vector<int64_t> counts;
   for (int64_t a = 0; a < tokens;) {
     int64_t b = a + 1;
     while (b < tokens && (!window || (window[3 * b] == window[3 * a] && window[3 * b + 1] == window[3 * a + 1]))) ++b;
     for (int64_t i = 0; i < g * (b - a); ++i) {  // the span's rows: q major, token minor
-      if (i % kRowsTogether == 0) groups.emplace_back(), counts.push_back(0);
+      if (i % together == 0) groups.emplace_back(), counts.push_back(0);
       groups.back()[counts.back()++] = (i / (b - a)) * tokens + a + i % (b - a);
     }
     a = b;
@@ -392,11 +396,22 @@ torch::Tensor attention_block(Step& st, const torch::Tensor& normed, const torch
   return project(st.merged, o_panels, st.hidden);
 }
 
+// x += y for x [T, H] (contiguous) and y of its shape: a plain loop, each sum rounded once as Tensor.add_ rounds it,
+// without its dispatch (two residual adds a layer)
+void add_into(torch::Tensor& x, const torch::Tensor& y) {
+  const auto yc = y.contiguous();
+  float* xs = x.data_ptr<float>();
+  const float* ys = yc.data_ptr<float>();
+  const int64_t n = x.numel();
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) xs[i] += ys[i];
+}
+
 // x += the SwiGLU MLP of rms_norm(x, ln2).
 void mlp_block(const Step& st, torch::Tensor& x, const torch::Tensor& ln2, const torch::Tensor& gate_up_panels,
                const torch::Tensor& down_panels) {
   auto gate_up = project(rms_norm(x, ln2, st.eps), gate_up_panels, 2 * st.inter).contiguous();  // [T, 2 I]
-  x.add_(project(swiglu(gate_up, st.inter), down_panels, st.hidden));
+  add_into(x, project(swiglu(gate_up, st.inter), down_panels, st.hidden));
 }
 
 // The checks and shapes both entry points share; s: the most keys a row sees (without a window).
@@ -474,7 +489,7 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
     const torch::Tensor* w = &weights[layer * 6];
     const int64_t skipped = skip.empty() ? 0 : skip[layer];
     if (!(skipped & 1))
-      x.add_(attention_block(st, rms_norm(x, w[0], st.eps), w[1], w[2], cache_k, cache_v, layer, length));
+      add_into(x, attention_block(st, rms_norm(x, w[0], st.eps), w[1], w[2], cache_k, cache_v, layer, length));
     if (!(skipped & 2)) mlp_block(st, x, w[3], w[4], w[5]);
   }
   return x;
@@ -498,7 +513,7 @@ torch::Tensor eagle3_layer(const torch::Tensor& embeds, const torch::Tensor& hid
   auto normed = torch::cat({rms_norm(embeds.contiguous(), weights[0], st.eps),
                             rms_norm(hidden.contiguous(), weights[1], st.eps)}, 1);  // [T, 2H]
   auto x = hidden.contiguous().clone();
-  x.add_(attention_block(st, normed, weights[2], weights[3], cache_k, cache_v, 0, length));
+  add_into(x, attention_block(st, normed, weights[2], weights[3], cache_k, cache_v, 0, length));
   mlp_block(st, x, weights[4], weights[5], weights[6]);
   return x;
 }
