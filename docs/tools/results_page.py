@@ -92,6 +92,24 @@ def table(report: dict) -> list[str]:
     return lines
 
 
+def breakdown(report: dict) -> list[str]:
+    """Where each method's step time went (bench/step_breakdown.py), where the report has it: ms per step by part."""
+    rows = [r for r in report["results"] if "breakdown" in r]
+    if not rows:
+        return []
+    lines = ["Where a step's time went (ms per step; the prompt's read per answer):", "",
+             "| method | step | x ar step | drafting | of it: draft levels, chains, choice | verification | rows | "
+             "accept | rest | prompt |", "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        b, ms = r["breakdown"], r["breakdown"]["ms_per_step"]
+        parts = ", ".join(f"{ms[p]:.2f}" for p in ("draft.grow", "draft.chains", "draft.choose") if p in ms) or "-"
+        rows_per_step = f"{r['mean_rows_per_step']:.1f}" if r.get("mean_rows_per_step") else "-"
+        lines.append(f"| `{r['method']}` | {b['step_ms']:.2f} | {_ratio(b, 'step_vs_ar')} | {ms.get('draft', 0):.2f} "
+                     f"| {parts} | {ms.get('verify', 0):.2f} | {rows_per_step} | {ms.get('accept', 0):.2f} | "
+                     f"{ms['rest']:.2f} | {b['prompt_ms']:.1f} |")
+    return lines + [""]
+
+
 def divergences(report: dict) -> list[str]:
     """A line per prompt whose output differed from greedy: where, and whether it is a near-tie."""
     return [f"- `{r['method']}`, prompt {d['prompt']}: parts from greedy at token {d['index']}, top-2 logit gap "
@@ -119,6 +137,7 @@ def section(name: str, report: dict) -> str:
     else:
         lines += ["(date, machine and command not recorded: a report from before they were)", ""]
     lines += table(report) + [""]
+    lines += breakdown(report)
     lines += divergences(report) + ([""] if divergences(report) else [])
     if report.get("note"):
         lines += [f"Note: {report['note']}", ""]
