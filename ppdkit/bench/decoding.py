@@ -184,8 +184,10 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
              prompts_source: str, model: str, max_new_tokens: int, repeats: int, command: str | None) -> dict:
     """The bench proper: every method on every prompt, in turns, then the report."""
     weights = decoder.model.weight_format
-    for method in order:  # warm-up: first-call allocations and lazy initialisation are not measured
-        run_method(decoder, method, prompts[0][:16], 4, llama, others)
+    # warm-up, a whole answer each: first-call allocations, lazy initialisation and the decoder's checks of its cached
+    # timings (runtime/profile_check.py: a stale profile measured again, a stale auto trial run again) are not measured
+    for method in order:
+        run_method(decoder, method, prompts[0], max_new_tokens, llama, others)
     outputs: dict[str, list[list[int]]] = {m: [] for m in order}
     stats = {m: {"seconds": 0.0, "new_tokens": 0, "steps": 0, "sizes": [], "pruned": 0.0, "rows": []} for m in order}
     timings: dict[str, list[tuple[float, GenerateResult]]] = {m: [] for m in order}  # (seconds, result): breakdown
