@@ -8,12 +8,14 @@ cached figure prove the figure was taken on a busier machine: it is measured aga
 prove nothing (something may run beside this decode now, or its contexts are longer than the profile's) and change
 nothing, so a busy machine never writes its slowness over a quiet one's figure."""
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 FASTER = 1.5  # live steps this many times faster than a cached figure: the figure is stale (noise is ~10-30%)
 MIN_STEPS = 16  # steps seen before judging: a few fast steps are no proof
+RECENT_STEPS = 256  # the steps judged: the latest, so a long-lived decoder's check costs the same at every answer
 
 
 def profile_seconds(profile: dict) -> tuple[list[int], list[float]]:
@@ -30,11 +32,11 @@ def profile_seconds(profile: dict) -> tuple[list[int], list[float]]:
 class StepCheck:
     """Live steps' seconds against what a cached figure predicts for them (`rows`, `seconds`: the figure's measured
     points; a step of other rows is priced between its neighbours). `stale` once at least MIN_STEPS steps were seen
-    and their median ratio says the figure is FASTER times too slow."""
+    and the median ratio of the latest RECENT_STEPS says the figure is FASTER times too slow."""
 
     rows: list[int]
     seconds: list[float]
-    ratios: list[float] = field(default_factory=list)  # live / predicted, one per step
+    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))  # live / predicted, a step each
 
     @classmethod
     def of_profile(cls, profile: dict) -> "StepCheck":
@@ -54,4 +56,4 @@ class StepCheck:
 
     def describe(self) -> str:
         """The steps against the figure, for the log."""
-        return f"{len(self.ratios)} steps of this process ran {1 / self.median():.1f}x faster than that (median)"
+        return f"{len(self.ratios)} recent steps ran {1 / self.median():.1f}x faster than that (median)"
