@@ -74,6 +74,33 @@ def test_forward_with_states_gives_the_forwards_hidden_states_and_transformers_l
     assert aux_layers(2) == (1, 1, 1) and aux_layers(30) == (2, 15, 27)  # never transformers' normed last entry
 
 
+def test_the_native_layers_read_the_states_in_the_same_call(monkeypatch):
+    """On the native layers a step's states come from its one call (decoder_layers_states), bit for bit the forward
+    run in segments that stop at each captured layer: hidden states, states, and the keys/values written."""
+    from ppdkit.runtime.layer_states import run_with_states
+
+    model, tok = tiny_model_on("native", monkeypatch)
+    lean = Decoder(model, tok).model
+    g = torch.Generator().manual_seed(0)
+    for rows in (1, 5):
+        context = 7
+        mask = torch.ones(rows, context + rows, dtype=torch.bool).tril(diagonal=context)
+        if rows > 2:
+            mask[-1, context + 1] = False  # a tree row that does not see a sibling
+        x = lean.embed_ids(torch.randint(0, lean.vocab_size, (rows,), generator=g))
+        positions = torch.arange(context, context + rows)
+        caches = [lean.new_cache(32), lean.new_cache(32)]
+        for cache in caches:
+            cache.k.normal_(generator=torch.Generator().manual_seed(1))
+            cache.v.normal_(generator=torch.Generator().manual_seed(2))
+            cache.length = context
+        assert getattr(lean.layer_runner(rows, positions, caches[0], mask), "with_states", None) is not None
+        one = forward_with_states(lean, x, positions, caches[0], mask, (2, 0, 1))
+        segments = run_with_states(lean.layer_runner(rows, positions, caches[1], mask), lean, x, (2, 0, 1))
+        assert torch.equal(one[0], segments[0]) and torch.equal(one[1], segments[1]), rows
+        assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+
+
 def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
     """A draft unrolled by the trainer on a sequence gives, at step k and position t, the log-probabilities the
     decoder's draft gives for the node k + 1 deep on the sequence's own path after t: the training-time test's

@@ -14,8 +14,14 @@ from .llama import LeanLlama
 def forward_with_states(model: LeanLlama, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                         mask: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """model.forward's final hidden states [T, H], and the residual stream after each of `layers` decoder
-    layers, concatenated [T, len(layers) H]: the forward run in segments that stop there."""
-    return run_with_states(model.layer_runner(x.shape[0], positions, cache, mask), model, x, layers)
+    layers, concatenated [T, len(layers) H]: read in the native layers' one call where they run the step whole
+    (LeanLlama.layer_runner's `with_states`), else the forward run in segments that stop there."""
+    run = model.layer_runner(x.shape[0], positions, cache, mask)
+    with_states = getattr(run, "with_states", None)
+    if with_states is not None:
+        hidden, states = with_states(x, layers)
+        return model.final_norm(hidden), states
+    return run_with_states(run, model, x, layers)
 
 
 def run_with_states(run: Callable[[torch.Tensor, int, int], torch.Tensor], model: LeanLlama, x: torch.Tensor,

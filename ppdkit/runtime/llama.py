@@ -224,6 +224,12 @@ class LeanLlama:
                 out = [self._native_rows(x[rows], cos[rows, 0], sin[rows, 0], kept if len(blocks) == 1 else
                                          block_bias(rows), cache, rows.start, start, stop, skip) for rows in blocks]
                 return out[0] if len(out) == 1 else torch.cat(out)
+
+            if len(blocks) == 1 and not skip:  # a step: every layer in one call, the states it captures read there
+                # (runtime/layer_states.py; run in segments, EAGLE-3's verification made 4 calls a step)
+                native.with_states = lambda x, counts: self.native.decoder_layers_states(
+                    x.to(self.dtype), self.native_weights, self.native_shape, self.eps, cos[:, 0], sin[:, 0], kept,
+                    cache.k, cache.v, cache.length, list(counts))
             return native
         if mask is None and t > 1:  # a prompt on the PyTorch layers: causal_attention
             return lambda x, start, stop: self._layers(x.to(self.dtype), cos, sin, None, cache, start, stop, skip,

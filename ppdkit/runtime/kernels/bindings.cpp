@@ -18,6 +18,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &skinny_pack, pybind11::arg("weight"), pybind11::arg("kernel") = "auto");
   m.def("linear", &skinny_linear, released());
   m.def("decoder_layers", &decoder_layers, released());
+  m.def("decoder_layers_states", &decoder_layers_states, released());
   m.def("eagle3_layer", &eagle3_layer, released());
   m.def("eagle3_readout", &eagle3_readout, released());
   m.def("eagle3_grow", &eagle3_grow, released());

@@ -472,11 +472,16 @@ Step make_step(const torch::Tensor& x, const std::vector<int64_t>& shape, double
 // key/value is written at slot window[r][2], and the row sees slots window[r][0] .. window[r][1] (its own
 // sequence: its committed keys, and with a tree step its tree's rows), masked by bias row r's entries from
 // window[r][0] on (bias none: it sees them all). A row's arithmetic is then that of its sequence decoded alone.
-torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
-                             const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
-                             const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
-                             const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length,
-                             const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window) {
+namespace {
+
+// decoder_layers' body; with `capture` (layer counts k: the residual stream after k layers) their states are copied
+// into `states` [T, len(capture) H], in capture's order.
+torch::Tensor run_layers(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
+                         const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
+                         const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
+                         const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length,
+                         const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window,
+                         const std::vector<int64_t>& capture, torch::Tensor* states) {
   TORCH_CHECK(weights.size() % 6 == 0, "decoder_layers: 6 weights a layer");
   Step st = make_step(x_in, shape, eps, cos, sin, bias, cache_k, cache_v, length, window);
   TORCH_CHECK(x_in.size(1) == st.hidden, "decoder_layers: x [T, H]");
@@ -485,14 +490,47 @@ torch::Tensor decoder_layers(const torch::Tensor& x_in, const std::vector<torch:
   TORCH_CHECK(cache_k.size(0) * 6 == static_cast<int64_t>(weights.size()), "decoder_layers: one cache layer per layer");
   TORCH_CHECK(skip.empty() || skip.size() * 6 == weights.size(), "decoder_layers: one skip mask per layer");
   auto x = x_in.contiguous().clone();
-  for (size_t layer = 0; layer < weights.size() / 6; ++layer) {
+  const int64_t layers = static_cast<int64_t>(weights.size() / 6);
+  for (int64_t k : capture) TORCH_CHECK(0 <= k && k <= layers, "decoder_layers: a captured layer count past ", layers);
+  auto keep = [&](int64_t done) {  // the states after `done` layers, wherever capture asks for them
+    for (size_t j = 0; j < capture.size(); ++j)
+      if (capture[j] == done) states->narrow(1, static_cast<int64_t>(j) * st.hidden, st.hidden).copy_(x);
+  };
+  if (states) {
+    *states = torch::empty({st.t, static_cast<int64_t>(capture.size()) * st.hidden}, x.options());
+    keep(0);
+  }
+  for (int64_t layer = 0; layer < layers; ++layer) {
     const torch::Tensor* w = &weights[layer * 6];
     const int64_t skipped = skip.empty() ? 0 : skip[layer];
     if (!(skipped & 1))
       add_into(x, attention_block(st, rms_norm(x, w[0], st.eps), w[1], w[2], cache_k, cache_v, layer, length));
     if (!(skipped & 2)) mlp_block(st, x, w[3], w[4], w[5]);
+    if (states) keep(layer + 1);
   }
   return x;
+}
+
+}  // namespace
+
+torch::Tensor decoder_layers(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                             const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
+                             const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
+                             const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length,
+                             const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window) {
+  return run_layers(x, weights, shape, eps, cos, sin, bias, cache_k, cache_v, length, skip, window, {}, nullptr);
+}
+
+std::vector<torch::Tensor> decoder_layers_states(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                                                 const std::vector<int64_t>& shape, double eps,
+                                                 const torch::Tensor& cos, const torch::Tensor& sin,
+                                                 const std::optional<torch::Tensor>& bias,
+                                                 const torch::Tensor& cache_k, const torch::Tensor& cache_v,
+                                                 int64_t length, const std::vector<int64_t>& capture) {
+  torch::Tensor states;
+  auto out = run_layers(x, weights, shape, eps, cos, sin, bias, cache_k, cache_v, length, {}, std::nullopt, capture,
+                        &states);
+  return {out, states};
 }
 
 // EAGLE-3's draft layer (models/eagle3.py layer_input and layer_output) on T rows: embeds [T, H] (the tokens'
