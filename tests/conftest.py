@@ -107,7 +107,7 @@ def _torch_threads_left_alone():
     if after != before:
         torch.set_num_threads(before)
         pytest.fail(f"the test left torch on {after} threads, where it found {before}: set them inside "
-                    "ppdkit.runtime.devices.torch_threads")
+                    "ppdkit.runtime.forward.devices.torch_threads")
 
 
 def pytest_unconfigure(config):
@@ -197,7 +197,7 @@ def kernels_or_skip(variant: str):
     """The runtime's native kernels for this CPU ("native"), their AVX2 build ("avx2": on an AVX-512
     machine the narrower path is tested too; without AVX-512 it is the native build), or skip where they cannot be
     built."""
-    from ppdkit.runtime.native import build_kernels, cpu_info, cpu_supports_kernels, native_kernels
+    from ppdkit.runtime.kernels.native import build_kernels, cpu_info, cpu_supports_kernels, native_kernels
 
     compiler = shutil.which(os.environ.get("CXX", "c++"))  # the compiler PyTorch's extension builder calls
     flags = cpu_info().get("flags", "").split()
@@ -216,7 +216,7 @@ def kernels_or_skip(variant: str):
 def tiny_model_on(path: str, monkeypatch):
     """The float32 tiny Llama and its tokenizer, for decoders whose layers run on the native kernels ("native")
     or the PyTorch layers ("pytorch")."""
-    import ppdkit.runtime.linear as linear_module
+    import ppdkit.runtime.forward.linear as linear_module
     from ppdkit.models.tiny import build_tiny_llama
 
     module = kernels_or_skip("native") if path == "native" else None
@@ -228,7 +228,7 @@ def tiny_model_on(path: str, monkeypatch):
 def q4_weights_or_skip(model) -> dict:
     """The Decoder arguments that put `model`'s matmuls on 4-bit blocks quantized from its weights (the int8 kernel),
     or skip where this CPU has no AVX512-VNNI."""
-    from ppdkit.runtime.gguf_blocks import quantize_model
+    from ppdkit.runtime.forward.gguf_blocks import quantize_model
 
     if not kernels_or_skip("native").quantized_available():
         pytest.skip("this CPU has no AVX512-VNNI: the q4 format is not built here")
@@ -272,7 +272,7 @@ def write_tiny_ppd_component(directory: Path) -> Path:
     from ppdkit.data_pipeline.ngram_cache import build_ngram_table
     from ppdkit.models.artifact import write_component, write_ngrams
     from ppdkit.models.loading import load_base_model
-    from ppdkit.runtime.tree import best_tree_for_size
+    from ppdkit.runtime.trees.tree import best_tree_for_size
 
     write_component(directory, "ept", {"num_prompt_tokens": 3, "num_epts": 1, "mask": "ensemble"}, "tiny-llama",
                     load_base_model("tiny-llama").fingerprint, {},

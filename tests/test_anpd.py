@@ -10,7 +10,7 @@ import pytest
 from conftest import lossless_on_random_prompts, plain_tiny_decoder
 from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noqa: F401  (the fixture)
 
-from ppdkit.runtime.anpd import AdaptiveNgram
+from ppdkit.runtime.drafters.anpd import AdaptiveNgram
 from ppdkit.runtime.decoder import Decoder
 
 

@@ -23,7 +23,7 @@ from ppdkit.bench.decoding import load_prompts
 from ppdkit.cli.main import main
 from ppdkit.jobs.spec import EvalMethod, SpecError, load_spec, spec_from_dict
 from ppdkit.models.config import BaseModelConfig
-from ppdkit.runtime.tree import best_tree_for_size
+from ppdkit.runtime.trees.tree import best_tree_for_size
 from ppdkit.serving.requests import ChatRequest, RequestError, ServeLimits, generate_options
 from ppdkit.trainer.config import CalibrateConfig
 
@@ -400,7 +400,8 @@ def test_a_head_method_evaluated_without_a_head_is_refused(job):
 
 def test_a_block_format_teacher_needs_the_unquantized_model_and_a_gguf():
     """teacher.compute_dtype gguf/q4 runs the teacher on the runtime's blocks: refused, with the fix, where the
-    base model is NF4 or has no GGUF (gguf). Sampled regeneration runs there too (ppdkit/runtime/batched_decoding.py)."""
+    base model is NF4 or has no GGUF (gguf). Sampled regeneration runs there too
+    (ppdkit/runtime/batching/batched_decoding.py)."""
     base = {"name": "smollm2-135m", "quantization": "none"}
     assert spec_from_dict({"name": "x", "base_model": base, "teacher": {"compute_dtype": "gguf"}})
     with pytest.raises(SpecError, match="set base_model.quantization none"):

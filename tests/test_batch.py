@@ -1,5 +1,5 @@
-"""Batched decoding (ppdkit/runtime/batched_decoding.py), greedy and sampled, and the regeneration built on it: every answer is exactly
-`ar`'s (with the same seed, sampled)."""
+"""Batched decoding (ppdkit/runtime/batching/batched_decoding.py), greedy and sampled, and the regeneration built on it:
+every answer is exactly `ar`'s (with the same seed, sampled)."""
 
 import dataclasses
 import random
@@ -8,14 +8,14 @@ import pytest
 import torch
 from conftest import kernels_or_skip
 
-import ppdkit.runtime.batched_decoding as batch_module
+import ppdkit.runtime.batching.batched_decoding as batch_module
 from ppdkit.data_pipeline.config import TeacherConfig
 from ppdkit.data_pipeline.conversations import Conversation
 from ppdkit.data_pipeline.regenerate import regenerate_conversations, turn_seed
 from ppdkit.data_pipeline.templating import user_turn_prefix
-from ppdkit.runtime.batched_decoding import Request, decode_many
+from ppdkit.runtime.batching.batched_decoding import Request, decode_many
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.linear import SKINNY_MAX_ROWS
+from ppdkit.runtime.forward.linear import SKINNY_MAX_ROWS
 
 SEGMENT = 96
 

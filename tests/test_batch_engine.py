@@ -1,5 +1,5 @@
-"""Continuous batching with drafts (ppdkit/runtime/batch_engine.py, batched_verify.py): every answer, whatever shares
-its steps and whenever it joins or leaves, is token for token what `Decoder.generate` gives it alone (greedy, and
+"""Continuous batching with drafts (ppdkit/runtime/batching/batch_engine.py, batched_verify.py): every answer, whatever
+shares its steps and whenever it joins or leaves, is token for token what `Decoder.generate` gives it alone (greedy, and
 sampled with its seed), for every method that shares steps; the others decode alone between steps."""
 
 import os
@@ -12,12 +12,12 @@ from conftest import plain_tiny_decoder, tiny_model_on, write_tiny_ppd_component
 from test_eagle3 import _decoder as eagle3_decoder
 from test_eagle3 import _draft_tensors
 
-from ppdkit.runtime.batch_engine import BatchEngine, OneAtATime, decoding_engine
-from ppdkit.runtime.corpus_ngrams import CorpusLookup, build_tables
+from ppdkit.runtime.batching.batch_engine import BatchEngine, OneAtATime, decoding_engine
+from ppdkit.runtime.drafters.corpus_ngrams import CorpusLookup, build_tables
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.drafting_choice import PROBE, DraftingChoice
+from ppdkit.runtime.batching.drafting_choice import PROBE, DraftingChoice
 from ppdkit.runtime.generate_options import GenerateOptions
-from ppdkit.runtime.openmp import release_openmp_threads
+from ppdkit.runtime.kernels.openmp import release_openmp_threads
 
 
 def _prompts(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -149,8 +149,8 @@ def test_streams_stops_and_errors_stay_with_their_answer(plain):
 
 
 def test_a_thread_done_with_torch_hands_its_openmp_workers_back():
-    """The cause of a worker thread's slow decodes (runtime/openmp.py): every thread that ran a parallel loop keeps
-    OpenMP workers. After release_openmp_threads they are gone. The workers are told apart by their thread ids (a
+    """The cause of a worker thread's slow decodes (runtime/kernels/openmp.py): every thread that ran a parallel loop
+    keeps OpenMP workers. After release_openmp_threads they are gone. The workers are told apart by their thread ids (a
     count of the process's threads also counts other tests' threads coming and going); an unrelated thread that
     starts inside the window looks like a worker that stayed, so a few tries are allowed."""
     threads = torch.get_num_threads()

@@ -1,6 +1,6 @@
-"""The corpus's n-gram tables (ppdkit/runtime/corpus_ngrams.py) and `eagle3-corpus`, which merges their chain into
-EAGLE-3's grown tree: the tables hold exactly each context's most frequent follower (against counting by hand), they
-are built once per corpus version and read back after, a chain's rates learn from every step, and decoding stays
+"""The corpus's n-gram tables (ppdkit/runtime/drafters/corpus_ngrams.py) and `eagle3-corpus`, which merges their chain
+into EAGLE-3's grown tree: the tables hold exactly each context's most frequent follower (against counting by hand),
+they are built once per corpus version and read back after, a chain's rates learn from every step, and decoding stays
 the base model's own whatever the corpus or the draft holds (poisoned drafts too), keeping more tokens a step where the
 corpus knows the answer."""
 
@@ -14,9 +14,9 @@ from conftest import tiny_model_on
 from test_draft_heads import VOCAB
 from test_eagle3 import _decoder, _draft_tensors
 
-import ppdkit.runtime.corpus_ngrams as corpus_ngrams
+import ppdkit.runtime.drafters.corpus_ngrams as corpus_ngrams
 from ppdkit.data_pipeline.corpus import CorpusRow, append_shard, create_corpus
-from ppdkit.runtime.corpus_ngrams import CorpusChain, CorpusLookup, build_tables, load_corpus_ngrams
+from ppdkit.runtime.drafters.corpus_ngrams import CorpusChain, CorpusLookup, build_tables, load_corpus_ngrams
 
 
 def _by_hand(texts: list[list[int]], max_n: int) -> dict[tuple[int, ...], tuple[int, int]]:

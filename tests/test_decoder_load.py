@@ -14,9 +14,9 @@ from ppdkit.models.artifact import ArtifactError, write_component, write_ngrams
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.load_options import LoadOptions
-from ppdkit.runtime.draft_parts import PromptTokenParts
-from ppdkit.runtime.ppd import PromptTokenSet
-from ppdkit.runtime.tree import best_tree_for_size
+from ppdkit.runtime.drafters.draft_parts import PromptTokenParts
+from ppdkit.runtime.drafters.ppd import PromptTokenSet
+from ppdkit.runtime.trees.tree import best_tree_for_size
 
 P = [[0.5, 0.2, 0.1], [0.3, 0.1], [0.2]]
 

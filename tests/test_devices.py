@@ -20,8 +20,8 @@ from ppdkit.models.draft_heads import DraftHeads
 from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.devices import check_device
-from ppdkit.runtime.tree import best_tree_for_size, candidate_tree
+from ppdkit.runtime.forward.devices import check_device
+from ppdkit.runtime.trees.tree import best_tree_for_size, candidate_tree
 
 HIDDEN, VOCAB, LAYERS = 64, 256, 2  # the tiny Llama's shapes
 
@@ -142,8 +142,9 @@ def _decode_everything(decoder: Decoder, prompts: list[list[int]]) -> dict:
 @pytest.mark.parametrize("path", ["native", "pytorch", "pytorch-fixed"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_decoding_makes_its_tensors_on_the_decoders_device(components, kind, path, monkeypatch):
-    """pytorch-fixed: the PyTorch layers in steps of one shape, as a GPU runs them (ppdkit/runtime/fixed_shapes.py)."""
-    import ppdkit.runtime.linear as linear_module
+    """pytorch-fixed: the PyTorch layers in steps of one shape, as a GPU runs them
+    (ppdkit/runtime/forward/fixed_shapes.py)."""
+    import ppdkit.runtime.forward.linear as linear_module
 
     module = kernels_or_skip("native") if path == "native" else None
     monkeypatch.setattr(linear_module, "native_kernels", lambda: module)

@@ -155,7 +155,7 @@ def test_the_corpus_chain_measure_is_on_the_page_and_was_lossless(tool):
 def test_the_fitted_values_measure_is_on_the_page_and_was_lossless(tool):
     """docs/tools/fitted_values.py's report: both methods' tokens per step both ways on the page, under the heading
     docs/methods.md links to, the same tokens from all four on every prompt, and the weights the component ships."""
-    from ppdkit.runtime.tree_values import TreeValues
+    from ppdkit.runtime.trees.tree_values import TreeValues
 
     report = json.loads((SCRIPT.parents[1] / "measurements" / "tree-values.json").read_text())
     page = tool["render"]()

@@ -15,7 +15,7 @@ from conftest import hf_greedy, tiny_model_on
 from test_lossless import _random_early_head
 from test_training import BASE, DATA, train_as
 
-import ppdkit.runtime.heads_drafter as draft_heads_module
+import ppdkit.runtime.drafters.heads_drafter as draft_heads_module
 from ppdkit.data_pipeline.config import TeacherConfig
 from ppdkit.data_pipeline.teacher_cache import TeacherCache, TeacherCacheError
 from ppdkit.data_pipeline.teacher_stage import run_teacher_stage
@@ -24,10 +24,10 @@ from ppdkit.models.draft_heads import DraftHeads, frequent_tokens
 from ppdkit.models.loading import load_base_model
 from ppdkit.registry.tracking import TrackerRef
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_parts import HeadParts
-from ppdkit.runtime.heads_drafter import DraftHeadSet, head_tree
-from ppdkit.runtime.native import native_kernels
-from ppdkit.runtime.tree import candidate_tree
+from ppdkit.runtime.drafters.draft_parts import HeadParts
+from ppdkit.runtime.drafters.heads_drafter import DraftHeadSet, head_tree
+from ppdkit.runtime.kernels.native import native_kernels
+from ppdkit.runtime.trees.tree import candidate_tree
 from ppdkit.bench.head_features import features_benchmark
 from ppdkit.trainer.calibrate import calibrate
 from ppdkit.trainer.config import TrainConfig, methods_taking
@@ -112,8 +112,8 @@ def test_features_are_computed_on_the_engine_the_teacher_ran_on(engine, dtype, p
     through transformers; without the native kernels here, through transformers with a warning."""
     from types import SimpleNamespace
 
-    from ppdkit.runtime.drafter import read_prompt
-    from ppdkit.runtime.layer_states import forward_with_states
+    from ppdkit.runtime.drafters.drafter import read_prompt
+    from ppdkit.runtime.forward.layer_states import forward_with_states
     from ppdkit.trainer.features import FeatureCache, teacher_runtime
 
     model, _ = tiny_model_on(path, monkeypatch)
@@ -378,7 +378,7 @@ def test_the_early_head_trains_on_the_layer_it_is_given(teacher_dir, tmp_path):
         calibrate("tiny-llama", tmp_path / "train" / "component", teacher_dir, [4], 4, 4, 8, 2)
     with pytest.raises(ArtifactError, match="pass this one as early_head="):
         Decoder.from_pretrained(tmp_path / "train" / "component")
-    from ppdkit.runtime.pruning import load_early_head
+    from ppdkit.runtime.trees.pruning import load_early_head
 
     early = load_early_head(component, load_base_model("tiny-llama").model, 4)  # as an early head it loads
     assert early.layer == 1 and early.top_k == 4 and len(early.vocab) == 128

@@ -1,7 +1,7 @@
-"""EAGLE-3 (ppdkit/models/eagle3.py, ppdkit/trainer/eagle3_run.py, ppdkit/runtime/eagle3_drafter.py): the training-time test's attention is
-the decoder's (a draft unrolled in training gives the logits the decoder's draft cache and tree rows give),
-training on Ray Train workers, the component loads and decodes, and the lossless property whatever the draft
-holds (random and poisoned drafts on both kernel paths, float64 against transformers' greedy, repetitive text
+"""EAGLE-3 (ppdkit/models/eagle3.py, ppdkit/trainer/eagle3_run.py, ppdkit/runtime/drafters/eagle3_drafter.py): the
+training-time test's attention is the decoder's (a draft unrolled in training gives the logits the decoder's draft cache
+and tree rows give), training on Ray Train workers, the component loads and decodes, and the lossless property whatever
+the draft holds (random and poisoned drafts on both kernel paths, float64 against transformers' greedy, repetitive text
 so that long paths are accepted and the draft cache is rolled back and refilled)."""
 
 import math
@@ -19,19 +19,19 @@ from ppdkit.models.artifact import ArtifactError, read_component
 from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes
 from ppdkit.models.loading import load_base_model
 from ppdkit.registry.tracking import TrackerRef
-import ppdkit.runtime.linear as linear_module
-from ppdkit.runtime.linear import QUANTIZED
+import ppdkit.runtime.forward.linear as linear_module
+from ppdkit.runtime.forward.linear import QUANTIZED
 from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_parts import Eagle3Parts
+from ppdkit.runtime.drafters.draft_parts import Eagle3Parts
 from ppdkit.runtime.decoder_loading import draft_matrices
-from ppdkit.runtime.drafter import Proposal, verify
+from ppdkit.runtime.drafters.drafter import Proposal, verify
 from ppdkit.models.eagle3 import readout
-from ppdkit.runtime.eagle3_drafter import Eagle3Drafter, draft_rows, readout_top
-from ppdkit.runtime.layer_states import forward_with_states, states_after
-from ppdkit.runtime.grown_tree import StepCost, by_value, level_logp, level_top
-from ppdkit.runtime.head_loading import eagle3_set
-from ppdkit.runtime.tree_layout import shape_layout
+from ppdkit.runtime.drafters.eagle3_drafter import Eagle3Drafter, draft_rows, readout_top
+from ppdkit.runtime.forward.layer_states import forward_with_states, states_after
+from ppdkit.runtime.trees.grown_tree import StepCost, by_value, level_logp, level_top
+from ppdkit.runtime.drafters.head_loading import eagle3_set
+from ppdkit.runtime.trees.tree_layout import shape_layout
 from ppdkit.trainer.autocast_probe import use_autocast
 from ppdkit.trainer.config import TrainConfig
 from ppdkit.trainer.launch import run_training
@@ -77,7 +77,7 @@ def test_forward_with_states_gives_the_forwards_hidden_states_and_transformers_l
 def test_the_native_layers_read_the_states_in_the_same_call(monkeypatch):
     """On the native layers a step's states come from its one call (decoder_layers_states), bit for bit the forward
     run in segments that stop at each captured layer: hidden states, states, and the keys/values written."""
-    from ppdkit.runtime.layer_states import run_with_states
+    from ppdkit.runtime.forward.layer_states import run_with_states
 
     model, tok = tiny_model_on("native", monkeypatch)
     lean = Decoder(model, tok).model
@@ -278,7 +278,7 @@ def test_random_and_poisoned_drafts_cannot_change_greedy_output(path, monkeypatc
             name = sorted(tensors)[case % len(tensors)]
             tensors[name] = torch.full_like(tensors[name], value)
         decoder = _decoder(model, tok, tensors, vocab, **weights)
-        decoder.fix_shapes(path == "pytorch-fixed")  # a GPU's steps (ppdkit/runtime/fixed_shapes.py)
+        decoder.fix_shapes(path == "pytorch-fixed")  # a GPU's steps (ppdkit/runtime/forward/fixed_shapes.py)
         assert (decoder.model.native is not None) == path.startswith("native")  # the path under test really runs
         assert decoder.model.weight_format == ("q4" if weights else "bfloat16" if path == "native-bf16" else "float32")
         if path in ("native-bf16", "native-q4"):  # every matrix of the draft in Q8_0 blocks where the int8 kernel

@@ -20,8 +20,8 @@ from ppdkit.models.eagle3_export import export_eagle3
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.tiny import write_tiny_family
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.eagle3_drafter import draft_rows
-from ppdkit.runtime.head_loading import eagle3_set
+from ppdkit.runtime.drafters.eagle3_drafter import draft_rows
+from ppdkit.runtime.drafters.head_loading import eagle3_set
 
 SPECULATORS_PYTHON = Path(__file__).parents[1] / ".venv-speculators" / "bin" / "python"
 SPECULATORS_READY = SPECULATORS_PYTHON.parents[1] / ".ppdkit-setup"  # `make setup-speculators`: its import works

@@ -9,9 +9,9 @@ from conftest import tiny_model_on
 from test_draft_heads import VOCAB
 from test_eagle3 import _decoder, _draft_tensors
 
-from ppdkit.runtime.eagle3_drafter import Eagle3Drafter, native_grows
-from ppdkit.runtime.grown_tree import StepCost
-from ppdkit.runtime.tree_values import FEATURES, TreeValues
+from ppdkit.runtime.drafters.eagle3_drafter import Eagle3Drafter, native_grows
+from ppdkit.runtime.trees.grown_tree import StepCost
+from ppdkit.runtime.trees.tree_values import FEATURES, TreeValues
 
 
 def _fields(found) -> tuple:

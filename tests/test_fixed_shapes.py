@@ -1,6 +1,6 @@
-"""Steps of one fixed shape (ppdkit/runtime/fixed_shapes.py), the PyTorch layers' lossless mode for a GPU: every row of a
-step, causal or tree-shaped, in one block or several, gets exactly the result of the one-row steps `ar` runs, on
-library kernels that promise nothing about rows; a verified row's keys come in `ar`'s order; decoding through it
+"""Steps of one fixed shape (ppdkit/runtime/forward/fixed_shapes.py), the PyTorch layers' lossless mode for a GPU: every
+row of a step, causal or tree-shaped, in one block or several, gets exactly the result of the one-row steps `ar` runs,
+on library kernels that promise nothing about rows; a verified row's keys come in `ar`'s order; decoding through it
 is lossless, prefill and trees split in blocks included."""
 
 from types import SimpleNamespace
@@ -9,13 +9,13 @@ import pytest
 import torch
 from conftest import lossless_on_random_prompts, plain_tiny_decoder
 
-import ppdkit.runtime.linear as linear_module
+import ppdkit.runtime.forward.linear as linear_module
 from ppdkit.models.tiny import build_tiny_llama
-from ppdkit.runtime import fixed_shapes
+from ppdkit.runtime.forward import fixed_shapes
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.fixed_shapes import key_order
-from ppdkit.runtime.llama import LeanLlama
-from ppdkit.runtime.row_invariance import first_mismatch
+from ppdkit.runtime.forward.fixed_shapes import key_order
+from ppdkit.runtime.forward.llama import LeanLlama
+from ppdkit.runtime.forward.row_invariance import first_mismatch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -11,9 +11,9 @@ from conftest import kernels_or_skip
 
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.smollm2 import GGUF_FILE, gguf_dir
-from ppdkit.runtime.gguf_blocks import (QuantizedWeight, _blocks, quantize_q4_1, quantize_q8_0, read_quantized_weights,
-                                        unpermute_rotary_rows)
-from ppdkit.runtime.kernels_twin import q8_rows, quantized_linear_twin
+from ppdkit.runtime.forward.gguf_blocks import (QuantizedWeight, _blocks, quantize_q4_1, quantize_q8_0,
+                                                read_quantized_weights, unpermute_rotary_rows)
+from ppdkit.runtime.kernels.twin import q8_rows, quantized_linear_twin
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ def test_smollm2_decodes_on_its_own_blocks_losslessly():
 
 
 def test_gguf_needs_the_base_models_own_file_and_the_int8_units(monkeypatch, caplog):
-    from ppdkit.runtime import precision
+    from ppdkit.runtime.forward import precision
     from ppdkit.runtime.decoder import Decoder
 
     if precision.gguf_kernels_here():
@@ -210,7 +210,7 @@ def test_gguf_needs_the_base_models_own_file_and_the_int8_units(monkeypatch, cap
 def test_auto_picks_gguf_where_the_base_model_has_one_and_the_cpu_its_int8_units(monkeypatch, caplog):
     """auto is the fastest lossless format here: SmolLM2's own blocks on a CPU with AVX512-VNNI; for a base model
     without a GGUF, a CPU without the int8 units, a GPU or a caller on transformers' model (no base), a float."""
-    from ppdkit.runtime import precision
+    from ppdkit.runtime.forward import precision
 
     floats = precision.resolve_dtype("auto")
     assert floats in ("bfloat16", "float32")  # the teacher's auto: transformers computes on floats
@@ -218,7 +218,7 @@ def test_auto_picks_gguf_where_the_base_model_has_one_and_the_cpu_its_int8_units
     assert precision.resolve_dtype("auto", "cuda", "smollm2-135m") == "bfloat16"
     assert precision.resolve_dtype("float32", base_name="smollm2-135m") == "float32"  # asked for: kept
     monkeypatch.setattr(precision, "gguf_kernels_here", lambda: True)
-    with caplog.at_level(logging.INFO, logger="ppdkit.runtime.precision"):
+    with caplog.at_level(logging.INFO, logger="ppdkit.runtime.forward.precision"):
         assert precision.resolve_dtype("auto", base_name="smollm2-135m") == "gguf"
     assert "dtype auto: gguf (smollm2-135m's own GGUF blocks" in caplog.text
     monkeypatch.setattr(precision, "gguf_kernels_here", lambda: False)  # a CPU without AVX512-VNNI

@@ -1,5 +1,5 @@
-"""Grown draft trees (ppdkit/runtime/grown_tree.py: the feature head's tree grown from its own confidence, ANPD's chain
-merged in): the choice of proposals by hand, the size chosen for what it costs, and the lossless property
+"""Grown draft trees (ppdkit/runtime/trees/grown_tree.py: the feature head's tree grown from its own confidence, ANPD's
+chain merged in): the choice of proposals by hand, the size chosen for what it costs, and the lossless property
 whatever the head holds (poisoned heads on both kernel paths, random heads in float64 against transformers'
 greedy, repetitive text so the chains are accepted), and sampled decoding that keeps the model's distribution."""
 
@@ -13,8 +13,8 @@ from conftest import hf_greedy, tiny_model_on
 from test_draft_heads import HIDDEN, VOCAB, _decoder, _heads
 from test_sampling import first_two_tokens_follow_the_model
 
-from ppdkit.runtime.grown_tree import (ChainSource, Proposals, StepCost, add_chain, best_count, breadth_first, by_value,
-                                       latency_model, tree_shape)
+from ppdkit.runtime.trees.grown_tree import (ChainSource, Proposals, StepCost, add_chain, best_count, breadth_first,
+                                             by_value, latency_model, tree_shape)
 
 GROWN = ("feature-grown", "feature-grown-anpd")
 

@@ -1,4 +1,4 @@
-"""Draft & Verify's self-speculative decoding (D&V paper; ppdkit/runtime/layer_skip.py): a draft with nothing
+"""Draft & Verify's self-speculative decoding (D&V paper; ppdkit/runtime/drafters/layer_skip.py): a draft with nothing
 skipped is the model itself and every draft token is accepted; random skip maps never change greedy output
 on either kernel path or against transformers in float64; adaptive draft-exiting follows equations 2-4."""
 
@@ -9,10 +9,10 @@ import sys
 import pytest
 from conftest import assert_gives_hf_greedy, plain_tiny_decoder
 
-import ppdkit.runtime.layer_skip as layer_skip
+import ppdkit.runtime.drafters.layer_skip as layer_skip
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_parts import LayerSkipParts
-from ppdkit.runtime.layer_skip import DraftExit, check_skip_map
+from ppdkit.runtime.drafters.draft_parts import LayerSkipParts
+from ppdkit.runtime.drafters.layer_skip import DraftExit, check_skip_map
 
 VOCAB = 384
 

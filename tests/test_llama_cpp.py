@@ -28,7 +28,7 @@ def test_llama_cpp_runs_the_same_weights_beside_ar(tmp_path):
     pytest.importorskip("llama_cpp")
     import gguf
 
-    from ppdkit.runtime.precision import bf16_kernels_here
+    from ppdkit.runtime.forward.precision import bf16_kernels_here
 
     if not bf16_kernels_here():
         pytest.skip("this CPU runs no bfloat16 kernel: the runtime's weights here are float32")

@@ -14,15 +14,15 @@ import pytest
 import torch
 from conftest import assert_gives_hf_greedy, hf_greedy, kernels_or_skip
 
-import ppdkit.runtime.linear as linear_module
+import ppdkit.runtime.forward.linear as linear_module
 from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.ngram_table import NgramTable
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_parts import DraftParts, PromptTokenParts
-from ppdkit.runtime.ppd import PromptTokenSet
-from ppdkit.runtime.pruning import EarlyHead
-from ppdkit.runtime.tree import best_tree_for_size
+from ppdkit.runtime.drafters.draft_parts import DraftParts, PromptTokenParts
+from ppdkit.runtime.drafters.ppd import PromptTokenSet
+from ppdkit.runtime.trees.pruning import EarlyHead
+from ppdkit.runtime.trees.tree import best_tree_for_size
 from ppdkit.trainer.config import CalibrateConfig
 
 VOCAB, HIDDEN = 384, 64

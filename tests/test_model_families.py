@@ -10,12 +10,12 @@ import torch
 from conftest import assert_gives_hf_greedy, kernels_or_skip
 from test_pipeline import spec_file  # noqa: F401 (the tiny job's spec, a fixture)
 
-import ppdkit.runtime.linear as linear_module
+import ppdkit.runtime.forward.linear as linear_module
 from ppdkit.cli.main import main
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.tiny import build_tiny_tokenizer, write_tiny_family
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.llama import LeanLlama
+from ppdkit.runtime.forward.llama import LeanLlama
 
 FAMILIES = ("llama3", "qwen2", "mistral")
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from ppdkit.runtime.native import cpu_supports_kernels, kernels_build_dir
+from ppdkit.runtime.kernels.native import cpu_supports_kernels, kernels_build_dir
 
 # native.py loaded from the file given, as a module of its own: a copy of runtime/ finds its kernels beside it
 LOAD = """import importlib.util, sys

@@ -7,12 +7,12 @@ from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.artifact import read_component, write_component, write_ngrams
 from ppdkit.models.ngram_table import NgramTable
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_parts import PromptTokenParts
-from ppdkit.runtime.llama import LeanLlama
-from ppdkit.runtime.lookup import ContextIndex, draft_chains, root_only, with_lookup_chains
-from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
-from ppdkit.runtime.tree import best_tree_for_size
-from ppdkit.runtime.tree_layout import layout_tree
+from ppdkit.runtime.drafters.draft_parts import PromptTokenParts
+from ppdkit.runtime.forward.llama import LeanLlama
+from ppdkit.runtime.drafters.lookup import ContextIndex, draft_chains, root_only, with_lookup_chains
+from ppdkit.runtime.drafters.ppd import PromptTokenSet, ppd_step, prefill
+from ppdkit.runtime.trees.tree import best_tree_for_size
+from ppdkit.runtime.trees.tree_layout import layout_tree
 
 P = [[0.5, 0.2, 0.1], [0.3, 0.1], [0.2]]
 

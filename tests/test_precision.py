@@ -1,9 +1,9 @@
-"""The runtime's precision (ppdkit/runtime/precision.py) and the property its losslessness rests on: the native kernels'
-result for a row never depends on how many rows share the call (ppdkit/runtime/row_invariance.py), on every instruction
-path this CPU has, in float32 and bfloat16 (AVX512-BF16 dot products, float32 FMAs in AVX-512's and AVX2's panels, and
-AMX tiles where the CPU has them); the vector kernels equal their PyTorch twin bit for bit, the AMX one lies within
-float32 summation's bound of it; every decoding method gives `ar`'s tokens in bfloat16 on every kernel and on 4-bit
-blocks; `auto` picks bfloat16 only where its kernels run."""
+"""The runtime's precision (ppdkit/runtime/forward/precision.py) and the property its losslessness rests on: the native
+kernels' result for a row never depends on how many rows share the call (ppdkit/runtime/forward/row_invariance.py), on
+every instruction path this CPU has, in float32 and bfloat16 (AVX512-BF16 dot products, float32 FMAs in AVX-512's and
+AVX2's panels, and AMX tiles where the CPU has them); the vector kernels equal their PyTorch twin bit for bit, the AMX
+one lies within float32 summation's bound of it; every decoding method gives `ar`'s tokens in bfloat16 on every kernel
+and on 4-bit blocks; `auto` picks bfloat16 only where its kernels run."""
 
 import logging
 import random
@@ -14,20 +14,20 @@ from conftest import kernels_or_skip, q4_weights_or_skip
 from test_draft_heads import _decoder, _heads, _random_tree
 from test_lossless import _random_early_head, _random_p
 
-import ppdkit.runtime.linear as linear_module
-import ppdkit.runtime.row_invariance as row_invariance
+import ppdkit.runtime.forward.linear as linear_module
+import ppdkit.runtime.forward.row_invariance as row_invariance
 from ppdkit.data_pipeline.ngram_cache import build_ngram_table
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_parts import PromptTokenParts
-from ppdkit.runtime.kernels_twin import bf16_linear_twin
+from ppdkit.runtime.drafters.draft_parts import PromptTokenParts
+from ppdkit.runtime.kernels.twin import bf16_linear_twin
 from ppdkit.runtime.decoder_loading import draft_matrices
-from ppdkit.runtime.linear import QUANTIZED, SKINNY_MAX_ROWS, Linear
-from ppdkit.runtime.llama import LeanLlama
-from ppdkit.runtime.native import FMA_ROWS_TRIED, NEVER, bf16_fma_rows, tune_bf16_fma
-from ppdkit.runtime.ppd import PromptTokenSet
-from ppdkit.runtime.precision import resolve_dtype
-from ppdkit.runtime.tree import best_tree_for_size
+from ppdkit.runtime.forward.linear import QUANTIZED, SKINNY_MAX_ROWS, Linear
+from ppdkit.runtime.forward.llama import LeanLlama
+from ppdkit.runtime.kernels.native import FMA_ROWS_TRIED, NEVER, bf16_fma_rows, tune_bf16_fma
+from ppdkit.runtime.drafters.ppd import PromptTokenSet
+from ppdkit.runtime.forward.precision import resolve_dtype
+from ppdkit.runtime.trees.tree import best_tree_for_size
 
 ROWS = 80  # the most rows the tests put through one call: past the largest tree with its prompt tokens
 SHAPES = [(100, 37), (64, 576), (49, 16)]  # odd K, a model's width, fewer columns than a panel pair
@@ -40,9 +40,9 @@ def _bf16_kernels(variant: str = "native"):
 
 
 def _bf16_kernel(kernel: str, monkeypatch):
-    """The native module whose bfloat16 kernel is `kernel` (ppdkit/runtime/native.bf16_kernel: amx, avx512, or avx2,
-    from the AVX2 build on an AVX-512 machine), with bfloat16 weights packed for it in this test; skipped where the
-    CPU lacks it."""
+    """The native module whose bfloat16 kernel is `kernel` (ppdkit/runtime/kernels/native.bf16_kernel: amx, avx512, or
+    avx2, from the AVX2 build on an AVX-512 machine), with bfloat16 weights packed for it in this test; skipped where
+    the CPU lacks it."""
     module = _bf16_kernels("avx2" if kernel == "avx2" else "native")
     if kernel == "amx" and not module.amx_available():
         pytest.skip("this CPU has no AMX-BF16 tiles")
@@ -89,7 +89,7 @@ def test_every_row_is_the_same_whatever_the_rows_in_the_call(variant, dtype, mon
 @pytest.mark.parametrize("variant", ["native", "avx2"])
 def test_the_bfloat16_kernel_equals_its_pytorch_twin(variant):
     """The native bfloat16 matmul (AVX512-BF16's dot products, or float32 FMAs where the CPU has none; the AVX2
-    build's 8-column panels) rounds exactly as ppdkit/runtime/kernels_twin.py writes it down, and lies within
+    build's 8-column panels) rounds exactly as ppdkit/runtime/kernels/twin.py writes it down, and lies within
     bfloat16's rounding of the float32 product."""
     module = _bf16_kernels(variant)
     g = torch.Generator().manual_seed(1)
@@ -217,9 +217,9 @@ def test_the_native_decoder_layers_are_row_invariant(variant, dtype, monkeypatch
 
 @pytest.mark.parametrize("variant,dtype", [*PATHS, ("native", "q4")])
 def test_a_prompt_longer_than_a_native_call_reads_as_one_token_at_a_time(variant, dtype, monkeypatch):
-    """A prompt of more rows than one native call takes (ppdkit/runtime/llama.native_blocks) gives every position the
-    hidden state and the keys/values that reading it one token at a time gives: ar's prefill is its decoding's
-    arithmetic, whatever the prompt's length."""
+    """A prompt of more rows than one native call takes (ppdkit/runtime/forward/llama.native_blocks) gives every
+    position the hidden state and the keys/values that reading it one token at a time gives: ar's prefill is its
+    decoding's arithmetic, whatever the prompt's length."""
     _path(variant, torch.float32 if dtype == "q4" else dtype, monkeypatch)
     model, _ = build_tiny_llama()
     weights = q4_weights_or_skip(model) if dtype == "q4" else {}
@@ -314,7 +314,7 @@ def test_auto_picks_bfloat16_only_where_its_kernels_run(monkeypatch, caplog):
     assert resolve_dtype("auto") == ("bfloat16" if module.bf16_available() else "float32")
     assert resolve_dtype("float32") == "float32"
     monkeypatch.setattr(linear_module, "native_kernels", lambda: None)  # no kernels: no AVX-512, no compiler
-    with caplog.at_level(logging.INFO, logger="ppdkit.runtime.precision"):
+    with caplog.at_level(logging.INFO, logger="ppdkit.runtime.forward.precision"):
         assert resolve_dtype("auto") == "float32"
         assert resolve_dtype("bfloat16") == "float32"
     said = [r.getMessage() for r in caplog.records]
@@ -351,7 +351,7 @@ def test_a_gpu_decoder_whose_kernels_are_not_row_invariant_is_warned_about(monke
     with caplog.at_level("WARNING", logger=row_invariance.__name__):
         row_invariance.check_rows(decoder)
     assert "step of 8 rows" in caplog.text and "on cuda" in caplog.text and "differ from ar's" in caplog.text
-    assert "fixed_shapes=True" in caplog.text  # the remedy: steps of one shape (ppdkit/runtime/fixed_shapes.py)
+    assert "fixed_shapes=True" in caplog.text  # the remedy: steps of one shape (ppdkit/runtime/forward/fixed_shapes.py)
     caplog.clear()
     model.fixed_rows = 96  # where even those differ, it says so
     with caplog.at_level("WARNING", logger=row_invariance.__name__):

@@ -1,5 +1,5 @@
-"""Cached timings held to the live steps (runtime/profile_check.py): a latency profile or auto's trial measured on a
-busier machine is measured again once the decoder's own steps prove it too slow; one measured quiet is never
+"""Cached timings held to the live steps (runtime/trees/profile_check.py): a latency profile or auto's trial measured on
+a busier machine is measured again once the decoder's own steps prove it too slow; one measured quiet is never
 replaced by a busy machine's slowness."""
 
 import json
@@ -11,7 +11,7 @@ from test_draft_heads import VOCAB, _decoder, _heads
 import ppdkit.runtime.auto as auto_module
 from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.profile_check import FASTER, MIN_STEPS, RECENT_STEPS, StepCheck
+from ppdkit.runtime.trees.profile_check import FASTER, MIN_STEPS, RECENT_STEPS, StepCheck
 
 PROMPTS = ([5, 17, 42, 5, 17, 42, 5], [9, 8, 7, 6], [3, 4, 3, 4, 3, 4, 3, 4])
 

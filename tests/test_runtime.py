@@ -9,21 +9,21 @@ import torch
 from conftest import hf_greedy, kernels_or_skip
 
 from ppdkit.models.tiny import build_tiny_llama
-import ppdkit.runtime.linear as linear_module
-from ppdkit.runtime.causal_attention import causal_attention
+import ppdkit.runtime.forward.linear as linear_module
+from ppdkit.runtime.forward.causal_attention import causal_attention
 from ppdkit.runtime.generate_options import GenerateOptions
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_parts import PromptTokenParts
-from ppdkit.runtime.kv_cache import cache_width
+from ppdkit.runtime.drafters.draft_parts import PromptTokenParts
+from ppdkit.runtime.forward.kv_cache import cache_width
 from ppdkit.runtime.decoding_methods import LOOKUP_LENGTHS
-from ppdkit.runtime.linear import Linear
-from ppdkit.runtime.llama import LeanLlama, attention_bias
-from ppdkit.runtime.lookup import ContextIndex
-from ppdkit.runtime.native import native_kernels
-from ppdkit.runtime.ppd import PromptTokenSet, ppd_step, prefill
-from ppdkit.runtime.profile import measure_latencies, profile_trees
-from ppdkit.runtime.tree import best_tree_for_size
-from ppdkit.runtime.tree_layout import layout_tree
+from ppdkit.runtime.forward.linear import Linear
+from ppdkit.runtime.forward.llama import LeanLlama, attention_bias
+from ppdkit.runtime.drafters.lookup import ContextIndex
+from ppdkit.runtime.kernels.native import native_kernels
+from ppdkit.runtime.drafters.ppd import PromptTokenSet, ppd_step, prefill
+from ppdkit.runtime.trees.profile import measure_latencies, profile_trees
+from ppdkit.runtime.trees.tree import best_tree_for_size
+from ppdkit.runtime.trees.tree_layout import layout_tree
 
 P = [[0.5, 0.2, 0.1], [0.3, 0.1], [0.2]]
 
@@ -163,7 +163,7 @@ def test_runtime_imports_no_ray_deepspeed_or_mlflow(tmp_path, tiny_dir):
     import subprocess
     import sys
 
-    code = ("import sys, torch; import ppdkit.runtime.decoder, ppdkit.runtime.profile; "
+    code = ("import sys, torch; import ppdkit.runtime.decoder, ppdkit.runtime.trees.profile; "
             "from ppdkit.models.loading import load_base_model; load_base_model('tiny-llama'); "
             "print(sorted(m for m in ('ray', 'deepspeed', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)

@@ -9,9 +9,9 @@ from ppdkit.models.tiny import build_tiny_llama
 from ppdkit.runtime.acceptance import (Sampling, TreeLinks, choose, greedy_tokens, next_token_distribution,
                                        typical_threshold)
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_parts import PromptTokenParts
-from ppdkit.runtime.ppd import PromptTokenSet
-from ppdkit.runtime.tree import best_tree_for_size
+from ppdkit.runtime.drafters.draft_parts import PromptTokenParts
+from ppdkit.runtime.drafters.ppd import PromptTokenSet
+from ppdkit.runtime.trees.tree import best_tree_for_size
 
 # root 0 -> guesses 1 (token 0) and 2 (token 1); node 1 -> 3 (token 2) and 4 (token 0); node 2 -> 5 (token 3)
 PARENTS, DEPTHS, RANKS = [-1, 0, 0, 1, 1, 2], [0, 1, 1, 2, 2, 2], [-1, 0, 1, 0, 1, 0]

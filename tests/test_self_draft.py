@@ -8,8 +8,8 @@ from test_sampling import first_two_tokens_follow_the_model, tiny_decoder  # noq
 
 from ppdkit.models.ngram_table import NgramTable
 from ppdkit.runtime.decoding_methods import get_method
-from ppdkit.runtime.self_draft import Drafts, step_inputs, trie
-from ppdkit.runtime.tree_layout import shape_layout
+from ppdkit.runtime.drafters.self_draft import Drafts, step_inputs, trie
+from ppdkit.runtime.trees.tree_layout import shape_layout
 
 
 def test_branches_slide_and_fill_the_context_cache():

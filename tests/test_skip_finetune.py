@@ -9,13 +9,13 @@ import pytest
 import torch
 from conftest import lossless_on_random_prompts, plain_tiny_decoder, tiny_model_on
 
-import ppdkit.runtime.layer_skip as layer_skip
+import ppdkit.runtime.drafters.layer_skip as layer_skip
 from ppdkit.models.artifact import ArtifactError, write_component
 from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_parts import LayerSkipParts
-from ppdkit.runtime.layer_skip import DraftExit, SkipDraft
-from ppdkit.runtime.llama import LeanLlama
+from ppdkit.runtime.drafters.draft_parts import LayerSkipParts
+from ppdkit.runtime.drafters.layer_skip import DraftExit, SkipDraft
+from ppdkit.runtime.forward.llama import LeanLlama
 from ppdkit.trainer.config import TrainConfig
 from ppdkit.trainer.skip_draft import DraftNorms, draft_states
 from ppdkit.trainer.skip_finetune_run import SkipFinetuneRun, aggressive_skip_map

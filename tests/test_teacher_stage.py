@@ -98,8 +98,8 @@ def test_the_teacher_computes_on_the_decoders_runtime(undisturbed, data_dir, tmp
     """teacher.compute_dtype q4 (gguf for a base model with a GGUF) or bfloat16, base_model.quantization none: the
     teacher pass runs on the runtime (over the 4-bit blocks, or the bfloat16 weights on the native kernels), so
     its targets and features are those of the model `--dtype q4` or `bfloat16` verifies with, not float32's."""
-    from ppdkit.runtime.drafter import read_prompt
-    from ppdkit.runtime.llama import LeanLlama
+    from ppdkit.runtime.drafters.drafter import read_prompt
+    from ppdkit.runtime.forward.llama import LeanLlama
 
     if dtype == "q4":
         model = load_base_model("tiny-llama").model  # the q4 decoder's model, built here as the actors built theirs

@@ -9,10 +9,10 @@ from test_draft_heads import _decoder, _heads, _random_tree
 from test_lossless import _random_p
 
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.draft_parts import PromptTokenParts
-from ppdkit.runtime.ppd import PromptTokenSet
-from ppdkit.runtime.tree import best_tree_for_size
-from ppdkit.runtime.tree_sizer import LatencyModel, TreeSizer, weighted_line
+from ppdkit.runtime.drafters.draft_parts import PromptTokenParts
+from ppdkit.runtime.drafters.ppd import PromptTokenSet
+from ppdkit.runtime.trees.tree import best_tree_for_size
+from ppdkit.runtime.trees.tree_sizer import LatencyModel, TreeSizer, weighted_line
 
 HIDDEN, VOCAB = 64, 384
 

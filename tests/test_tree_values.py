@@ -1,7 +1,7 @@
-"""A grown tree's fitted value model (ppdkit/runtime/tree_values.py, ppdkit/trainer/tree_values_fit.py): the file is
-checked as it is read, the fit recovers a known model, the candidates merge every source's guesses with what each said,
-a node is never worth more than its parent, labels follow the base model's answer, and decoding with any value model
-(a fitted one, one that ranks the worst guesses first) stays the base model's greedy output."""
+"""A grown tree's fitted value model (ppdkit/runtime/trees/tree_values.py, ppdkit/trainer/tree_values_fit.py): the file
+is checked as it is read, the fit recovers a known model, the candidates merge every source's guesses with what each
+said, a node is never worth more than its parent, labels follow the base model's answer, and decoding with any value
+model (a fitted one, one that ranks the worst guesses first) stays the base model's greedy output."""
 
 import math
 import random
@@ -14,10 +14,10 @@ from test_draft_heads import VOCAB
 from test_eagle3 import _decoder, _draft_tensors
 
 from ppdkit.models.artifact import ArtifactError, read_component, write_component
-from ppdkit.runtime.corpus_ngrams import CorpusLookup, build_tables
+from ppdkit.runtime.drafters.corpus_ngrams import CorpusLookup, build_tables
 from ppdkit.runtime.decoder_loading import tree_values
-from ppdkit.runtime.grown_tree import Proposals, by_value, candidates, value_candidates
-from ppdkit.runtime.tree_values import FEATURES, Evidence, TreeValues, evidence_rows, fit
+from ppdkit.runtime.trees.grown_tree import Proposals, by_value, candidates, value_candidates
+from ppdkit.runtime.trees.tree_values import FEATURES, Evidence, TreeValues, evidence_rows, fit
 from ppdkit.trainer.tree_values_fit import Samples, label, record
 
 FITTED = TreeValues((-1.4, 1.4, 1.0, 0.0, 0.65, 0.45, 0.55, 1.1, 0.55, 0.02, -0.25, 0.2, 0.35, -0.07, 0.8),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ppdkit.runtime.tree import (allocate_prompts, best_tree_for_size, build_dynamic_tree, candidate_tree,
+from ppdkit.runtime.trees.tree import (allocate_prompts, best_tree_for_size, build_dynamic_tree, candidate_tree,
                                  final_probabilities, steady_state)
 
 

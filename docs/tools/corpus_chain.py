@@ -1,7 +1,7 @@
 """The corpus as a drafter: the gate's measure (`ppdkit adopt`: MT-Bench's 80 first turns, trees of 8 nodes, float32,
 greedy, 128 new tokens) of the committed EAGLE-3 draft with `eagle3-anpd` and with `eagle3-corpus`, which merges a
-chain from the committed corpus's n-grams into the same tree (ppdkit/runtime/corpus_ngrams.py). Both must give the
-same tokens; the second keeps more a step where the model's own earlier answers know what comes next.
+chain from the committed corpus's n-grams into the same tree (ppdkit/runtime/drafters/corpus_ngrams.py). Both must give
+the same tokens; the second keeps more a step where the model's own earlier answers know what comes next.
 
     python docs/tools/corpus_chain.py
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from ppdkit.bench.decoding import load_prompts, machine_info
 from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus
 from ppdkit.jobs.adopt import MEASURE, format_shares, measure_component
-from ppdkit.runtime.corpus_ngrams import MAX_N, corpus_digest
+from ppdkit.runtime.drafters.corpus_ngrams import MAX_N, corpus_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gate_tool.py, beside this script
 from gate_tool import ROOT, gate_main  # noqa: E402

@@ -1,8 +1,8 @@
 """Two ways of running EAGLE-3's draft, timed against each other on the same prompts (`--compare`):
-- blocks: the draft's matrices on Q8_0 against Q4_1 blocks (ppdkit/runtime/head_loading.EAGLE3_BLOCK_BITS, what a
-  bfloat16 or GGUF decoder drafts with where the CPU has AVX512-VNNI): two decoders, one with each;
+- blocks: the draft's matrices on Q8_0 against Q4_1 blocks (ppdkit/runtime/drafters/head_loading.EAGLE3_BLOCK_BITS,
+  what a bfloat16 or GGUF decoder drafts with where the CPU has AVX512-VNNI): two decoders, one with each;
 - grow: each step's tree grown in one native call against level by level in Python
-  (ppdkit/runtime/eagle3_drafter.py NATIVE_GROW): one decoder, switched between prompts.
+  (ppdkit/runtime/drafters/eagle3_drafter.py NATIVE_GROW): one decoder, switched between prompts.
 Both arms run bfloat16 decoders of the committed draft in one process and decode MT-Bench's first turns with
 `eagle3-corpus` and trees of 8 nodes, each prompt by both in turn (which goes first alternating), so that the machine's
 drift falls on both alike. Per arm: tok/s, tokens per step, ms a step and ms of it drafting; and on how many prompts the
@@ -27,10 +27,10 @@ from pathlib import Path
 
 from ppdkit.bench.decoding import load_prompts, machine_info
 from ppdkit.models.artifact import read_component
-from ppdkit.runtime import eagle3_drafter
+from ppdkit.runtime.drafters import eagle3_drafter
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.head_loading import EAGLE3_BLOCK_BITS, load_eagle3
-from ppdkit.runtime.linear import QUANTIZED, native_kernels
+from ppdkit.runtime.drafters.head_loading import EAGLE3_BLOCK_BITS, load_eagle3
+from ppdkit.runtime.forward.linear import QUANTIZED, native_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = ROOT / "ppdkit" / "models" / "components" / "smollm2-135m-eagle3"

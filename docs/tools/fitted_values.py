@@ -1,7 +1,7 @@
 """Fitted tree values: the gate's measure (`ppdkit adopt`: MT-Bench's 80 first turns, trees of 8 nodes, float32, greedy,
 128 new tokens) of the committed EAGLE-3 draft with `eagle3-anpd` and `eagle3-corpus`, each with the trees valued by
 the draft's own probabilities and by the value model fitted on held-out corpus prompts (the component's
-tree_values.json, `ppdkit fit-tree-values`; ppdkit/runtime/tree_values.py). All four must give the same tokens.
+tree_values.json, `ppdkit fit-tree-values`; ppdkit/runtime/trees/tree_values.py). All four must give the same tokens.
 
     python docs/tools/fitted_values.py
 
@@ -17,7 +17,7 @@ from ppdkit.bench.decoding import load_prompts, machine_info
 from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus
 from ppdkit.jobs.adopt import MEASURE, format_shares, measure_component
 from ppdkit.models.artifact import read_component
-from ppdkit.runtime.tree_values import TREE_VALUES
+from ppdkit.runtime.trees.tree_values import TREE_VALUES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gate_tool.py, beside this script
 from gate_tool import ROOT, gate_main  # noqa: E402

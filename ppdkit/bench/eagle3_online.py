@@ -16,8 +16,8 @@ from tqdm import tqdm
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.loading import load_base_model
-from ppdkit.runtime.devices import torch_threads
-from ppdkit.runtime.precision import resolve_dtype
+from ppdkit.runtime.forward.devices import torch_threads
+from ppdkit.runtime.forward.precision import resolve_dtype
 
 from .head_features import train_step
 from ppdkit.trainer.training_methods import TRAINING_METHODS

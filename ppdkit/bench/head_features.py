@@ -19,7 +19,7 @@ from ppdkit.data_pipeline.teacher_cache import TeacherCache, TeacherCacheError
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.draft_heads import HEAD_KINDS
 from ppdkit.models.loading import load_base_model
-from ppdkit.runtime.devices import torch_threads
+from ppdkit.runtime.forward.devices import torch_threads
 
 from ppdkit.trainer.config import HeadConfig
 from ppdkit.trainer.training_methods import TRAINING_METHODS

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ppdkit.models.paths import cache_dir
-from ppdkit.runtime.dtypes import BLOCK_FORMATS
+from ppdkit.runtime.forward.dtypes import BLOCK_FORMATS
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """`ppdkit precision`: what the runtime's bfloat16 (or gguf) weights cost against float32, measured on the same
-prompts and texts in one process (runtime/precision.py says what each dtype holds).
+prompts and texts in one process (runtime/forward/precision.py says what each dtype holds).
 
 Two figures: how many greedy answers (`ar`) of the other decoder equal the float32 decoder's token for token,
 and where the first differing token falls in those that do not; and the perplexity of held-out conversations,

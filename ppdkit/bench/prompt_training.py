@@ -16,7 +16,7 @@ from ppdkit.data_pipeline.teacher_cache import TeacherCache
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.prompt_tokens import PromptTokens, init_from_token_embeddings
-from ppdkit.runtime.devices import torch_threads
+from ppdkit.runtime.forward.devices import torch_threads
 
 from ppdkit.trainer.prompt_batch import collate
 from ppdkit.trainer.config import PromptTokenConfig

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ppdkit.runtime.decoding_methods import METHODS as DECODING_METHODS
-from ppdkit.runtime.dtypes import DTYPES
+from ppdkit.runtime.forward.dtypes import DTYPES
 
 LOOKUP_CHAINS_HELP = ("ppd-lookup: chains per step, the context's then the component's n-gram table's "
                       "(default 1: extra rows cost more than they gain on a small CPU)")

@@ -62,7 +62,7 @@ class TeacherConfig(Section):
     batch_size: int = Field(4, ge=1, description="sequences per teacher forward through transformers (the runtime "
                                                  "reads one at a time)")
     regenerate: bool = Field(False, description="self-distillation: the base model rewrites the assistant turns first")
-    # at most runtime/linear.py's SKINNY_MAX_ROWS: the native kernels' rows (tests/test_batch.py checks the two agree)
+    # at most runtime/forward/linear.py's SKINNY_MAX_ROWS, the native kernels' rows (tests/test_batch.py checks it)
     generate_batch: int = Field(64, ge=1, le=96, description="sequences decoded together in each regeneration step "
                                 "(continuous batching: a finished one's slot takes the next at once)")
     max_new_tokens: int = Field(256, ge=1, description="tokens per regenerated assistant turn")

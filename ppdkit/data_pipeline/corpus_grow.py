@@ -29,9 +29,9 @@ from tqdm import tqdm
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.models.device_plan import current_device_plan
 from ppdkit.models.loading import load_base_model
-from ppdkit.runtime.linear import SKINNY_MAX_ROWS
-from ppdkit.runtime.native import cpu_info
-from ppdkit.runtime.precision import resolve_dtype
+from ppdkit.runtime.forward.linear import SKINNY_MAX_ROWS
+from ppdkit.runtime.kernels.native import cpu_info
+from ppdkit.runtime.forward.precision import resolve_dtype
 
 from .config import PROMPT_TEMPERATURE
 from .contamination import BenchmarkIndex, benchmark_index, prompt_text

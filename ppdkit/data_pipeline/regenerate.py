@@ -7,8 +7,8 @@ turn answers the user's next message after the model's own earlier answer).
 
 Two engines:
 - the runtime (`runtime` given): continuous batching on the decoder's own model and kernels
-  (runtime/batched_decoding.py), a conversation's next turn queued first as soon as its previous one ends (it reads only
-  its new user turn, the rest is in the segment its previous turn left); every answer is
+  (runtime/batching/batched_decoding.py), a conversation's next turn queued first as soon as its previous one ends (it
+  reads only its new user turn, the rest is in the segment its previous turn left); every answer is
   token for token what `ppdkit decode --method ar` gives in the same dtype, whatever its batch neighbours, and
   a turn stops at the end token or where the conversation reaches max_length (tokens past it would be cut).
   Sampled (temperature > 0), each turn draws with a seed of its own (`turn_seed`: the run's seed, the
@@ -35,8 +35,8 @@ import torch
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.device_plan import DevicePlan, current_device_plan
 from ppdkit.models.loading import load_base_model
-from ppdkit.runtime.batched_decoding import Request, decode_many
-from ppdkit.runtime.llama import LeanLlama, end_tokens
+from ppdkit.runtime.batching.batched_decoding import Request, decode_many
+from ppdkit.runtime.forward.llama import LeanLlama, end_tokens
 
 from .config import PROMPT_TEMPERATURE
 from .conversations import Conversation, steers, to_write
@@ -184,8 +184,8 @@ def _regenerate_batched(runtime: LeanLlama, tokenizer, conversations: list[Conve
 def regeneration_runtime(loaded, base: BaseModelConfig, dtype: str, max_length: int,
                          plan: DevicePlan | None = None) -> LeanLlama | None:
     """The model greedy regeneration decodes on, and an unquantized teacher's pass reads with: the decoder's own
-    (runtime/llama.py on the unquantized base in `dtype`, what `ppdkit decode` verifies with), so the regenerated
-    text is what the decoder would write. A 4-bit teacher loads that model beside it. None where the native
+    (runtime/forward/llama.py on the unquantized base in `dtype`, what `ppdkit decode` verifies with), so the
+    regenerated text is what the decoder would write. A 4-bit teacher loads that model beside it. None where the native
     kernels cannot run it (transformers' generate and forward then), and where the device plan (default: this
     process's) regenerates on the GPU the teacher was loaded on: transformers' generate in batches there, not an
     unquantized copy on the CPU."""

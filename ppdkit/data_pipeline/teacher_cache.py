@@ -34,7 +34,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ppdkit.models.paths import file_sha256
-from ppdkit.runtime.dtypes import BLOCK_FORMATS
+from ppdkit.runtime.forward.dtypes import BLOCK_FORMATS
 
 FORMAT = "ppdkit-teacher/1"
 FEATURES_SUFFIX = ".features.safetensors"
@@ -226,8 +226,8 @@ class TeacherCache:
 
     @property
     def teacher_engine(self) -> str:
-        """What computed the teacher pass: "runtime" (the decoder's own, runtime/llama.py) or "transformers" (caches
-        made before the manifest recorded it, a 4-bit NF4 teacher, a machine without the native kernels)."""
+        """What computed the teacher pass: "runtime" (the decoder's own, runtime/forward/llama.py) or "transformers"
+        (caches made before the manifest recorded it, a 4-bit NF4 teacher, a machine without the native kernels)."""
         return self.manifest.get("teacher_engine", "transformers")
 
     @property

@@ -31,11 +31,11 @@ from tqdm import tqdm
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.loading import load_base_model
 from ppdkit.models.paths import write_json_atomic
-from ppdkit.runtime.drafter import read_prompt
+from ppdkit.runtime.drafters.drafter import read_prompt
 from ppdkit.runtime.decoder_loading import base_weights
-from ppdkit.runtime.dtypes import BLOCK_FORMATS
-from ppdkit.runtime.llama import LeanLlama
-from ppdkit.runtime.precision import resolve_dtype
+from ppdkit.runtime.forward.dtypes import BLOCK_FORMATS
+from ppdkit.runtime.forward.llama import LeanLlama
+from ppdkit.runtime.forward.precision import resolve_dtype
 
 from .config import DataConfig, TeacherConfig
 from .conversations import Conversation, MalformedRow, ReadReport, to_write

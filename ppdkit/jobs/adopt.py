@@ -25,8 +25,8 @@ from tqdm import tqdm
 
 from ppdkit.models.artifact import read_component, write_component
 from ppdkit.models.paths import write_json_atomic
-from ppdkit.runtime.grown_tree import DEPTH
-from ppdkit.runtime.tree_values import TREE_VALUES
+from ppdkit.runtime.trees.grown_tree import DEPTH
+from ppdkit.runtime.trees.tree_values import TREE_VALUES
 
 log = logging.getLogger(__name__)
 

@@ -152,7 +152,7 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
     ngram_figures = _write_ngram_table(ctx, component) if cfg.ngram_branches and result["kind"] == "ppd" else {}
     # the whole directory again: component.json now lists (and checksums) the trees and the n-gram table
     ctx.tracker.log_artifact(component, "component")
-    from ppdkit.runtime.tree import DynamicTree
+    from ppdkit.runtime.trees.tree import DynamicTree
     from ppdkit.trainer.tree_plot import plot_tree
 
     pictures = ctx.stage_dir / "trees"
@@ -170,7 +170,7 @@ def _run_calibrate(ctx: StageContext) -> dict[str, Any]:
 
 def _one_state(tree: dict):
     """A draft-head tree as a one-state dynamic tree without prompt tokens, for its picture."""
-    from ppdkit.runtime.tree import DynamicTree, TreeState
+    from ppdkit.runtime.trees.tree import DynamicTree, TreeState
 
     state = TreeState(tuple(tree["parents"]), tuple(tree["depths"]), tuple(tree["ranks"]), (0,) * len(tree["parents"]))
     return DynamicTree({1: state}, {1: tree["tau"] - 1.0}, {1: 1.0}, tree["tau"], tree["size"])

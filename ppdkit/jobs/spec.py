@@ -17,7 +17,7 @@ from ppdkit.data_pipeline.readers import ENDLESS_SOURCES
 from ppdkit.models.config import BaseModelConfig, Section
 from ppdkit.models.paths import shown
 from ppdkit.registry.config import TrackingConfig
-from ppdkit.runtime.dtypes import DTYPES
+from ppdkit.runtime.forward.dtypes import DTYPES
 from ppdkit.runtime.decoding_methods import COMPONENT_FREE, METHODS as DECODING_METHODS, Need
 
 from ppdkit.bench.llama_cpp import LLAMA_METHODS
@@ -137,7 +137,7 @@ class JobSpec(Section):
     @model_validator(mode="after")
     def _block_teacher_is_the_gguf_model(self) -> "JobSpec":
         from ppdkit.models.catalog import base_gguf
-        from ppdkit.runtime.dtypes import BLOCK_FORMATS, GGUF
+        from ppdkit.runtime.forward.dtypes import BLOCK_FORMATS, GGUF
 
         if self.teacher.compute_dtype not in BLOCK_FORMATS:
             return self
@@ -155,7 +155,7 @@ class JobSpec(Section):
 
     @model_validator(mode="after")
     def _online_teacher_is_a_float_model(self) -> "JobSpec":
-        from ppdkit.runtime.dtypes import BLOCK_FORMATS
+        from ppdkit.runtime.forward.dtypes import BLOCK_FORMATS
 
         if trains_online(self.train) and self.teacher.compute_dtype in BLOCK_FORMATS:
             raise ValueError(f"train.online computes the targets with the base model the trainer holds, in a float "

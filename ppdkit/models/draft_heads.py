@@ -29,7 +29,7 @@ TENSORS = {"feature": FEATURE_TENSORS, "medusa": MEDUSA_TENSORS}
 
 
 # a weight [out, in], or a layer computing x W^T with it (the decoder's packed few-rows kernels,
-# runtime/linear.py: drafting multiplies a handful of rows by these weights, where reading them is the cost)
+# runtime/forward/linear.py: drafting multiplies a handful of rows by these weights, where reading them is the cost)
 Weight = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 
 

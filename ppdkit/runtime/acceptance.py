@@ -87,7 +87,7 @@ _NATIVE_ARGMAX_DTYPES = (torch.float32, torch.bfloat16)
 @functools.cache
 def _native_argmax():
     """The native kernels' row_argmax, or None where they do not run (a build without them keeps PyTorch's max)."""
-    from .native import native_kernels  # the kernels build on first use; a GPU-only process never asks
+    from .kernels.native import native_kernels  # the kernels build on first use; a GPU-only process never asks
 
     kernels = native_kernels()
     return None if kernels is None else kernels.row_argmax

@@ -1,5 +1,5 @@
 """An answer as the decode loop emits it, step by step, and what `generate` returns of it: the bookkeeping one
-answer decoded alone (Decoder.generate) and one answer among many sharing each step (runtime/batch_engine.py) share."""
+answer decoded alone (Decoder.generate) and one answer among many sharing each step (batching/batch_engine.py) share."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, field

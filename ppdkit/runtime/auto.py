@@ -1,5 +1,5 @@
 """`auto`: the fastest decoding method a decoder serves on this machine, chosen once by a short measured trial
-and cached per machine, base model and component like the tree profile (runtime/profile.py).
+and cached per machine, base model and component like the tree profile (runtime/trees/profile.py).
 
 The trial decodes a few prompts of the kinds whose drafts differ most (prose, an explanation, code, a list)
 with every method the decoder serves, interleaved so drift in machine speed hits them alike, and keeps the
@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from ppdkit.models.paths import cache_dir
 
-from .profile import machine_key, runtime_key
+from .trees.profile import machine_key, runtime_key
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def choose(speeds: dict[str, float], margin: float = MARGIN) -> str:
 def measure(decoder, methods: list[str], prompts: tuple[str, ...] = TRIAL_PROMPTS,
             tokens: int = TRIAL_TOKENS) -> tuple[dict[str, float], dict[str, float]]:
     """Tokens per second of each method on the prompts, interleaved prompt by prompt (greedy), and the median seconds
-    of its steps after the prompt's (drafting and verification: what runtime/profile_check.py holds live steps to)."""
+    of its steps after the prompt's (drafting and verification: what trees/profile_check.py holds live steps to)."""
     seconds, made = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0)
     steps: dict[str, list[float]] = {m: [] for m in methods}
     for method in methods:  # warm-up: first-call allocations are not measured
@@ -101,6 +101,6 @@ def run_trial(decoder) -> dict:
 
 
 def drop_trial(decoder) -> None:
-    """Forget the cached trial (runtime/profile_check.py found it stale): the next auto decode times the methods
+    """Forget the cached trial (runtime/trees/profile_check.py found it stale): the next auto decode times the methods
     again."""
     trial_path(decoder).unlink(missing_ok=True)

@@ -1,7 +1,7 @@
 """The bundled decoder: `Decoder.from_pretrained(component)` then `generate(...)`, greedy or sampled, lossless.
 
 This file holds what a loaded decoder is and does (`generate`, the methods it can run); what it drafts with is its one
-`DraftParts` (runtime/draft_parts.py); runtime/decoder_loading.py builds one from a component or a base model."""
+`DraftParts` (drafters/draft_parts.py); decoder_loading.py builds one from a component or a base model."""
 
 import ctypes
 import gc
@@ -16,17 +16,17 @@ from . import decoder_loading
 from .acceptance import Sampling
 from .answer_tokens import AnswerTokens, GenerateResult
 from .auto import AUTO, candidates, drop_trial, read_trial, run_trial
-from .draft_parts import DraftParts
-from .devices import on_device
-from .fixed_shapes import ROWS as FIXED_ROWS
+from .drafters.draft_parts import DraftParts
+from .forward.devices import on_device
+from .forward.fixed_shapes import ROWS as FIXED_ROWS
 from .generate_options import GenerateOptions, merged
-from .dtypes import GGUF
-from .gguf_blocks import QuantizedWeight
-from .llama import LeanLlama, end_tokens
+from .forward.dtypes import GGUF
+from .forward.gguf_blocks import QuantizedWeight
+from .forward.llama import LeanLlama, end_tokens
 from .loop import decode
-from .openmp import release_openmp_threads
-from .profile_check import StepCheck
-from .tree_sizer import TreeSizer
+from .kernels.openmp import release_openmp_threads
+from .trees.profile_check import StepCheck
+from .trees.tree_sizer import TreeSizer
 from .decoding_methods import METHODS, Need, get_method
 
 log = logging.getLogger(__name__)
@@ -66,14 +66,14 @@ class Decoder:
         # quantized: the matmuls' blocks of dtype gguf or q4 (weight_format)
         self.model = LeanLlama(hf_model, max_positions=max_length, quantized=quantized, weight_format=weight_format)
         self.device = self.model.device
-        # steps of one shape (runtime/fixed_shapes.py): by default wherever the PyTorch layers' library kernels run
-        # a step, whose rows may differ by the step's size (a GPU); a CPU's native kernels need none
+        # steps of one shape (runtime/forward/fixed_shapes.py): by default wherever the PyTorch layers' library kernels
+        # run a step, whose rows may differ by the step's size (a GPU); a CPU's native kernels need none
         self.fix_shapes(fixed_shapes)
         self.max_length = max_length
         self.draft = draft if draft is not None else DraftParts()  # the one component's parts
         self.fingerprint: str | None = None
         self.base_name: str | None = None  # the base model's catalog name or directory, where loaded by name
-        self.profile: dict | None = None  # this machine's measured step latencies by tree size (runtime/profile.py)
+        self.profile: dict | None = None  # this machine's step latencies by tree size (runtime/trees/profile.py)
         self.component_digest = "none"  # sha256 of the component's component.json: what auto's choice is for
         self._fastest: str | None = None  # auto's choice, once measured or read
         self._trial: dict | None = None  # the trial it was chosen by (runtime/auto.py)
@@ -199,7 +199,7 @@ class Decoder:
 
     def _check_cached_timings(self, result: GenerateResult) -> None:
         """Hold an answer's steps to the cached timings they were chosen by, the latency profile and auto's trial
-        (runtime/profile_check.py), and measure again what they prove was measured on a busier machine."""
+        (runtime/trees/profile_check.py), and measure again what they prove was measured on a busier machine."""
         if self.profile is not None and self.measure_profile is not None:
             check = self._checks.setdefault("profile", StepCheck.of_profile(self.profile))
             for rows, seconds in zip(result.rows_per_step, result.step_seconds):

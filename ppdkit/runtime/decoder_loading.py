@@ -14,24 +14,24 @@ from ppdkit.models.component_hyperparameters import read_hyperparameters
 from ppdkit.models.loading import BaseModel, load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
-from .corpus_ngrams import CorpusLookup
-from .devices import check_device, on_device
-from .dtypes import BLOCK_FORMATS, Q4
-from .gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
-from .draft_parts import DraftParts, Eagle3Parts, HeadParts, LayerSkipParts, PromptTokenParts, SizedParts
-from .head_loading import load_draft_heads, load_eagle3, load_skip_draft
-from .layer_skip import check_skip_map
-from .linear import QUANTIZED
+from .drafters.corpus_ngrams import CorpusLookup
+from .forward.devices import check_device, on_device
+from .forward.dtypes import BLOCK_FORMATS, Q4
+from .forward.gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
+from .drafters.draft_parts import DraftParts, Eagle3Parts, HeadParts, LayerSkipParts, PromptTokenParts, SizedParts
+from .drafters.head_loading import load_draft_heads, load_eagle3, load_skip_draft
+from .drafters.layer_skip import check_skip_map
+from .forward.linear import QUANTIZED
 from .load_options import BASE_ONLY, COMPONENT_ONLY, LoadOptions, load_options
-from .openmp import release_openmp_threads
+from .kernels.openmp import release_openmp_threads
 from .decoding_methods import get_method
-from .ppd import PromptTokenSet
-from .precision import activation_dtype, bf16_kernels_here, gguf_kernels_here, resolve_dtype
-from .profile import profile_trees
-from .pruning import load_early_head
-from .row_invariance import check_rows
-from .tree import DynamicTree
-from .tree_values import TREE_VALUES, TreeValues
+from .drafters.ppd import PromptTokenSet
+from .forward.precision import activation_dtype, bf16_kernels_here, gguf_kernels_here, resolve_dtype
+from .trees.profile import profile_trees
+from .trees.pruning import load_early_head
+from .forward.row_invariance import check_rows
+from .trees.tree import DynamicTree
+from .trees.tree_values import TREE_VALUES, TreeValues
 
 LATENCY_SIZES = (2, 4, 8)  # the rows of a grown tree (runtime/decoding_methods.py GROWN_NODES: at most 8)
 
@@ -76,7 +76,7 @@ def from_pretrained(cls: type["Decoder"], source: str | Path, options: LoadOptio
         check_rows(decoder)
     del base, blocks  # the last references but the decoder's: a block format's float copy and unpacked blocks go
     _release_float_weights(decoder, component.base_model["name"], dtype, device)
-    release_openmp_threads()  # its decodes may run on another thread (runtime/openmp.py)
+    release_openmp_threads()  # its decodes may run on another thread (runtime/kernels/openmp.py)
     return decoder
 
 
@@ -106,9 +106,9 @@ def base_weights(name: str, dtype: str) -> tuple[BaseModel, dict[str, QuantizedW
 
 def draft_matrices(dtype: str) -> torch.dtype | str | None:
     """The format of an EAGLE-3 draft's matrices for a decoder in `dtype` (resolved). In bfloat16 or on GGUF blocks:
-    GGUF blocks (QUANTIZED: EAGLE-3's Q4_1, runtime/head_loading.EAGLE3_BLOCK_BITS; a feature head's Q8_0) where this
-    CPU's int8 kernel runs them, half bfloat16's bytes or less (drafting is memory-bound, and the draft only ranks
-    guesses: the verification decides what is kept); else on GGUF blocks
+    GGUF blocks (QUANTIZED: EAGLE-3's Q4_1, runtime/drafters/head_loading.EAGLE3_BLOCK_BITS; a feature head's Q8_0)
+    where this CPU's int8 kernel runs them, half bfloat16's bytes or less (drafting is memory-bound, and the draft only
+    ranks guesses: the verification decides what is kept); else on GGUF blocks
     bfloat16 where the kernels run it (the base model's float32 copy would double what each draft level reads);
     else the base model's weight dtype (None). What each cost: docs/history.md. A float32 decoder keeps the draft
     exact, as trained."""

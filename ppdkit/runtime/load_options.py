@@ -5,7 +5,7 @@ when loading a base model alone (or the reverse), is refused by name."""
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .dtypes import DTYPES
+from .forward.dtypes import DTYPES
 from .options import merged as merged_options
 
 
@@ -13,18 +13,18 @@ class LoadOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dtype: str = Field("auto", description="the weights' precision: auto, float32, bfloat16, gguf or q4 "
-                                           "(runtime/precision.py)")
+                                           "(runtime/forward/precision.py)")
     device: str = Field("cpu", description="where the model and drafts run (cuda: the PyTorch layers; the native "
                                            "kernels are CPU only)")
-    fixed_shapes: bool | None = Field(None, description="steps of one shape (runtime/fixed_shapes.py); None: off the "
-                                                        "CPU only")
+    fixed_shapes: bool | None = Field(None, description="steps of one shape (runtime/forward/fixed_shapes.py); "
+                                                        "None: off the CPU only")
     max_length: int = Field(2048, ge=2, description="the most positions of a prompt and its answer")
     # a component's drafts
     tree_size: int | None = Field(None, ge=1, description="the calibrated tree nearest this size (default: the size "
                                                           "this machine's profile chose); grown trees this many nodes")
     lookup_chains: int = Field(1, ge=1, description="ppd-lookup's chains per step: the context's, then the n-gram "
                                                     "table's")
-    dynamic_size: bool = Field(False, description="pick the tree size per step (runtime/tree_sizer.py)")
+    dynamic_size: bool = Field(False, description="pick the tree size per step (runtime/trees/tree_sizer.py)")
     early_head: str | None = Field(None, description="an early-head component (a directory or models:/ URI) for the "
                                                      "pruning methods")
     prune_top_k: int = Field(8, ge=1, description="early pruning keeps a node whose token is among its parent's K "

@@ -1,9 +1,9 @@
 """The decode loop every method runs: read the prompt, then draft, verify and accept until the answer ends.
 
-A method is its drafter (runtime/drafter.py): `ar`'s proposes the root alone, ANPD's a chain from the text's
+A method is its drafter (runtime/drafters/drafter.py): `ar`'s proposes the root alone, ANPD's a chain from the text's
 n-grams, EAGLE-3's a tree grown from its draft's confidence. The loop and the verification are the same for all.
 `steps` is the loop itself, a generator that hands out each step's proposal and takes its verification back, so
-that one answer (`decode`) and many answers sharing each forward (runtime/batch_engine.py) run the same loop.
+that one answer (`decode`) and many answers sharing each forward (runtime/batching/batch_engine.py) run the same loop.
 """
 
 import time
@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator
 import torch
 
 from .acceptance import Sampling, pick
-from .drafter import Drafter, Proposal, Verified, verify
+from .drafters.drafter import Drafter, Proposal, Verified, verify
 
 
 def steps(drafter: Drafter, ids: torch.Tensor, emit: Callable[..., bool], sampling: Sampling,

@@ -23,7 +23,7 @@ class ServerStats:
         self.by_method[result.method] = self.by_method.get(result.method, 0) + 1
 
     def prometheus(self, model: str, engine) -> str:
-        """The counters, and the decoding engine's own (runtime/batch_engine.py: its busy time, the answers it holds)."""
+        """The counters, and the decoding engine's own (runtime/batching/batch_engine.py: busy time, answers held)."""
         rate = self.tokens / engine.busy_seconds if engine.busy_seconds else 0.0
         per_step = self.tokens / self.steps if self.steps else 0.0
         lines = [

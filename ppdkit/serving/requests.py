@@ -16,7 +16,7 @@ class ServeLimits:
     max_tokens: int = 1024  # the most new tokens a request may ask for (and the default)
     max_request_bytes: int = 1_000_000
     max_waiting: int = 64  # requests queued behind those decoding
-    max_batch: int = 64  # requests decoded together (runtime/batch_engine.py)
+    max_batch: int = 64  # requests decoded together (runtime/batching/batch_engine.py)
 
 
 class OpenAIRequest(BaseModel):

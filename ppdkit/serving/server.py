@@ -8,8 +8,8 @@ temperature defaults to 0: greedy decoding, the base model's own tokens, which e
 answer holds back text that may begin a stop sequence until it is sure. A streaming client that leaves
 stops its decode at the next step.
 
-Requests are decoded together by continuous batching (runtime/batch_engine.py): they join and leave the batch at
-every step, each with its own method's draft, and each answer is token for token the one `Decoder.generate` gives
+Requests are decoded together by continuous batching (runtime/batching/batch_engine.py): they join and leave the batch
+at every step, each with its own method's draft, and each answer is token for token the one `Decoder.generate` gives
 it alone. The engine decodes in a thread of its own, so the server keeps answering /health while it works; at most
 `max_batch` requests decode at once and `max_waiting` wait, later ones get 503. Where the native CPU kernels do not
 run (another device) requests are decoded one at a time, in one thread. Bad requests get 400 (413 when too large)
@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 from ppdkit.runtime.auto import AUTO
-from ppdkit.runtime.batch_engine import decoding_engine
+from ppdkit.runtime.batching.batch_engine import decoding_engine
 from ppdkit.runtime.decoder import Decoder, GenerateResult
 from ppdkit.runtime.generate_options import GenerateOptions
 

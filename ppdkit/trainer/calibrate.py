@@ -17,9 +17,9 @@ from ppdkit.models.artifact import read_component
 from ppdkit.models.draft_heads import TENSORS, draft_logits, inverse_index, path_states
 from ppdkit.models.decoding_head import HEAD_TENSORS
 from ppdkit.models.loading import load_base_model
-from ppdkit.runtime.drafter import read_prompt
-from ppdkit.runtime.llama import LeanLlama
-from ppdkit.runtime.tree import best_tree_for_size, candidate_tree
+from ppdkit.runtime.drafters.drafter import read_prompt
+from ppdkit.runtime.forward.llama import LeanLlama
+from ppdkit.runtime.trees.tree import best_tree_for_size, candidate_tree
 
 from .prompt_batch import collate
 from .features import teacher_runtime
@@ -118,7 +118,7 @@ def acceptance_table(ranks: torch.Tensor, max_rank: int) -> list[list[float]]:
 def _online_held_out(base_name: str, online: dict, dtype: str | None, max_sequences: int):
     """(base, its dtype, held-out sequences, split, the engine) of train.online: the data stage's rows, the base on
     the runtime where its native kernels run, as the online teacher trained on it."""
-    from ppdkit.runtime.precision import resolve_dtype
+    from ppdkit.runtime.forward.precision import resolve_dtype
 
     from .online_teacher import OnlineTeacher
 

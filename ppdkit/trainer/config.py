@@ -310,7 +310,7 @@ class CalibrateConfig(Section):
     ngram_min_count: int = Field(2, ge=1, description="n-grams seen fewer times are dropped")
 
     def check_epts(self, num_epts: int) -> None:
-        """Every tree size must hold a tree for prompt tokens of `num_epts` EPTs (runtime/tree.py
+        """Every tree size must hold a tree for prompt tokens of `num_epts` EPTs (runtime/trees/tree.py
         best_tree_for_size needs the root plus one prompt token's EPTs); raises ValueError naming the keys."""
         small = sorted({s for s in self.sizes if s < 1 + num_epts})
         if small:

@@ -21,7 +21,7 @@ from torch import nn
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.draft_heads import inverse_index
-from ppdkit.runtime.llama import rotate  # x [B, heads, T, D], cos/sin [T, D]
+from ppdkit.runtime.forward.llama import rotate  # x [B, heads, T, D], cos/sin [T, D]
 from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes, layer_input, layer_output, readout
 
 from .autocast_probe import use_autocast

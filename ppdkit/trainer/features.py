@@ -24,10 +24,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ppdkit.data_pipeline.teacher_cache import ShardSequence, TeacherCache
-from ppdkit.runtime.drafter import read_prompt
-from ppdkit.runtime.dtypes import BLOCK_FORMATS
-from ppdkit.runtime.layer_states import states_after
-from ppdkit.runtime.llama import LeanLlama
+from ppdkit.runtime.drafters.drafter import read_prompt
+from ppdkit.runtime.forward.dtypes import BLOCK_FORMATS
+from ppdkit.runtime.forward.layer_states import states_after
+from ppdkit.runtime.forward.llama import LeanLlama
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from ppdkit.data_pipeline.ray_placement import largest_node_cpus
 from ppdkit.models.artifact import write_component
 from ppdkit.models.config import BaseModelConfig
 from ppdkit.models.paths import write_json_atomic
-from ppdkit.runtime.llama import SKIP_ATTENTION, SKIP_MLP
+from ppdkit.runtime.forward.llama import SKIP_ATTENTION, SKIP_MLP
 
 from .checkpoint import replace_dir
 from .config import LayerSkipConfig
@@ -43,7 +43,7 @@ def compare_with_ar(timer: DevSetTimer, skip: tuple[int, ...]) -> dict:
     output must be plain decoding's."""
     import time
 
-    from ppdkit.runtime.draft_parts import LayerSkipParts
+    from ppdkit.runtime.drafters.draft_parts import LayerSkipParts
 
     decoder, prompts = timer.loaded()
     decoder.draft = LayerSkipParts(skip_map=skip)  # ar ignores it

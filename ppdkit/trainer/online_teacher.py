@@ -23,8 +23,8 @@ import torch
 
 from ppdkit.data_pipeline.teacher_cache import compress_head, compress_logits
 from ppdkit.data_pipeline.templating import supervised_positions
-from ppdkit.runtime.layer_states import states_after
-from ppdkit.runtime.llama import LeanLlama
+from ppdkit.runtime.forward.layer_states import states_after
+from ppdkit.runtime.forward.llama import LeanLlama
 
 log = logging.getLogger(__name__)
 ONLINE_KEEP_BYTES = 2e9  # a worker's kept targets and features: past it they are computed at every visit

@@ -1,6 +1,6 @@
 """The fine-tuned layer-skip draft's training forward (train.method skip-finetune, D&V paper appendix F): the
 frozen base model with sub-layers skipped and the draft's own RMSNorm weights, reading the context the way the
-runtime's draft does (runtime/layer_skip.py).
+runtime's draft does (runtime/drafters/layer_skip.py).
 
 At decoding time the draft's kept attention sub-layers read the keys/values the whole model committed for
 the context, plus the draft's own for the token it reads. So the training forward runs the whole model once
@@ -15,7 +15,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from ppdkit.models.hf_cache import cache_kwargs, new_cache
-from ppdkit.runtime.llama import SKIP_ATTENTION, SKIP_MLP
+from ppdkit.runtime.forward.llama import SKIP_ATTENTION, SKIP_MLP
 
 
 class DraftNorms(nn.Module):

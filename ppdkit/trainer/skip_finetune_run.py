@@ -20,8 +20,8 @@ import torch
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.artifact import ArtifactError, read_component
 from ppdkit.models.draft_heads import draft_logits, inverse_index
-from ppdkit.runtime.layer_skip import check_skip_map
-from ppdkit.runtime.llama import SKIP_ATTENTION, SKIP_MLP
+from ppdkit.runtime.drafters.layer_skip import check_skip_map
+from ppdkit.runtime.forward.llama import SKIP_ATTENTION, SKIP_MLP
 
 from .evaluate import TOPS, DraftVocabTally
 from .losses import on_draft_vocab, soft_cross_entropy

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ppdkit.runtime.llama import SKIP_ATTENTION, SKIP_MLP
+from ppdkit.runtime.forward.llama import SKIP_ATTENTION, SKIP_MLP
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class DevSetTimer:
     threads: int
 
     def __call__(self, skip: tuple[int, ...]) -> dict:
-        from ppdkit.runtime.draft_parts import LayerSkipParts
+        from ppdkit.runtime.drafters.draft_parts import LayerSkipParts
 
         decoder, ids = self.loaded()
         decoder.draft = LayerSkipParts(skip_map=skip)

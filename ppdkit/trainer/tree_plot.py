@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ppdkit.runtime.tree import DynamicTree  # noqa: E402
+from ppdkit.runtime.trees.tree import DynamicTree  # noqa: E402
 
 
 def plot_tree(tree: DynamicTree, path: Path, title: str) -> None:

@@ -1,5 +1,5 @@
-"""Fitting a grown tree's value model (runtime/tree_values.py) for one component: decode held-out first turns of the
-base model's corpus with the component's draft, keep every candidate of every step (the draft's proposals and the
+"""Fitting a grown tree's value model (runtime/trees/tree_values.py) for one component: decode held-out first turns of
+the base model's corpus with the component's draft, keep every candidate of every step (the draft's proposals and the
 chains' guesses, with what each source said of it), label each by the base model's own greedy answer, and fit the
 logistic model on the candidates whose parent was right. The result ships in the component as tree_values.json.
 
@@ -20,14 +20,14 @@ from tqdm import tqdm
 from ppdkit.data_pipeline.corpus import open_corpus, stream_rows
 from ppdkit.data_pipeline.holdout import CONTINUAL_HOLDOUT, CONTINUAL_HOLDOUT_SEED, split_holdout_by_id
 from ppdkit.models.artifact import add_files, read_component
-from ppdkit.runtime.corpus_ngrams import CorpusLookup, build_tables, corpus_digest
+from ppdkit.runtime.drafters.corpus_ngrams import CorpusLookup, build_tables, corpus_digest
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.acceptance import Sampling
 from ppdkit.runtime.answer_tokens import AnswerTokens
 from ppdkit.runtime.decoding_methods import get_method
-from ppdkit.runtime.grown_tree import Proposals
+from ppdkit.runtime.trees.grown_tree import Proposals
 from ppdkit.runtime.loop import decode
-from ppdkit.runtime.tree_values import TREE_VALUES, Evidence, TreeValues, evidence_rows, fit
+from ppdkit.runtime.trees.tree_values import TREE_VALUES, Evidence, TreeValues, evidence_rows, fit
 
 log = logging.getLogger(__name__)
 

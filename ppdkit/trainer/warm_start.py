@@ -15,7 +15,7 @@ import torch
 
 from ppdkit.models.artifact import ArtifactError, Component, read_component
 from ppdkit.models.draft_heads import frequent_tokens, inverse_index
-from ppdkit.runtime.head_loading import checked_draft_vocab
+from ppdkit.runtime.drafters.head_loading import checked_draft_vocab
 
 
 def starting_component(cfg, fingerprint: str) -> Component | None:

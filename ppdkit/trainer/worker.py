@@ -407,7 +407,7 @@ def _online_sequences(online: dict, base_cfg, cfg):
     """(base, OnlineTeacher, training sequences, held-out sequences) of the data stage's rows: targets and features
     computed by the base, in the dtype the teacher stage would have used, when a batch first reads them."""
     from ppdkit.models.loading import load_base_model
-    from ppdkit.runtime.precision import resolve_dtype
+    from ppdkit.runtime.forward.precision import resolve_dtype
 
     from .online_teacher import ONLINE_KEEP_BYTES, OnlineTeacher
 

@@ -1,4 +1,4 @@
-// The Python module of the runtime's native kernels (built by runtime/native.py).
+// The Python module of the runtime's native kernels (built by runtime/kernels/native.py).
 #include "decoder_layers.h"
 #include "eagle3_grow.h"
 #include "quantized_linear.h"

@@ -1,5 +1,5 @@
 // Every decoder layer of a Llama-family model for the few new tokens of a decoding step, in one call:
-// the same arithmetic as LeanLlama.forward in runtime/llama.py (RMSNorm, rotary embedding, grouped-query
+// the same arithmetic as LeanLlama.forward in runtime/forward/llama.py (RMSNorm, rotary embedding, grouped-query
 // attention over the KV cache with an additive mask, SwiGLU), with its matmuls on the packed few-rows
 // kernels (float32 or bfloat16 weights, or the 4-bit format's GGUF blocks; activations, the KV cache and every
 // sum in float32). A step's ~40
@@ -73,7 +73,7 @@ void rotate(torch::Tensor& qkv, int64_t heads, int64_t d, const torch::Tensor& c
 
 // dst[j] = src[j] where finite, else 0. A draft row (a prompt token, any values a component may hold)
 // must not reach the rows masked from it: their attention weight on it is exactly 0, but 0 x NaN is NaN,
-// so its key and value enter the cache as finite numbers (runtime/kv_cache.py does the same for the
+// so its key and value enter the cache as finite numbers (runtime/forward/kv_cache.py does the same for the
 // PyTorch layers). Rows the verified path sees are finite already and pass unchanged.
 // dst holds element j at dst[j * stride] (a key is a column of the transposed key cache).
 void copy_finite(const float* src, int64_t n, float* dst, int64_t stride) {
@@ -268,7 +268,7 @@ void softmax(float* w, int64_t n, const float* b, float scale, float* scratch) {
 }
 
 // window: none (every row sees the cache slots [0, s)), or per token r of the step the slots [window[3 r],
-// window[3 r + 1]] it sees: its own sequence's keys, when several sequences share the cache (runtime/batched_decoding.py);
+// window[3 r + 1]] it sees: its own sequence's keys, when several sequences share the cache (runtime/batching/batched_decoding.py);
 // a bias row then covers those slots from the first, masking the tree rows of its sequence that it may not see.
 torch::Tensor attention(const torch::Tensor& q, const float* k, const float* v, int64_t capacity, int64_t s,
                         const std::optional<torch::Tensor>& bias, float scale, int64_t tokens, const int64_t* window) {
@@ -362,7 +362,7 @@ struct Step {
   torch::Tensor cos, sin, q, merged;  // q: queries grouped by their key/value head [Hkv, g T, D]; merged [T, Hq D]
 
   // Query head h at token r sits at row (h / g) * g T + (h % g) T + r of the grouped layout [Hkv, g T, D]
-  // (the order of attention_bias's rows and of runtime/llama.py's grouped queries).
+  // (the order of attention_bias's rows and of runtime/forward/llama.py's grouped queries).
   int64_t grouped_row(int64_t head, int64_t r) const { return (head / g) * g * t + (head % g) * t + r; }
 };
 
@@ -467,8 +467,8 @@ Step make_step(const torch::Tensor& x, const std::vector<int64_t>& shape, double
 // everything; cache_k [layers, Hkv, D, capacity] (keys transposed), cache_v [layers, Hkv, capacity, D]: the new
 // keys/values are written at positions [length, length + T).
 // skip: empty, or per layer a bit mask of the sub-layers left out (1 attention: no keys/values written,
-// 2 MLP), a layer-skip draft's (runtime/layer_skip.py).
-// window: none, or [T, 3] int64 for rows of several sequences sharing the cache (runtime/batched_decoding.py): row r's
+// 2 MLP), a layer-skip draft's (runtime/drafters/layer_skip.py).
+// window: none, or [T, 3] int64 for rows of several sequences sharing the cache (runtime/batching/batched_decoding.py): row r's
 // key/value is written at slot window[r][2], and the row sees slots window[r][0] .. window[r][1] (its own
 // sequence: its committed keys, and with a tree step its tree's rows), masked by bias row r's entries from
 // window[r][0] on (bias none: it sees them all). A row's arithmetic is then that of its sequence decoded alone.
@@ -556,7 +556,7 @@ torch::Tensor eagle3_layer(const torch::Tensor& embeds, const torch::Tensor& hid
   return x;
 }
 
-// EAGLE-3's readout (models/eagle3.py readout) and a grown tree level's choice (runtime/grown_tree.py level_top) on
+// EAGLE-3's readout (models/eagle3.py readout) and a grown tree level's choice (runtime/trees/grown_tree.py level_top) on
 // T rows: h [T, H] -> the k likeliest draft-vocabulary entries of each row, as log-probabilities [T, k] (float32;
 // NaN -> -inf, +inf -> 0, as level_logp) and their indices [T, k], best first. norm [H] float32; panels: the LM
 // head's, `vocab` rows. The norm is this file's loop; the log-softmax and top-k are PyTorch's own kernels, called

@@ -1,4 +1,4 @@
-// EAGLE-3's draft tree grown in one call (runtime/eagle3_drafter.py Eagle3Drafter.grow_levels and runtime/grown_tree.py
+// EAGLE-3's draft tree grown in one call (runtime/drafters/eagle3_drafter.py Eagle3Drafter.grow_levels and runtime/trees/grown_tree.py
 // grow_level, whose twin this is): every level's readout and choice, its children valued, the most valuable expanded
 // through the draft layer. Between two native calls a level's Python (valuing a few children, a visibility mask, an
 // attention bias, embeddings, rotary rows) cost about as much as the calls themselves (docs/tools/draft_blocks.py
@@ -16,8 +16,8 @@
 
 namespace {
 
-// runtime/tree_values.py's worth for a guess only the draft proposed (its probability p, and its parent's, or none):
-// the fitted weights in GROW_WEIGHTS's order (runtime/eagle3_drafter.py), every term added where Python adds it.
+// runtime/trees/tree_values.py's worth for a guess only the draft proposed (its probability p, and its parent's, or none):
+// the fitted weights in GROW_WEIGHTS's order (runtime/drafters/eagle3_drafter.py), every term added where Python adds it.
 enum Weight { kBias, kDepth, kFirstLevel, kDraft, kDraftLogit, kDraftAndCorpus, kDraftAndChain, kCorpusDepth,
               kChainDepth, kParentDraftLogit, kParentUndrafted, kWeights };
 
@@ -43,7 +43,7 @@ double draft_worth(const std::vector<double>& w, int64_t depth, double p, const 
   return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z));  // log sigmoid(z)
 }
 
-// runtime/grown_tree.py StepCost.floor: the log-value below which no proposal can be verified; seconds [n + 1] a
+// runtime/trees/grown_tree.py StepCost.floor: the log-value below which no proposal can be verified; seconds [n + 1] a
 // forward's by rows (seconds[0] unused), the ratio rho and the drafting's seconds.
 double cost_floor(std::vector<double> values, const std::vector<double>& seconds, double ratio, double overhead) {
   const double row = seconds.size() > 2 ? seconds[2] - seconds[1] : 0.0;
@@ -58,7 +58,7 @@ double cost_floor(std::vector<double> values, const std::vector<double>& seconds
   return std::log(row * rate / ratio);
 }
 
-struct Found {  // runtime/grown_tree.py Proposals
+struct Found {  // runtime/trees/grown_tree.py Proposals
   std::vector<double> values, drafts;
   std::vector<int64_t> depths, tokens, parents;
 };

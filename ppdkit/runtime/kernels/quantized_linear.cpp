@@ -1,5 +1,5 @@
-// y = x W^T for a few rows x [M, K] and a weight given as GGUF blocks of 32 (runtime/gguf_blocks.py): Q4_1
-// (w = d q + m, q in 0..15) or Q8_0 (w = d q, q int8). The arithmetic is runtime/kernels_twin.py's
+// y = x W^T for a few rows x [M, K] and a weight given as GGUF blocks of 32 (runtime/forward/gguf_blocks.py): Q4_1
+// (w = d q + m, q in 0..15) or Q8_0 (w = d q, q int8). The arithmetic is runtime/kernels/twin.py's
 // quantized_linear_twin, bit for bit:
 // - x is quantized per row and block: amax / 127 its scale dx, round-half-even(x * (127 / amax)) its int8 codes;
 // - per output and block, AVX512-VNNI's VPDPBUSD (or, from 16 rows where the CPU has them, AMX-INT8's TDPBSUD)
@@ -88,7 +88,7 @@ inline __m512i broadcast4(const int8_t* p) {  // x's codes k .. k + 3 in every l
 }
 
 // One block's float32 steps for one row and a panel's 16 outputs: the contract both paths (VNNI, AMX) share and
-// runtime/kernels_twin.py writes down. s: the block's exact integer sums (Q8_0: before taking off 128 x the sum of
+// runtime/kernels/twin.py writes down. s: the block's exact integer sums (Q8_0: before taking off 128 x the sum of
 // x's codes); dx, dxs, code_sum: x's scale, scale x code sum, and code sum for the block.
 template <bool Q4>
 inline __m512 add_block(__m512 acc, __m512i s, __m512 scale, __m512 minimum, float dx, float dxs, int32_t code_sum) {

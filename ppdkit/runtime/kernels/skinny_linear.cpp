@@ -1,12 +1,12 @@
 // y = x W^T for a few rows x [M, K] and a weight packed into P-column panels: the matmul of a decoding step,
 // bound by reading W. Each thread streams whole panels of W front to back (sequential reads the prefetcher
 // follows) and keeps every partial sum in a register, so W is read once per pass of up to 15 rows (12 with
-// AVX2). Two weight formats (runtime/linear.py's table):
+// AVX2). Two weight formats (runtime/forward/linear.py's table):
 // - float32, panels [N/P, K, P] (P = 16 floats with AVX-512, 8 with AVX2 + FMA): y += x[k] * W[k] with FMA,
 //   k in order;
 // - bfloat16, panels [N/P, K/2, P, 2], with AVX512-BF16: x is rounded to bfloat16 (to nearest even) and
 //   VDPBF16PS adds two exact products a k-pair, odd k first, into float32 sums, k-pairs in order (the
-//   PyTorch twin, runtime/kernels_twin.py, does exactly these roundings). From `bf16_fma_from_rows` rows the
+//   PyTorch twin, runtime/kernels/twin.py, does exactly these roundings). From `bf16_fma_from_rows` rows the
 //   same panels go through float32 FMAs instead: each k-pair's two bfloat16 weights widened to float32 (exact),
 //   then acc = fma(x_odd, w_odd, acc), acc = fma(x_even, w_even, acc). A product of two bfloat16 numbers is exact
 //   in float32, so each FMA rounds what VDPBF16PS rounds, once; with denormals flushed (MXCSR's DAZ and FTZ, as
@@ -14,7 +14,7 @@
 //   from two normal numbers, which VDPBF16PS drops and an FMA adds, changes a sum only while the sum is below
 //   2^-102: no activation row of a model gets there.) Where VDPBF16PS issues at a third of the FMAs' rate (Intel
 //   cores without AMX tiles: 85 against 150 GMAC/s on 2 cores from 4 rows), this is the faster path for a step's
-//   rows; runtime/native.py times both once per process and sets the threshold. Without VDPBF16PS (AVX2, or
+//   rows; runtime/kernels/native.py times both once per process and sets the threshold. Without VDPBF16PS (AVX2, or
 //   AVX-512 without BF16) every row count takes the FMAs: the same bits, and half float32's bytes to read.
 // - bfloat16 on AMX tiles (AMX-BF16), the same panels with K padded to a multiple of 32: a B tile is 16
 //   consecutive k-pair rows of one panel (1 KB), an A tile up to 16 rows of x's 32 k values, and TDPBF16PS adds
@@ -24,9 +24,9 @@
 //   has no bit-for-bit twin; it is held to the twin within a bound and to row invariance
 //   (tests/test_precision.py).
 // A row's sums never depend on the other rows of the call, so its result is the same for any number of rows
-// (the decoder's losslessness rests on this; runtime/row_invariance.py checks it at load). The two bfloat16
+// (the decoder's losslessness rests on this; runtime/forward/row_invariance.py checks it at load). The two bfloat16
 // paths round differently, so a process packs every weight for one of them (skinny_pack's `kernel`).
-// Built on first use with -march=native (runtime/native.py falls back to oneDNN on other CPUs).
+// Built on first use with -march=native (runtime/kernels/native.py falls back to oneDNN on other CPUs).
 #include "skinny_linear.h"
 
 #include <ATen/Parallel.h>

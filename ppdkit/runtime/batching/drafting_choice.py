@@ -1,0 +1,37 @@
+"""Whether the grown trees of a batch draft at all (batch_engine.py), chosen by what each choice measured.
+
+Alone, an answer's tree pays for its rows and its drafting time (generate's own choice). Among many answers the
+forward's weight read is shared and a row of guesses costs as much as another answer's row, and each answer's
+drafting runs one after another: past a few answers the root alone, `ar` inside the batch, yields more. Where that
+turns depends on the CPU, the draft and the text, so it is measured, not modelled: tokens per second of whole steps (a
+step's drafting, then the forward that verifies what it drafted), a running figure per number of answers and choice.
+An untried choice is tried, and one step in PROBE takes the other one, so the figures follow the text and the load.
+"""
+
+PROBE = 16  # steps between two that take the choice the figures do not favour
+
+
+class DraftingChoice:
+    def __init__(self, rate: float = 0.2):
+        self.rate = rate  # weight of a step in the running figures
+        self.figures: dict[tuple[int, bool], tuple[float, float]] = {}  # (answers, drafting) -> (tokens, seconds)
+        self.steps = 0
+
+    def choose(self, answers: int) -> bool:
+        """Draft (True) or verify each answer's root alone, for a step of `answers` answers."""
+        self.steps += 1
+        if answers == 1:
+            return True
+        known = {drafting: self.figures.get((answers, drafting)) for drafting in (True, False)}
+        untried = [drafting for drafting, figure in known.items() if figure is None]
+        if untried:
+            return untried[0]
+        best = known[True][0] / known[True][1] >= known[False][0] / known[False][1]
+        return (not best) if self.steps % PROBE == 0 else best
+
+    def observe(self, answers: int, drafting: bool, tokens: int, seconds: float) -> None:
+        """A step of `answers` answers under `drafting` made `tokens` tokens in `seconds` (its drafting and forward)."""
+        old = self.figures.get((answers, drafting))
+        r = self.rate
+        self.figures[(answers, drafting)] = (tokens, seconds) if old is None else (
+            (1 - r) * old[0] + r * tokens, (1 - r) * old[1] + r * seconds)
