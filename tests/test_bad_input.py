@@ -473,11 +473,37 @@ def test_no_content_parts_at_all_is_refused():
     ("tools", [{"type": "function", "function": {"name": "weather", "parameters": {}}}], "calls no tools"),
     ("functions", [{"name": "weather", "parameters": {}}], "calls no tools"),
     ("n", 2, "one choice per request; send n=1"),
+    ("tool_choice", "required", "calls no tools"),
+    ("tool_choice", {"type": "function", "function": {"name": "weather"}}, "calls no tools"),
+    ("response_format", {"type": "json_object"}, "no JSON mode or schema"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}, "no JSON mode"),
+    ("logprobs", True, "no log-probabilities"),
+    ("logprobs", 5, "no log-probabilities"),
+    ("top_logprobs", 3, "no log-probabilities"),
+    ("logit_bias", {"50256": -100}, "own distribution"),
+    ("frequency_penalty", 0.5, "own distribution"),
+    ("presence_penalty", -1.0, "own distribution"),
 ])
-def test_tools_and_several_choices_are_refused_by_name(field, value, says):
+def test_what_the_server_cannot_honour_is_refused_by_name(field, value, says):
     """Checked before the decoder is asked anything: no decoder needed."""
     request = ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], field: value})
     with pytest.raises(RequestError) as refused:
         generate_options(request, None, ServeLimits(), "ar")
     assert refused.value.status == 400 and refused.value.param == field and says in refused.value.message
     assert refused.value.message.startswith(field)
+
+
+@pytest.mark.parametrize("field, value", [("tool_choice", "none"), ("response_format", {"type": "text"}),
+                                          ("logprobs", False), ("logprobs", 0), ("top_logprobs", 0),
+                                          ("logit_bias", {}), ("frequency_penalty", 0), ("presence_penalty", 0.0)])
+def test_the_neutral_values_clients_send_by_default_pass(field, value, tiny_base_decoder):
+    """What OpenAI's SDKs and LangChain send when nothing is asked: served, not refused."""
+    request = ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], field: value})
+    assert generate_options(request, tiny_base_decoder, ServeLimits(), "ar").method == "ar"
+
+
+@pytest.fixture(scope="module")
+def tiny_base_decoder():
+    from ppdkit.runtime.decoder import Decoder
+
+    return Decoder.from_base("tiny-llama")

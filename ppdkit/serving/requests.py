@@ -36,6 +36,14 @@ class OpenAIRequest(BaseModel):
     method: str | None = None
     tools: list | None = None  # refused: nothing here calls a tool
     functions: list | None = None  # tools' older form
+    # refused where they ask for something (UNSERVED): ignoring them would answer another request than the one sent
+    tool_choice: str | dict | None = None
+    response_format: dict | None = None
+    logprobs: bool | int | None = None  # a flag for chat, a count for completions
+    top_logprobs: int | None = None
+    logit_bias: dict | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 class ChatMessage(BaseModel):
@@ -106,6 +114,9 @@ def generate_options(request: OpenAIRequest, decoder: Decoder, limits: ServeLimi
         if given:
             raise RequestError(400, f"{name}: this server answers in text and calls no tools; send the request "
                                     f"without {name}", name)
+    for name, (asks, why) in UNSERVED.items():
+        if asks(getattr(request, name)):
+            raise RequestError(400, f"{name}={getattr(request, name)!r}: {why}", name)
     if len(stops(request)) > MAX_STOPS or "" in stops(request):
         raise RequestError(400, f"stop: up to {MAX_STOPS} non-empty strings", "stop")
     if request.top_p != 1.0:
@@ -123,6 +134,19 @@ def generate_options(request: OpenAIRequest, decoder: Decoder, limits: ServeLimi
 
 
 MAX_STOPS = 4  # as OpenAI's API
+
+# OpenAI's fields this server cannot honour: what a value that asks for something looks like, and what to send instead
+# (their neutral values, which OpenAI's SDKs and LangChain send by default, pass)
+UNSERVED = {
+    "tool_choice": (lambda v: v not in (None, "none"), "this server calls no tools; leave tool_choice out or 'none'"),
+    "response_format": (lambda v: v not in (None, {"type": "text"}),
+                        "this server answers in free text (no JSON mode or schema); leave response_format out"),
+    "logprobs": (bool, "this server returns no log-probabilities; leave logprobs out or false"),
+    "top_logprobs": (bool, "this server returns no log-probabilities; leave top_logprobs out or 0"),
+    "logit_bias": (bool, "this server decodes the base model's own distribution; leave logit_bias out"),
+    "frequency_penalty": (bool, "this server decodes the base model's own distribution; leave it at 0"),
+    "presence_penalty": (bool, "this server decodes the base model's own distribution; leave it at 0"),
+}
 
 
 def stops(request: OpenAIRequest) -> tuple[str, ...]:
