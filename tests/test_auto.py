@@ -42,3 +42,14 @@ def test_auto_measures_once_per_machine_then_decodes_like_ar(tmp_path, monkeypat
     with pytest.raises(ValueError, match="needs"):
         decoder.generate(ids, max_new_tokens=4,
                          method="ppd")  # auto does not lend other methods what the component lacks
+
+
+def test_ppdkit_decode_runs_auto_unless_told(tmp_path, monkeypatch, capsys):
+    """A newcomer's first decode names no method: it gets the fastest this decoder serves here, never a method the
+    component lacks, and the last line says which ran."""
+    from ppdkit.cli.main import main
+
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
+    assert main(["decode", "--base", "tiny-llama", "--prompt", "Hello", "--max-new-tokens", "6"]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("[auto] (auto ran "), last

@@ -133,7 +133,9 @@ def _decode_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     decode = sub.add_parser("decode", help="decode a prompt with a component (greedy or sampled, lossless), streaming")
     decode.add_argument("--prompt", required=True)
     decode.add_argument("--max-new-tokens", type=int, default=128)
-    decode.add_argument("--method", default="ppd", choices=list(DECODING_METHODS))
+    decode.add_argument("--method", default="auto", choices=list(DECODING_METHODS),
+                        help="auto (default): the fastest method the component serves on this machine, chosen by a "
+                             "short measured trial once per machine")
     decode.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
     decode.add_argument("--acceptance", default="speculative", choices=["speculative", "typical"],
                         help="sampled decoding: speculative keeps the model's distribution exactly; typical "
