@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 from ppdkit.runtime.kernels.native import cpu_supports_kernels, kernels_build_dir
 
-# native.py loaded from the file given, as a module of its own: a copy of runtime/ finds its kernels beside it
+# native.py loaded from the file given, as a module of its own: a copy of runtime/kernels/ finds its sources beside it
 LOAD = """import importlib.util, sys
 spec = importlib.util.spec_from_file_location("native_copy", sys.argv[1])
 native = importlib.util.module_from_spec(spec)
@@ -35,17 +35,16 @@ def _load(native_py, path_variable: str) -> None:
 def test_kernels_are_not_rebuilt_for_another_ninja_or_another_copy_of_the_package(tmp_path):
     scripts = os.path.dirname(sys.executable)
     bare_path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if os.path.abspath(p) != scripts)
-    _load(REPO / "ppdkit" / "runtime" / "native.py", bare_path)  # built here unless an earlier test built them
+    native_py = REPO / "ppdkit" / "runtime" / "kernels" / "native.py"
+    _load(native_py, bare_path)  # built here unless an earlier test built them
     build = kernels_build_dir()
     library, log = next(build.glob("*.so")), build / ".ninja_log"
     before = library.stat().st_mtime_ns, log.read_text()
 
-    copy = tmp_path / "elsewhere" / "runtime"  # newer files at another path, as Ray unpacks a job's package
-    shutil.copytree(REPO / "ppdkit" / "runtime" / "kernels", copy / "kernels")
-    shutil.copy(REPO / "ppdkit" / "runtime" / "native.py", copy / "native.py")
-    for native_py, path_variable in [(REPO / "ppdkit" / "runtime" / "native.py", f"{scripts}{os.pathsep}{bare_path}"),
-                                     (REPO / "ppdkit" / "runtime" / "native.py", bare_path),
-                                     (copy / "native.py", bare_path)]:
-        _load(native_py, path_variable)
+    copy = tmp_path / "elsewhere" / "kernels"  # newer files at another path, as Ray unpacks a job's package
+    shutil.copytree(native_py.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for loaded, path_variable in [(native_py, f"{scripts}{os.pathsep}{bare_path}"), (native_py, bare_path),
+                                  (copy / "native.py", bare_path)]:
+        _load(loaded, path_variable)
         assert (library.stat().st_mtime_ns, log.read_text()) == before, \
-            f"the kernels were built again for {native_py} with PATH={path_variable}"
+            f"the kernels were built again for {loaded} with PATH={path_variable}"
