@@ -1,6 +1,7 @@
 """The installed layout: everything under `ppdkit.`, nothing that shadows PyPI's top-level packages."""
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -31,6 +32,7 @@ def test_top_level_trainer_is_never_ppdkit_code(tmp_path):
 
 
 def test_wheel_installs_everything_under_the_namespace(tmp_path):
+    shutil.rmtree(REPO / "build", ignore_errors=True)  # an earlier build's files would fill in what pyproject omits
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                             "-w", str(tmp_path / "wheel"), str(REPO)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
@@ -40,6 +42,9 @@ def test_wheel_installs_everything_under_the_namespace(tmp_path):
     assert tops == {"ppdkit"}
     for folder in FOLDERS:
         assert f"ppdkit/{folder}/__init__.py" in names
+    sources = {str(p.relative_to(REPO)) for p in (REPO / "ppdkit").rglob("*.py")}  # sub-packages too (runtime's rooms)
+    assert not sources - set(names), f"not in the wheel (pyproject's packages): {sorted(sources - set(names))}"
+    assert {n for n in names if n.startswith("ppdkit/runtime/kernels/") and n.endswith(".cpp")}, "no kernel sources"
     assert "ppdkit/jobs/configs/demo.yaml" in names
     # The plain (non-editable) install: unpack the wheel and import from it, with site's .pth files off
     # so the editable install of this checkout cannot answer instead.
