@@ -101,6 +101,37 @@ def test_the_native_layers_read_the_states_in_the_same_call(monkeypatch):
         assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
 
 
+def test_a_shared_step_reads_the_states_in_the_same_call(monkeypatch):
+    """Continuous batching's step (several answers' rows in one shared cache, each row in its window) reads its
+    states in its one call too (forward_windows_states), bit for bit the windows' forward run in segments."""
+    from ppdkit.runtime.forward.layer_states import run_with_states
+
+    model, tok = tiny_model_on("native", monkeypatch)
+    lean = Decoder(model, tok).model
+    g = torch.Generator().manual_seed(0)
+    # answer A: 7 committed slots from 0, its root alone; answer B: 5 committed from 32, a tree of 3 rows
+    window = torch.tensor([[0, 7, 7], [32, 39, 37], [32, 39, 38], [32, 39, 39]])
+    positions = torch.tensor([7, 5, 6, 6])
+    bias = torch.full((4, 8), float("-inf"), dtype=lean.dtype)
+    bias[0, :8] = 0
+    bias[1:, :5] = 0
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # the two children do not see each other
+    bias[1:, 5:8].masked_fill_(tree, 0)
+    bias = bias.repeat(lean.group, 1)
+    x = lean.embed_ids(torch.randint(0, lean.vocab_size, (4,), generator=g))
+    caches = [lean.new_cache(64), lean.new_cache(64)]
+    for cache in caches:
+        cache.k.normal_(generator=torch.Generator().manual_seed(1))
+        cache.v.normal_(generator=torch.Generator().manual_seed(2))
+    one = lean.forward_windows_states(x, positions, caches[0], window, bias, (2, 0, 1))
+    segments = run_with_states(lambda h, start, stop: lean.forward_windows(h, positions, caches[1], window, bias,
+                                                                           start, stop), lean, x, (2, 0, 1))
+    assert torch.equal(one[0], segments[0]) and torch.equal(one[1], segments[1])
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+    other = lean.forward_windows_states(x, positions, caches[0], window, None, (2, 0, 1))  # the tree's mask matters
+    assert not torch.equal(other[0][1:], one[0][1:]) and torch.equal(other[0][0], one[0][0])
+
+
 def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
     """A draft unrolled by the trainer on a sequence gives, at step k and position t, the log-probabilities the
     decoder's draft gives for the node k + 1 deep on the sequence's own path after t: the training-time test's

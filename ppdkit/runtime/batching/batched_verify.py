@@ -18,7 +18,6 @@ import torch
 from ..acceptance import Sampling, choose, pick
 from ..drafters.drafter import Proposal, Verified
 from ..forward.kv_cache import CacheSegment, KVCache
-from ..forward.layer_states import run_with_states
 from ..forward.linear import SKINNY_MAX_ROWS
 from ..forward.llama import LeanLlama
 
@@ -79,12 +78,9 @@ def _forward(model: LeanLlama, cache: KVCache, block: list[Step], capture: tuple
     window = torch.cat([_window(s) for s in block])  # [T, 3]
     bias = _bias(block, model.group, model.dtype) if any(s.proposal.rows > 1 for s in block) else None
 
-    def run(h: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        return model.forward_windows(h, positions, cache, window, bias, start, stop)
-
-    if capture:
-        return run_with_states(run, model, x, capture)
-    return model.final_norm(run(x, 0, len(model.layers))), None
+    if capture:  # in the same call (runtime/forward/layer_states.py)
+        return model.forward_windows_states(x, positions, cache, window, bias, capture)
+    return model.final_norm(model.forward_windows(x, positions, cache, window, bias, 0, len(model.layers))), None
 
 
 def _window(step: Step) -> torch.Tensor:

@@ -180,6 +180,19 @@ class LeanLlama:
                                           self.native_shape, self.eps, cos, sin, bias, cache.k[start:stop],
                                           cache.v[start:stop], 0, [], window)
 
+    def forward_windows_states(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, window: torch.Tensor,
+                               bias: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward_windows over every layer, with the residual stream after each of `layers` read in the same call
+        (EAGLE-3's verification in a shared step) -> final hidden states [T, H], the states [T, len(layers) H]: the
+        bits of forward_windows run in segments that stop there (layer_states.run_with_states)."""
+        if self.native is None or x.shape[0] > SKINNY_MAX_ROWS:
+            raise ValueError("decoding several sequences in one step needs the native kernels and at most "
+                             f"{SKINNY_MAX_ROWS} rows")
+        hidden, states = self.native.decoder_layers_states(
+            x.to(self.dtype), self.native_weights, self.native_shape, self.eps, self.cos[positions],
+            self.sin[positions], bias, cache.k, cache.v, 0, list(layers), window)
+        return self.final_norm(hidden), states
+
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         if self.fixed_rows:
             return fixed_shapes.in_blocks(lambda rows: self._rms(rows, self.norm), x, self.fixed_rows)
@@ -230,7 +243,7 @@ class LeanLlama:
                 # (runtime/forward/layer_states.py; run in segments, EAGLE-3's verification made 4 calls a step)
                 native.with_states = lambda x, counts: self.native.decoder_layers_states(
                     x.to(self.dtype), self.native_weights, self.native_shape, self.eps, cos[:, 0], sin[:, 0], kept,
-                    cache.k, cache.v, cache.length, list(counts))
+                    cache.k, cache.v, cache.length, list(counts), None)
             return native
         if mask is None and t > 1:  # a prompt on the PyTorch layers: causal_attention
             return lambda x, start, stop: self._layers(x.to(self.dtype), cos, sin, None, cache, start, stop, skip,

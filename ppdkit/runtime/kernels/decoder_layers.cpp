@@ -526,9 +526,10 @@ std::vector<torch::Tensor> decoder_layers_states(const torch::Tensor& x, const s
                                                  const torch::Tensor& cos, const torch::Tensor& sin,
                                                  const std::optional<torch::Tensor>& bias,
                                                  const torch::Tensor& cache_k, const torch::Tensor& cache_v,
-                                                 int64_t length, const std::vector<int64_t>& capture) {
+                                                 int64_t length, const std::vector<int64_t>& capture,
+                                                 const std::optional<torch::Tensor>& window) {
   torch::Tensor states;
-  auto out = run_layers(x, weights, shape, eps, cos, sin, bias, cache_k, cache_v, length, {}, std::nullopt, capture,
+  auto out = run_layers(x, weights, shape, eps, cos, sin, bias, cache_k, cache_v, length, {}, window, capture,
                         &states);
   return {out, states};
 }

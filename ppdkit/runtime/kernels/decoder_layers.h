@@ -14,13 +14,15 @@ torch::Tensor decoder_layers(const torch::Tensor& x, const std::vector<torch::Te
                              const torch::Tensor& cache_k, const torch::Tensor& cache_v, int64_t length,
                              const std::vector<int64_t>& skip, const std::optional<torch::Tensor>& window);
 // decoder_layers with the residual stream after each of `capture`'s layer counts read in the same call (EAGLE-3's
-// draft reads them): {x after every layer [T, H], the states [T, len(capture) H] in capture's order}
+// draft reads them): {x after every layer [T, H], the states [T, len(capture) H] in capture's order}; `window` as
+// decoder_layers' (several sequences' rows in one shared cache)
 std::vector<torch::Tensor> decoder_layers_states(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
                                                  const std::vector<int64_t>& shape, double eps,
                                                  const torch::Tensor& cos, const torch::Tensor& sin,
                                                  const std::optional<torch::Tensor>& bias,
                                                  const torch::Tensor& cache_k, const torch::Tensor& cache_v,
-                                                 int64_t length, const std::vector<int64_t>& capture);
+                                                 int64_t length, const std::vector<int64_t>& capture,
+                                                 const std::optional<torch::Tensor>& window);
 torch::Tensor eagle3_layer(const torch::Tensor& embeds, const torch::Tensor& hidden,
                            const std::vector<torch::Tensor>& weights, const std::vector<int64_t>& shape, double eps,
                            const torch::Tensor& cos, const torch::Tensor& sin, const std::optional<torch::Tensor>& bias,
