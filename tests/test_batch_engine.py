@@ -77,6 +77,43 @@ def test_eagle3_trees_share_steps_losslessly_whatever_rows_they_are_given(monkey
         engine.close()
 
 
+def test_an_answer_alone_is_verified_as_generate_does_until_others_join(monkeypatch):
+    """One answer alone in the engine stays in the scratch cache, verified as `generate` verifies; when others join,
+    it moves into its range of the shared cache mid-answer and shares their steps: every answer is still its own
+    generate's (an EAGLE-3 tree, whose draft reads the states each verification captures)."""
+    import ppdkit.runtime.batching.batch_engine as engine_module
+
+    model, tok = tiny_model_on("native", monkeypatch)
+    vocab = torch.arange(3, 256, 3)
+    decoder = eagle3_decoder(model, tok, _draft_tensors(model, vocab, 4, 0.5), vocab)
+    alone, real = [], engine_module.verify
+    monkeypatch.setattr(engine_module, "verify", lambda *args: alone.append(1) or real(*args))
+    engine = BatchEngine(decoder, max_batch=4)
+    first, joined = threading.Event(), []
+    emitted = []
+
+    def stream(tokens: list[int]) -> None:
+        emitted.extend(tokens)
+        if len(emitted) >= 10:
+            first.set()
+
+    try:
+        ids = _prompts(1, seed=2)[0][0]
+        options = GenerateOptions(method="eagle3", max_new_tokens=80)
+        lone = engine.submit(ids, options, stream)
+        assert first.wait(timeout=120)
+        for others, budget in _prompts(3, seed=3):
+            asked = GenerateOptions(method="eagle3", max_new_tokens=max(budget, 8))
+            joined.append((others, asked, engine.submit(others, asked)))
+        assert lone.result(timeout=120).tokens == decoder.generate(ids, options).tokens
+        for others, asked, future in joined:
+            assert future.result(timeout=120).tokens == decoder.generate(others, asked).tokens
+        steps_alone = len(alone)
+        assert 0 < steps_alone < engine.steps, (steps_alone, engine.steps)  # alone first, then shared steps
+    finally:
+        engine.close()
+
+
 def test_no_slot_of_the_shared_cache_is_read_before_it_is_written(monkeypatch):
     """The engine's shared cache is not filled (its pages stay untouched until answers write them): filled with NaN
     instead, every answer is still its own generate's, so no row reads a slot before it is written."""

@@ -18,7 +18,8 @@ batch, comes to pay. Rows per step are capped so that all answers fit one forwar
 
 Every answer's keys/values live in its own range of one shared cache (runtime/batching/slot_ranges.py), as long as its
 prompt, its answer and one step; a prompt is read alone into a scratch cache, exactly as `generate` reads it, and copied
-in. The engine runs in a thread of its own, the only one that decodes (runtime/kernels/openmp.py says why that matters);
+in. An answer alone in the engine stays in the scratch cache, its steps verified as `generate` verifies them, until
+another answer's prompt needs the scratch: then it moves into its range and shares the steps. The engine runs in a thread of its own, the only one that decodes (runtime/kernels/openmp.py says why that matters);
 it hands its OpenMP workers back whenever it has nothing to decode.
 """
 
@@ -37,7 +38,7 @@ from ..auto import AUTO
 from .batched_verify import Step, verify_steps
 from ..decoding_methods import GROWN_NODES, get_method
 from ..forward.devices import on_device
-from ..drafters.drafter import Drafter, Proposal
+from ..drafters.drafter import Drafter, Proposal, Verified, verify
 from .drafting_choice import DraftingChoice
 from ..generate_options import GenerateOptions, merged
 from ..trees.grown_tree import GrownDrafter, latency_model
@@ -67,6 +68,7 @@ class _Answer:
     proposal: Proposal | None = None
     generator: torch.Generator | None = None
     sizer: object = None
+    alone: bool = False  # its keys/values still in the scratch cache, verified as `generate` verifies (_step)
 
 
 class StepShare:
@@ -215,6 +217,9 @@ class BatchEngine:
                             if options.seed is not None else None)
         answer.sizer = self.decoder.draft.new_sizer(self.decoder.profile) if method.sized else None
         answer.segment = CacheSegment(self.cache, start, answer.width)
+        for other in self.active:  # the scratch cache is this prompt's now: an answer decoding alone there moves out
+            if other.alone:
+                self._share(other)
         try:
             self.scratch.rollback(0)
             answer.drafter = method.build(self.decoder, self.scratch, answer.sizer)
@@ -223,8 +228,9 @@ class BatchEngine:
             answer.loop = steps(answer.drafter, torch.tensor(answer.ids, dtype=torch.long), answer.tokens.add,
                                 options.sampling, answer.generator)
             answer.proposal = next(answer.loop, None)
-            answer.segment.take(self.scratch)
-            answer.drafter.cache = answer.segment
+            answer.alone = not self.active  # the only answer: it stays where its prompt was read until one joins
+            if not answer.alone:
+                self._share(answer)
         except BaseException as e:  # noqa: BLE001
             self.ranges.give_back(start, answer.width)
             answer.future.set_exception(e)
@@ -233,6 +239,22 @@ class BatchEngine:
             self._finish(answer)
         else:
             self.active.append(answer)
+
+    def _share(self, answer: _Answer) -> None:
+        """Move an answer's keys/values from the scratch cache into its range of the shared one, where its steps
+        are verified with the others'."""
+        answer.segment.take(self.scratch)
+        answer.drafter.cache, answer.alone = answer.segment, False
+
+    def _verify(self, batch: list[Step], capture: tuple[int, ...]) -> list[Verified]:
+        """The step's verification: an answer alone in the engine is verified as `generate` verifies it, in the
+        contiguous scratch cache (a shared step's windows and segment commits cost it about 5%); the same rows,
+        so the same tokens."""
+        if len(self.active) == 1 and self.active[0].alone:
+            answer, step = self.active[0], batch[0]
+            return [verify(self.model, self.scratch, step.proposal, step.sampling, step.generator, capture,
+                           answer.drafter.early)]
+        return verify_steps(self.model, self.cache, batch, capture)
 
     def _step(self) -> None:
         """One forward for every active answer's proposal, then each answer's next proposal."""
@@ -245,7 +267,7 @@ class BatchEngine:
         capture = next((a.drafter.capture for a in self.active if a.drafter.capture), ())
         started = time.perf_counter()
         try:
-            verified = verify_steps(self.model, self.cache, batch, capture)
+            verified = self._verify(batch, capture)
         except BaseException as e:  # noqa: BLE001 - every answer of the step fails; the engine goes on
             log.exception("a batched step failed")
             for answer in self.active:
