@@ -169,7 +169,8 @@ def serving_load_block(name: str, report: dict, docs_link: str) -> list[str]:
             f"{row['latency_s_p50'] / one['latency_s_p50']:.1f}x" for row in ppdkit["levels"][1:]) + "."]
     not_run = [f"`{s['name']}` {s['status']} ({s['reason']})" for s in report["servers"] if s["status"] != "ran"]
     return lines + ([""] + [f"Started in: {', '.join(started)}."] if started else []) + (
-        [f"Not run: {'; '.join(not_run)}."] if not_run else [])
+        [f"Not run: {'; '.join(not_run)}."] if not_run else []) + (["", f"Note: {report['note']}"] if report.get("note")
+                                                                   else [])
 
 
 def cluster_throughput_block(name: str, report: dict, docs_link: str) -> list[str]:
