@@ -16,18 +16,18 @@ from . import decoder_loading
 from .acceptance import Sampling
 from .answer_tokens import AnswerTokens, GenerateResult
 from .auto import AUTO, candidates, drop_trial, read_trial, run_trial
+from .decoding_methods import METHODS, Need, get_method
 from .drafters.draft_parts import DraftParts
 from .forward.devices import on_device
-from .forward.fixed_shapes import ROWS as FIXED_ROWS
-from .generate_options import GenerateOptions, merged
 from .forward.dtypes import GGUF
+from .forward.fixed_shapes import ROWS as FIXED_ROWS
 from .forward.gguf_blocks import QuantizedWeight
 from .forward.llama import LeanLlama, end_tokens
-from .loop import decode
+from .generate_options import GenerateOptions, merged
 from .kernels.openmp import release_openmp_threads
+from .loop import decode
 from .trees.profile_check import StepCheck
 from .trees.tree_sizer import TreeSizer
-from .decoding_methods import METHODS, Need, get_method
 
 log = logging.getLogger(__name__)
 

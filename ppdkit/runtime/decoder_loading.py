@@ -14,22 +14,22 @@ from ppdkit.models.component_hyperparameters import read_hyperparameters
 from ppdkit.models.loading import BaseModel, load_base_model
 from ppdkit.models.ngram_table import NgramTable
 
+from .decoding_methods import get_method
 from .drafters.corpus_ngrams import CorpusLookup
-from .forward.devices import check_device, on_device
-from .forward.dtypes import BLOCK_FORMATS, Q4
-from .forward.gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
 from .drafters.draft_parts import DraftParts, Eagle3Parts, HeadParts, LayerSkipParts, PromptTokenParts, SizedParts
 from .drafters.head_loading import load_draft_heads, load_eagle3, load_skip_draft
 from .drafters.layer_skip import check_skip_map
-from .forward.linear import QUANTIZED
-from .load_options import BASE_ONLY, COMPONENT_ONLY, LoadOptions, load_options
-from .kernels.openmp import release_openmp_threads
-from .decoding_methods import get_method
 from .drafters.ppd import PromptTokenSet
+from .forward.devices import check_device, on_device
+from .forward.dtypes import BLOCK_FORMATS, Q4
+from .forward.gguf_blocks import QuantizedWeight, quantize_model, read_quantized_weights
+from .forward.linear import QUANTIZED
 from .forward.precision import activation_dtype, bf16_kernels_here, gguf_kernels_here, resolve_dtype
+from .forward.row_invariance import check_rows
+from .kernels.openmp import release_openmp_threads
+from .load_options import BASE_ONLY, COMPONENT_ONLY, LoadOptions, load_options
 from .trees.profile import profile_trees
 from .trees.pruning import load_early_head
-from .forward.row_invariance import check_rows
 from .trees.tree import DynamicTree
 from .trees.tree_values import TREE_VALUES, TreeValues
 

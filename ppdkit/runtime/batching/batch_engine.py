@@ -35,17 +35,17 @@ import torch
 
 from ..answer_tokens import AnswerTokens, GenerateResult
 from ..auto import AUTO
-from .batched_verify import Step, verify_steps
 from ..decoding_methods import GROWN_NODES, get_method
-from ..forward.devices import on_device
 from ..drafters.drafter import Drafter, Proposal, Verified, verify
-from .drafting_choice import DraftingChoice
-from ..generate_options import GenerateOptions, merged
-from ..trees.grown_tree import GrownDrafter, latency_model
+from ..forward.devices import on_device
 from ..forward.kv_cache import CacheSegment
 from ..forward.linear import SKINNY_MAX_ROWS
-from ..loop import next_proposal, steps
+from ..generate_options import GenerateOptions, merged
 from ..kernels.openmp import release_openmp_threads
+from ..loop import next_proposal, steps
+from ..trees.grown_tree import GrownDrafter, latency_model
+from .batched_verify import Step, verify_steps
+from .drafting_choice import DraftingChoice
 from .slot_ranges import SlotRanges
 
 log = logging.getLogger(__name__)

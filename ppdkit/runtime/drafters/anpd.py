@@ -12,9 +12,9 @@ Defaults N = 5, K = 7: the paper's choice (section 4.4), where longer contexts a
 
 import torch
 
-from .drafter import Drafter, Proposal, Verified
 from ..forward.kv_cache import KVCache
 from ..trees.tree_layout import TreeLayout, shape_layout
+from .drafter import Drafter, Proposal, Verified
 
 MAX_N, DRAFT_LENGTH = 5, 7
 

@@ -2,9 +2,9 @@
 
 import torch
 
-from .drafter import Drafter, Proposal
 from ..forward.kv_cache import KVCache
 from ..trees.tree_layout import shape_layout
+from .drafter import Drafter, Proposal
 
 
 class PlainDrafter(Drafter):

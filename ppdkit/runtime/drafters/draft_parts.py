@@ -11,18 +11,18 @@ from dataclasses import dataclass, field
 
 from ppdkit.models.ngram_table import NgramTable
 
-from .corpus_ngrams import CorpusLookup
 from ..decoding_methods import DecodingMethod, Need, lookup_rows
-from .eagle3_drafter import Eagle3Set
-from .heads_drafter import DraftHeadSet, HeadTree, draft_seconds
-from .layer_skip import SkipDraft
-from .lookup import root_only, with_lookup_chains
-from .ppd import PromptTokenSet
 from ..trees.pruning import EarlyHead
 from ..trees.tree import DynamicTree
 from ..trees.tree_layout import TreeLayout, layout_tree
 from ..trees.tree_sizer import TreeSizer
 from ..trees.tree_values import TreeValues
+from .corpus_ngrams import CorpusLookup
+from .eagle3_drafter import Eagle3Set
+from .heads_drafter import DraftHeadSet, HeadTree, draft_seconds
+from .layer_skip import SkipDraft
+from .lookup import root_only, with_lookup_chains
+from .ppd import PromptTokenSet
 
 
 @dataclass(kw_only=True, eq=False)

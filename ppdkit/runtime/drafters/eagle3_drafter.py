@@ -19,12 +19,12 @@ import torch
 
 from ppdkit.models.eagle3 import layer_input, layer_output, readout
 
-from .drafter import Proposal, Verified
-from ..trees.grown_tree import ROOT, GrownDrafter, Proposals, StepCost, grow_level, level_top
 from ..forward.kv_cache import KVCache
 from ..forward.linear import SKINNY_MAX_ROWS, Linear
 from ..forward.llama import LeanLlama, attention_bias, rotate
+from ..trees.grown_tree import ROOT, GrownDrafter, Proposals, StepCost, grow_level, level_top
 from ..trees.tree_values import PROBABILITY_BOUNDS
+from .drafter import Proposal, Verified
 
 
 @dataclass

@@ -12,12 +12,12 @@ from ppdkit.models.draft_heads import TENSORS
 from ppdkit.models.eagle3 import expected_shapes, head_dim
 
 
-from .heads_drafter import DraftHeadSet, HeadTree, head_tree
-from .eagle3_drafter import Eagle3Set
-from .layer_skip import SkipDraft, check_skip_map
 from ..forward.linear import QUANTIZED, Linear, draft_blocks, draft_layers
 from ..forward.precision import activation_dtype
 from ..trees.tree import check_nodes
+from .eagle3_drafter import Eagle3Set
+from .heads_drafter import DraftHeadSet, HeadTree, head_tree
+from .layer_skip import SkipDraft, check_skip_map
 
 
 def load_draft_heads(component: Component, model, matrices: torch.dtype | str | None = None

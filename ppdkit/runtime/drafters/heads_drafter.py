@@ -16,12 +16,12 @@ import torch
 
 from ppdkit.models.draft_heads import draft_logits, feature_step, medusa_states
 
-from .drafter import Drafter, Proposal, Verified
 from ..forward.kv_cache import KVCache
 from ..forward.linear import draft_blocks, draft_layers
 from ..trees.tree import TreeState
 from ..trees.tree_layout import TreeLayout, layout_tree
 from ..trees.tree_sizer import TreeSizer
+from .drafter import Drafter, Proposal, Verified
 
 
 @dataclass

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .anpd import chain_layout
-from .drafter import Drafter, Proposal, Verified
 from ..forward.kv_cache import KVCache
 from ..forward.linear import Linear
 from ..forward.llama import SKIP_ATTENTION, SKIP_MLP, LeanLlama
+from .anpd import chain_layout
+from .drafter import Drafter, Proposal, Verified
 
 MAX_DRAFT = 12  # K, table 6
 

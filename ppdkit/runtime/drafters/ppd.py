@@ -19,14 +19,14 @@ from ppdkit.models.decoding_head import apply_residual_head
 from ppdkit.models.prompt_tokens import aggregate_epts, ept_mask
 
 from ..acceptance import Sampling, pick
-from .drafter import Drafter, Proposal, Verified, verify
+from ..decoding_methods import LOOKUP_LENGTHS
 from ..forward.kv_cache import KVCache
 from ..forward.llama import LeanLlama
-from .lookup import ContextIndex, draft_chains
-from ..decoding_methods import LOOKUP_LENGTHS
 from ..trees.pruning import EarlyHead
 from ..trees.tree_layout import TreeLayout
 from ..trees.tree_sizer import TreeSizer
+from .drafter import Drafter, Proposal, Verified, verify
+from .lookup import ContextIndex, draft_chains
 
 
 @dataclass

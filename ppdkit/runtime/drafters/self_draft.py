@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..acceptance import greedy_tokens
-from .drafter import Drafter, Proposal, Verified
 from ..forward.kv_cache import KVCache
 from ..trees.tree_layout import TreeLayout, shape_layout
+from .drafter import Drafter, Proposal, Verified
 
 POOL = 8  # continuations kept per key token in the context cache (least recently used dropped first)
 

@@ -30,8 +30,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .gguf_blocks import QuantizedWeight, quantize_q4_1, quantize_q8_0
 from ..kernels.native import bf16_kernel, native_kernels, tune_bf16_fma
+from .gguf_blocks import QuantizedWeight, quantize_q4_1, quantize_q8_0
 
 ROWS_HINT = 64  # the batch oneDNN tunes its layout for; measured as good for 1 to 64 rows
 SKINNY_MAX_ROWS = 96  # beyond: the default matmul. Up to here a step's rows go through the native
