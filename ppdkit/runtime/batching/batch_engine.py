@@ -19,8 +19,9 @@ batch, comes to pay. Rows per step are capped so that all answers fit one forwar
 Every answer's keys/values live in its own range of one shared cache (runtime/batching/slot_ranges.py), as long as its
 prompt, its answer and one step; a prompt is read alone into a scratch cache, exactly as `generate` reads it, and copied
 in. An answer alone in the engine stays in the scratch cache, its steps verified as `generate` verifies them, until
-another answer's prompt needs the scratch: then it moves into its range and shares the steps. The engine runs in a thread of its own, the only one that decodes (runtime/kernels/openmp.py says why that matters);
-it hands its OpenMP workers back whenever it has nothing to decode.
+another answer's prompt needs the scratch: then it moves into its range and shares the steps. The engine runs in a
+thread of its own, the only one that decodes (runtime/kernels/openmp.py says why that matters); it hands its OpenMP
+workers back whenever it has nothing to decode.
 """
 
 import collections
