@@ -136,6 +136,11 @@ def _figure(value, spec: str) -> str:
     return format(value, spec) if value is not None else "-"
 
 
+def note_lines(report: dict) -> list[str]:
+    """A report's hand-written note, after a blank line, where it has one."""
+    return ["", f"Note: {report['note']}"] if report.get("note") else []
+
+
 def serving_load_block(name: str, report: dict, docs_link: str) -> list[str]:
     """A serving-load report: per server and number of concurrent clients, total tokens/s, time to first token and
     per-token latency (p50/p99), request latency, the server's peak memory and the answers equal to its own at 1
@@ -169,8 +174,7 @@ def serving_load_block(name: str, report: dict, docs_link: str) -> list[str]:
             f"{row['latency_s_p50'] / one['latency_s_p50']:.1f}x" for row in ppdkit["levels"][1:]) + "."]
     not_run = [f"`{s['name']}` {s['status']} ({s['reason']})" for s in report["servers"] if s["status"] != "ran"]
     return lines + ([""] + [f"Started in: {', '.join(started)}."] if started else []) + (
-        [f"Not run: {'; '.join(not_run)}."] if not_run else []) + (["", f"Note: {report['note']}"] if report.get("note")
-                                                                   else [])
+        [f"Not run: {'; '.join(not_run)}."] if not_run else []) + note_lines(report)
 
 
 def cluster_throughput_block(name: str, report: dict, docs_link: str) -> list[str]:
@@ -251,7 +255,7 @@ def draft_arms_block(name: str, report: dict, docs_link: str) -> list[str]:
         lines.append(f"| {arm}{' (the default)' if figures['default'] else ''} | {figures['tokens_per_s']:.1f} | "
                      f"{figures['tokens_per_s'] / first['tokens_per_s']:.3f} | {figures['tokens_per_step']:.3f} | "
                      f"{figures['ms_per_step']:.2f} | {'-' if drafting is None else f'{drafting:.2f}'} |")
-    return lines + (["", f"Note: {report['note']}"] if report.get("note") else [])
+    return lines + note_lines(report)
 
 
 def history_block(name: str, report: dict, docs_link: str) -> list[str]:

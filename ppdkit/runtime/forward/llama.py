@@ -172,22 +172,24 @@ class LeanLlama:
         slot window[r, 0] + j) masks a tree step's rows from each other, None: each row sees its whole window. Each
         row's arithmetic is that of its sequence's step decoded alone (native kernels only: their rows never depend
         on each other, and a row's attention sums the keys it sees in their order wherever they sit)."""
-        if self.native is None or x.shape[0] > SKINNY_MAX_ROWS:
-            raise ValueError("decoding several sequences in one step needs the native kernels and at most "
-                             f"{SKINNY_MAX_ROWS} rows")
+        self._check_windows(x.shape[0])
         cos, sin = self.cos[positions], self.sin[positions]  # [T, D]
         return self.native.decoder_layers(x.to(self.dtype), self.native_weights[6 * start:6 * stop],
                                           self.native_shape, self.eps, cos, sin, bias, cache.k[start:stop],
                                           cache.v[start:stop], 0, [], window)
+
+    def _check_windows(self, rows: int) -> None:
+        """Several sequences' rows in one step: only the native kernels keep each row its own step's arithmetic."""
+        if self.native is None or rows > SKINNY_MAX_ROWS:
+            raise ValueError("decoding several sequences in one step needs the native kernels and at most "
+                             f"{SKINNY_MAX_ROWS} rows")
 
     def forward_windows_states(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, window: torch.Tensor,
                                bias: torch.Tensor | None, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """forward_windows over every layer, with the residual stream after each of `layers` read in the same call
         (EAGLE-3's verification in a shared step) -> final hidden states [T, H], the states [T, len(layers) H]: the
         bits of forward_windows run in segments that stop there (layer_states.run_with_states)."""
-        if self.native is None or x.shape[0] > SKINNY_MAX_ROWS:
-            raise ValueError("decoding several sequences in one step needs the native kernels and at most "
-                             f"{SKINNY_MAX_ROWS} rows")
+        self._check_windows(x.shape[0])
         hidden, states = self.native.decoder_layers_states(
             x.to(self.dtype), self.native_weights, self.native_shape, self.eps, self.cos[positions],
             self.sin[positions], bias, cache.k, cache.v, 0, list(layers), window)
