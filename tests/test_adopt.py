@@ -71,3 +71,28 @@ def test_a_gpu_lanes_report_gives_the_history_its_figures(tmp_path):
                                      "best_step": 202}
     (tmp_path / "lane.json").write_text(json.dumps({"stages": {"train": {"ok": False, "error": "OOM"}}}))
     assert run_figures(tmp_path) == {}  # a lane whose training failed has no figures to give
+
+
+def test_prompt_tokens_are_gated_on_their_own_method_and_an_equal_candidate_is_kept_out(tmp_path):
+    """A PPD component is measured with `ppd` on its tree of 16 input rows; a candidate no better than the committed
+    one (here its copy) is recorded and not adopted."""
+    import shutil
+
+    from conftest import write_tiny_ppd_component
+
+    from ppdkit.jobs.adopt import measure_for
+    from ppdkit.models.artifact import add_files
+    from ppdkit.runtime.trees.tree import best_tree_for_size
+
+    committed = write_tiny_ppd_component(tmp_path / "committed")
+    table = [[0.5, 0.2], [0.3, 0.1], [0.2]]
+    add_files(committed, json_files={"trees": {"trees": {str(n): best_tree_for_size(table, n).to_json()
+                                                         for n in (8, 16)}}})
+    candidate = tmp_path / "candidate"
+    shutil.copytree(committed, candidate)
+    before = (committed / "weights.safetensors").read_bytes()
+    row = adopt(candidate, committed, limit=2)
+    assert row["measure"]["method"] == measure_for("ept")["method"] == "ppd" and row["measure"]["tree_size"] == 16
+    assert row["candidate_tokens_per_step"] == row["committed_tokens_per_step"] >= 1.0 and not row["adopted"]
+    assert row["draft_vocab"] is None and (committed / "weights.safetensors").read_bytes() == before
+    assert "| no |" in (committed / "README.md").read_text()

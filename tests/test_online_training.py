@@ -83,10 +83,50 @@ def test_a_feature_head_trains_online_and_calibrates_on_the_data_stages_held_out
                             max_new_tokens=16, method="ar").tokens
 
 
-def test_online_trains_the_heads_over_the_bases_states_and_computes_in_a_float_dtype():
-    assert TrainConfig(method="medusa", online=True).online
-    with pytest.raises(ValueError, match="ept.online\n  Extra inputs are not permitted"):  # only drafts over the states
-        TrainConfig(method="ept", online=True)
+def test_prompt_tokens_train_online_and_calibrate_with_an_ngram_table_from_the_data_stages_rows(teacher_dir, tmp_path):
+    """ept, online: the targets alone are computed (no states kept beside them), the prompt tokens train, their trees
+    are calibrated on the data stage's held-out rows and the n-gram table counted from its training rows: no teacher
+    cache anywhere, and the component decodes as `ar` does."""
+    from test_training import train_as
+
+    from ppdkit.data_pipeline.ngram_cache import assistant_texts, build_ngram_table, data_stage_sequences
+    from ppdkit.models.artifact import add_files, write_ngrams
+    from ppdkit.trainer.calibrate import calibrate
+
+    data_dir = teacher_dir.parent / "data"
+    online = {"data_dir": str(data_dir), "compute_dtype": "float32", "top_k": 16}
+    cfg = train_as("ept", groups_per_sequence=4, online=True)
+    result = run_training(BASE, cfg, tmp_path / "no-teacher", tmp_path / "train", TrackerRef(), online=online)
+    assert all(math.isfinite(loss) and loss > 0 for _, loss in result["history"]) and "acc_top1_d1" in result["best"]
+    component = tmp_path / "train" / "component"
+    trees = calibrate("tiny-llama", component, tmp_path / "no-teacher", [4, 8], 10, 4, 4, 2, online=online)
+    assert trees["kind"] == "ppd" and trees["split"] == "holdout" and trees["insertions"] > 0
+    cached = [list(t) for t in assistant_texts(TeacherCache(teacher_dir).sequences("train"))]
+    assert cached and [list(t) for t in assistant_texts(data_stage_sequences(data_dir))] == cached  # the same text
+    add_files(component, json_files={"trees": trees})
+    write_ngrams(component, build_ngram_table(cached, min_count=1).to_tensors())
+    decoder = Decoder.from_pretrained(component, dtype="float32", tree_size=8)
+    for ids in ([5, 17, 99, 5, 17, 99, 5, 17], [3, 4, 5, 6, 7]):
+        plain = decoder.generate(ids, max_new_tokens=16, method="ar").tokens
+        assert all(decoder.generate(ids, max_new_tokens=16, method=m).tokens == plain for m in ("ppd", "ppd-lookup"))
+
+
+def test_online_targets_alone_keep_no_states():
+    base = load_base_model("tiny-llama", "none", "float32")
+    teacher = OnlineTeacher(base.model, 8, keep_bytes=1e9)
+    teacher.serve_targets_only()
+    seq = teacher.sequences([{"input_ids": [1, 5, 17, 99, 5, 17], "loss_mask": [0, 0, 1, 1, 1, 1]}], "train")[0]
+    assert seq.features is None and seq.topk_ids.shape == (4, 8)
+    teacher.serve_features(None)  # the final states, for the heads over them
+    assert teacher.sequences([{"input_ids": [1, 5, 17], "loss_mask": [0, 1, 1]}], "t")[0].features.shape[0] == 3
+
+
+def test_online_trains_from_the_bases_own_float_model():
+    assert TrainConfig(method="medusa", online=True).online and TrainConfig(method="ept", online=True).online
+    with pytest.raises(ValueError, match="early-head.online\n  Extra inputs are not permitted"):
+        TrainConfig(method="early-head", online=True)
+    with pytest.raises(SpecError, match="set base_model.quantization none"):  # the targets are the verifier's
+        spec_from_dict({"name": "x", "train": {"method": "ept", "online": True}})
     with pytest.raises(ValueError, match="keeps none on disk"):
         TrainConfig(method="eagle3", online=True, features_on_disk=True)
     with pytest.raises(SpecError, match="set teacher.compute_dtype auto"):

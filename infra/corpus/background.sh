@@ -15,23 +15,9 @@ CACHE=${PPDKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ppdkit}
 PIDFILE=${PIDFILE:-$CACHE/corpus-grow.pid}
 LOG=${LOG:-$CACHE/corpus-grow.log}
 CORPUS=ppdkit/data_pipeline/corpora/smollm2-135m
-running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
-paused() { running && [ "$(ps -o stat= -p "$(cat "$PIDFILE")" | cut -c1)" = T ]; }
-signal() { if running; then kill "-$1" "$(cat "$PIDFILE")"; fi; }
+source infra/background/niced.sh
 case "${1:-}" in
-start)
-    if running; then echo "already running: pid $(cat "$PIDFILE")"; exit 0; fi
-    mkdir -p "$CACHE"
-    # niced: it takes the cores nothing else wants, so tests and builds beside it run at their own speed.
-    # setsid gives the job a scheduling autogroup of its own, and the kernel shares the cores between autogroups
-    # first: a nice inside one only ranks that group's own threads (the job took ~3/4 of a core beside a build).
-    # The group's nice is what ranks it against the rest, and the job sets it itself, once setsid has made its group:
-    # written from here it could land before setsid ran, on this shell's group, and leave the job's at 0 (seen: the
-    # job took a core and a half beside a decode).
-    setsid nohup bash -c 'if [ -w /proc/self/autogroup ]; then echo 19 >/proc/self/autogroup; fi
-        exec nice -n 19 "$@"' corpus-job .venv/bin/ppdkit corpus grow rows_per_shard=256 "${@:2}" >"$LOG" 2>&1 &
-    echo $! >"$PIDFILE"
-    echo "corpus job: pid $(cat "$PIDFILE"), log $LOG" ;;
+start) start_niced corpus-job .venv/bin/ppdkit corpus grow rows_per_shard=256 "${@:2}" ;;
 pause) signal STOP ;;
 resume) signal CONT ;;
 stop) signal TERM; signal CONT ;;  # a paused job takes its TERM once it runs again

@@ -1,5 +1,5 @@
-"""The corpus n-gram cache: counted from the assistant text of the teacher cache (with self-distillation,
-the base model's own answers), the text the decoder will meet again.
+"""The corpus n-gram cache: counted from the assistant text of the teacher cache or, for train.online, the data
+stage's rows (with self-distillation or a corpus, the base model's own answers), the text the decoder will meet again.
 
 Measured on SmolLM2-135M's greedy answers (128 tokens): as the only drafter, a chain copied from the
 context gives 1.40 (MT-Bench, 40 prompts) / 1.92 (HumanEval) tokens per step, the table's top
@@ -11,15 +11,20 @@ than they save on a 2-core CPU, so the decoder uses it only when asked (`lookup_
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from ppdkit.models.ngram_table import Key, NgramTable
 
-from .teacher_cache import TeacherCache
+from .templating import supervised_positions
 
 
-def assistant_texts(cache: TeacherCache, split: str = "train") -> Iterator[list[int]]:
-    """Each run of consecutive assistant tokens of the split (the tokens the cache has targets for)."""
-    for seq in cache.sequences(split):
+def assistant_texts(sequences: Iterable) -> Iterator[list[int]]:
+    """Each run of consecutive assistant tokens of the sequences (a teacher cache's, or the data stage's rows as
+    data_stage_sequences reads them: input_ids [T] and positions [P], the positions with a target)."""
+    for seq in sequences:
         ids = seq.input_ids.tolist()
         targets = (seq.positions + 1).tolist()  # entry at t is the distribution of token t + 1
         run: list[int] = []
@@ -30,6 +35,21 @@ def assistant_texts(cache: TeacherCache, split: str = "train") -> Iterator[list[
             run.append(ids[t])
         if run:
             yield run
+
+
+@dataclass
+class RowSequence:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [P] the positions whose next token is the assistant's
+
+
+def data_stage_sequences(data_dir: Path, split: str = "train") -> Iterator[RowSequence]:
+    """The data stage's rows of a split as sequences (what train.online reads where there is no teacher cache)."""
+    from datasets import load_from_disk
+
+    for row in load_from_disk(str(Path(data_dir) / split)):
+        yield RowSequence(torch.tensor(row["input_ids"]), torch.tensor(supervised_positions(row["loss_mask"]),
+                                                                       dtype=torch.long))
 
 
 def build_ngram_table(texts: Iterable[list[int]], max_n: int = 3, branches: int = 3, length: int = 3,

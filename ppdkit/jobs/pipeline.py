@@ -177,14 +177,16 @@ def _one_state(tree: dict):
 
 
 def _write_ngram_table(ctx: StageContext, component) -> dict[str, Any]:
-    """The corpus n-gram table counted from the teacher cache's assistant text, into the component."""
-    from ppdkit.data_pipeline.ngram_cache import assistant_texts, build_ngram_table
+    """The corpus n-gram table counted from the training text's assistant turns (the teacher cache's, or the data
+    stage's rows where train.online left no cache), into the component."""
+    from ppdkit.data_pipeline.ngram_cache import assistant_texts, build_ngram_table, data_stage_sequences
     from ppdkit.data_pipeline.teacher_cache import TeacherCache
     from ppdkit.models.artifact import write_ngrams
 
     cfg = ctx.spec.calibrate
-    cache = TeacherCache(ctx.output / "teacher")
-    table = build_ngram_table(assistant_texts(cache, "train"), cfg.ngram_max_n, cfg.ngram_branches,
+    sequences = (data_stage_sequences(ctx.output / "data") if trains_online(ctx.spec.train)
+                 else TeacherCache(ctx.output / "teacher").sequences("train"))
+    table = build_ngram_table(assistant_texts(sequences), cfg.ngram_max_n, cfg.ngram_branches,
                               min_count=cfg.ngram_min_count)
     path = write_ngrams(component, table.to_tensors())
     return {"ngram_entries": len(table.entries), "ngram_bytes": path.stat().st_size}

@@ -157,6 +157,10 @@ class JobSpec(Section):
     def _online_teacher_is_a_float_model(self) -> "JobSpec":
         from ppdkit.runtime.forward.dtypes import BLOCK_FORMATS
 
+        if trains_online(self.train) and self.base_model.quantization != "none":
+            raise ValueError(f"train.online computes the targets with the base model the trainer holds, which must be "
+                             f"the model the decoder verifies with, not its {self.base_model.quantization} copy: set "
+                             "base_model.quantization none")
         if trains_online(self.train) and self.teacher.compute_dtype in BLOCK_FORMATS:
             raise ValueError(f"train.online computes the targets with the base model the trainer holds, in a float "
                              f"dtype, not on {self.teacher.compute_dtype} blocks: set teacher.compute_dtype auto, "

@@ -38,6 +38,11 @@ Loss = Annotated[Literal["kd", "ce"], Field(description="kd: decayed KL to the t
 Alpha = Annotated[float, Field(gt=0.0, le=1.0, description="decay per token distance")]
 GroupsPerSequence = Annotated[int, Field(ge=1, description="insertion points supervised per sequence per forward")]
 DraftVocab = Annotated[int, Field(ge=16, description="the most frequent training tokens the drafts guess among")]
+Online = Annotated[bool, Field(description="no teacher cache: the frozen base computes each sequence's targets (its "
+                               "own LM head's top teacher.top_k on its final state, in teacher.compute_dtype) and the "
+                               "hidden states a draft over them reads in the training step, one forward a sequence, "
+                               "kept in memory up to 2 GB a worker (SpecForge's online mode); the teacher stage is "
+                               "skipped; the base is the model the decoder verifies with (base_model.quantization none)")]
 
 
 class TrainConfig(Section):
@@ -142,6 +147,7 @@ class PromptTokenConfig(WeightTrainingConfig):
     loss: Loss = "kd"
     alpha: Alpha = 0.8
     groups_per_sequence: GroupsPerSequence = 16
+    online: Online = False
 
     @field_validator("init_token_ids")
     @classmethod
@@ -181,10 +187,7 @@ class DraftHeadConfig(WeightTrainingConfig):
                                    "(2 x hidden x layers bytes a position: 3,456 for SmolLM2's EAGLE-3, about 17 GB "
                                    "for the large set). Computing them is about half of an EAGLE-3 step on 2 CPU "
                                    "cores, and an EAGLE-3 worker keeps only 2 GB of them in memory")
-    online: bool = Field(False, description="no teacher cache: the frozen base computes each sequence's targets (its "
-                         "own LM head's top teacher.top_k on its final state, in teacher.compute_dtype) and the hidden "
-                         "states the draft reads in the training step, one forward a sequence, kept in memory up to "
-                         "2 GB a worker (SpecForge's online mode); the teacher stage is skipped")
+    online: Online = False
     loss: Loss = "kd"
     alpha: Alpha = 0.8
 
@@ -290,8 +293,9 @@ def methods_taking(key: str) -> list[str]:
 
 
 def trains_online(cfg: TrainConfig) -> bool:
-    """train.online: the base computes the targets in the training step (only drafts over its states take it)."""
-    return isinstance(cfg, DraftHeadConfig) and cfg.online
+    """train.online: the base computes the targets in the training step (the prompt tokens and the drafts over the
+    base's states take it)."""
+    return isinstance(cfg, (PromptTokenConfig, DraftHeadConfig)) and cfg.online
 
 
 class CalibrateConfig(Section):

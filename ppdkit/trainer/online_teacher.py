@@ -5,7 +5,7 @@ once, when a batch first needs it, and that one forward gives both
 - the target: the base's own LM head on its final state at every supervised position, kept as its top-k
   log-probabilities and the mass outside them (exactly what the teacher stage would have stored), and
 - the features the method reads: the final states (feature head, Medusa) or the residual stream after EAGLE-3's
-  low, middle and high layers.
+  low, middle and high layers; none for the prompt tokens, which read the targets alone.
 Results are kept in memory up to a budget, so later epochs skip the forward while they fit; past it they are
 computed again at every visit. The cost is one base forward per sequence visit beyond the budget, against a
 teacher stage that must finish (and be stored: ~17 GB of features for 4.8M positions) before training starts.
@@ -83,6 +83,7 @@ class OnlineTeacher:
         runtime = LeanLlama(base_model) if next(base_model.parameters()).device.type == "cpu" else None
         self.runtime = runtime if runtime is not None and runtime.native is not None else None
         self.layer: int | tuple[int, ...] | None = None  # the features the method reads (FeatureCache's layer)
+        self.wants_features = True  # False: targets alone (serve_targets_only)
         self._known: dict[tuple[str, int], _Computed] = {}
         self._recent: OrderedDict[tuple[str, int], _Computed] = OrderedDict()
         self.kept_bytes = 0
@@ -94,7 +95,11 @@ class OnlineTeacher:
 
     def serve_features(self, layer: int | tuple[int, ...] | None) -> None:
         """The method's features (its FeatureCache's layer): computed in the same forward as the targets."""
-        self.layer = layer
+        self.layer, self.wants_features = layer, True
+
+    def serve_targets_only(self) -> None:
+        """No features: the method (prompt tokens) reads the targets alone, so no states are kept beside them."""
+        self.layer, self.wants_features = None, False
 
     def sequences(self, rows, split: str) -> list[OnlineSequence]:
         """The data stage's rows (input_ids, loss_mask) as sequences, numbered in order like a cache's."""
@@ -174,6 +179,8 @@ class OnlineTeacher:
         x, states = states_after(rt, rt.embed_ids(ids), torch.arange(len(ids)), rt.new_cache(len(ids)), None,
                                  (*layers, len(rt.layers)))
         final = rt.final_norm(x)
+        if not self.wants_features:
+            return final, None
         if self.layer is None:
             return final, final.to(torch.float16)
         width = states.shape[-1] // (len(layers) + 1)
@@ -184,6 +191,8 @@ class OnlineTeacher:
         """ids [B, T] -> (final states [B, T, H], the method's features [B, T, F])."""
         out = self.model.get_decoder()(input_ids=ids.to(self.model.device), output_hidden_states=self.layer is not None)
         final = out.last_hidden_state
+        if not self.wants_features:
+            return final, None
         if self.layer is None:
             return final, final.to(torch.float16)
         if isinstance(self.layer, int):

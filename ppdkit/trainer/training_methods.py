@@ -77,8 +77,10 @@ class TrainingMethod:
         run = self.runner()(self, cfg, base, train_sequences, init)
         from .online_teacher import OnlineTeacher
 
-        if isinstance(teacher, OnlineTeacher):  # train.online: the features come with the targets, one forward
-            teacher.serve_features(run.features.layer if self.reads_features else None)
+        if isinstance(teacher, OnlineTeacher) and not self.reads_features:  # train.online: the targets alone
+            teacher.serve_targets_only()
+        elif isinstance(teacher, OnlineTeacher):  # train.online: the features come with the targets, one forward
+            teacher.serve_features(run.features.layer)
         elif teacher is not None and self.reads_features:
             from .features import feature_store, teacher_runtime
 

@@ -416,8 +416,8 @@ def _online_sequences(online: dict, base_cfg, cfg):
     teacher = OnlineTeacher(base.model, online["top_k"], ONLINE_KEEP_BYTES)
     train = teacher.split(online["data_dir"], "train")
     holdout = teacher.split(online["data_dir"], "holdout")[: cfg.eval_sequences]
-    log.info("train.online: targets (top-%d) and features from %s (%s, on %s) in the training step", online["top_k"],
-             base_cfg.name, dtype, teacher.engine)
+    log.info("train.online: targets (top-%d), and the states a draft over them reads, from %s (%s, on %s) in the "
+             "training step", online["top_k"], base_cfg.name, dtype, teacher.engine)
     return base, teacher, train, holdout
 
 
