@@ -30,6 +30,9 @@ def test_auto_measures_once_per_machine_then_decodes_like_ar(tmp_path, monkeypat
         return real(decoder, methods, ("one two three one two three", "def f(x): return x"), 12)
 
     monkeypatch.setattr(auto_module, "measure", counted)
+    # the cached choice is what this test holds; a trial that the live steps find stale (a busy machine's, when the
+    # load beside the test eases: trees/profile_check.py) is measured again, which test_profile_check holds
+    monkeypatch.setattr("ppdkit.runtime.trees.profile_check.FASTER", float("inf"))
     decoder = _decoder(model, tok, heads, None)
     ids = [5, 17, 42, 5, 17, 42, 5]
     out = decoder.generate(ids, max_new_tokens=20, method="auto")
@@ -53,3 +56,23 @@ def test_ppdkit_decode_runs_auto_unless_told(tmp_path, monkeypatch, capsys):
     assert main(["decode", "--base", "tiny-llama", "--prompt", "Hello", "--max-new-tokens", "6"]) == 0
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("[auto] (auto ran "), last
+
+
+def test_a_method_the_component_lacks_fails_before_the_model_loads(tmp_path, capsys):
+    """An EAGLE-3 component asked for `ppd`: refused from its component.json (the error names what it serves), with
+    no model loaded; what it does carry, and what an early head or the corpus add at load, pass the check."""
+    import time
+
+    from ppdkit.cli.decode_commands import refuse_unserved_method
+    from ppdkit.cli.main import main
+
+    eagle3 = "ppdkit/models/components/smollm2-135m-eagle3"
+    started = time.monotonic()
+    assert main(["decode", "--model", eagle3, "--method", "ppd", "--prompt", "Hello"]) == 2
+    err = capsys.readouterr().err
+    assert "needs prompt tokens and calibrated trees" in err and "eagle3-corpus" in err and time.monotonic() - started < 10, err
+    for method in ("eagle3", "eagle3-corpus", "ar", "auto"):
+        refuse_unserved_method(eagle3, method)
+    refuse_unserved_method("ppdkit/models/components/smollm2-135m-ppd", "ppd-prune")  # its early head: at load
+    with pytest.raises(ValueError, match="a custom decoding head"):
+        refuse_unserved_method("ppdkit/models/components/smollm2-135m-ppd", "ppd-head")

@@ -30,10 +30,36 @@ def _load_options(args: argparse.Namespace):
     return LoadOptions(**{**given, "fixed_shapes": FIXED_SHAPES[args.fixed_shapes]})  # a flag the source refuses: its error
 
 
+def refuse_unserved_method(model: str, method: str) -> None:
+    """A --method that the component in directory `model` cannot carry fails here, from its component.json, before a
+    model loads (a minute on a small CPU). What a component carries is what its training method's decoding methods
+    need; an early head and the base model's corpus come from elsewhere, and the load checks those."""
+    import json
+
+    from ppdkit.runtime.decoding_methods import COMPONENT_FREE, Need
+    from ppdkit.trainer.training_methods import TRAINING_METHODS
+
+    path = Path(model).expanduser() / "component.json"
+    if method in COMPONENT_FREE or not path.is_file():  # a registry URI or a missing directory: the load says what
+        return
+    trained = TRAINING_METHODS.get(json.loads(path.read_text()).get("method"))
+    if trained is None:
+        return
+    carried = {need for m in trained.decoding_methods for need in DECODING_METHODS[m].needs}
+    missing = set(DECODING_METHODS[method].needs) - carried - {Need.EARLY_HEAD, Need.CORPUS}
+    if missing:
+        lacks = " and ".join(n.value for n in DECODING_METHODS[method].needs if n in missing)
+        raise ValueError(f"--method {method} needs {lacks}, which {model} (trained by train.method "
+                         f"{trained.name}) does not carry; it serves {', '.join(COMPONENT_FREE)}, "
+                         f"{', '.join(trained.decoding_methods)}")
+
+
 def _decoder(args: argparse.Namespace):
     """The decoder of --base (with --skip-map) or --model (with decode's and serve's loading options)."""
     from ppdkit.runtime.decoder import Decoder
 
+    if args.model and getattr(args, "method", None):
+        refuse_unserved_method(args.model, args.method)
     if args.base:
         return Decoder.from_base(args.base, _load_options(args))
     return Decoder.from_pretrained(args.model, _load_options(args))
