@@ -109,3 +109,28 @@ def test_an_auto_trial_timed_on_a_busy_machine_is_timed_again(tmp_path, monkeypa
     assert not path.exists()  # dropped: the next auto decode times the methods again, here and in a new process
     assert decoder.generate(PROMPTS[0], max_new_tokens=4, method="auto").method == decoder.fastest_method()
     assert len(trials) == 2 and path.exists() and chosen in trials[1]
+
+
+def test_trees_that_no_size_makes_pay_run_plain_steps_never_a_slowdown(tmp_path, monkeypatch, caplog):
+    """A profile in which every calibrated size is predicted slower than one-token steps: `ppd` runs as `ar` (said
+    once in the log, the same tokens); a tree size given by name still runs the trees; a paying profile runs them."""
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
+    component = write_tiny_ppd_component(tmp_path / "component")
+    Decoder.from_pretrained(component)
+    cached = next((tmp_path / "profiles").glob("*-ppd-*.json"))
+    profile = json.loads(cached.read_text())
+    for row in profile["rows"]:  # each size's step 4x a one-token step: no tau of these trees pays for that
+        row["latency_ms"] = 4 * profile["one_token_ms"]
+        row["speedup_vs_one_token"] = row["tau"] / 4
+    cached.write_text(json.dumps(profile))
+    decoder = Decoder.from_pretrained(component)
+    assert decoder.unpaid and "predicted at best" in decoder.unpaid
+    with caplog.at_level(logging.WARNING, logger="ppdkit.runtime.decoder"):
+        out = [decoder.generate(ids, max_new_tokens=12, method="ppd") for ids in PROMPTS]
+    assert {r.method for r in out} == {"ar"} and caplog.text.count("ppd runs as ar here") == 1
+    assert [r.tokens for r in out] == [decoder.generate(ids, max_new_tokens=12, method="ar").tokens for ids in PROMPTS]
+    assert Decoder.from_pretrained(component, tree_size=8).generate(PROMPTS[0], max_new_tokens=12,
+                                                                     method="ppd").method == "ppd"
+    cached.unlink()  # measured again: the tiny model's rows cost next to nothing, so its trees pay
+    paying = Decoder.from_pretrained(component)
+    assert paying.unpaid is None and paying.generate(PROMPTS[0], max_new_tokens=12, method="ppd").method == "ppd"

@@ -237,8 +237,11 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
             for i, ok in enumerate(same) if not ok]
         if timings[method]:  # where its time went: the prompt, drafting by part, verification by rows, the rest
             row["breakdown"] = step_breakdown(timings[method])
+        ran_by = others[method.partition(AT)[2]] if AT in method else decoder
         if _plain(method) == "auto":  # which method that was: the trial's choice for this decoder and machine
-            row["ran"] = (others[method.partition(AT)[2]] if AT in method else decoder).fastest_method()
+            row["ran"] = ran_by.fastest_method()
+        elif _plain(method) in METHODS and ran_by.resolve_method(_plain(method)) != _plain(method):
+            row["ran"], row["why"] = ran_by.resolve_method(_plain(method)), ran_by.unpaid  # no tree size pays here
         results.append(row)
     base = next(r for r in results if r["method"] == "hf-greedy")["tokens_per_s"]
     ar = next((r["tokens_per_s"] for r in results if r["method"] == "ar"), None)
@@ -328,7 +331,8 @@ def print_table(report: dict) -> None:
               f"{r['speedup_vs_hf_greedy']:>8.2f} {vs_ar} {r['mean_accepted_per_step']:>8.2f} {rows} {tree} {pruned} "
               f"{r['identical_to_greedy']:>9.2f}")
         if "ran" in r:
-            print(f"    ran {r['ran']} (the fastest in its trial on this machine)")
+            print(f"    ran {r['ran']}: {r['why']}" if r.get("why") else
+                  f"    ran {r['ran']} (the fastest in its trial on this machine)")
         for d in r["divergences"]:
             kind = "near-tie" if d["near_tie"] else "NOT a near-tie"
             print(f"    prompt {d['prompt']}: parts at token {d['index']}, top-2 gap {d['top2_gap']:.2e} ({kind})")

@@ -81,7 +81,22 @@ def _evaluate(evaluate: dict) -> list[str]:
     ar = evaluate.get("ar_tokens_per_s")
     return [", ".join(f"{m} {evaluate[f'{m}_tokens_per_s']:.1f} tok/s ({evaluate[f'{m}_speedup']:.2f}x greedy"
                       + (f", {evaluate[f'{m}_tokens_per_s'] / ar:.2f}x ar" if ar and m not in baselines else "")
-                      + ")" for m in measured)]
+                      + ")" for m in measured)] + [_unpaid(m, evaluate, ar) for m in measured if m not in baselines
+                                                 and _unpaid(m, evaluate, ar)]
+
+
+def _unpaid(method: str, evaluate: dict, ar: float | None) -> str:
+    """In plain words, why a draft did not pay in the evaluate stage, or "" where it did."""
+    if evaluate.get(f"{method}_why"):
+        return f"{method} ran as {evaluate[f'{method}_ran']}: {evaluate[f'{method}_why']}"
+    if not ar or evaluate[f"{method}_tokens_per_s"] >= ar:
+        return ""
+    per_step, rows = evaluate.get(f"{method}_accepted_per_step"), evaluate.get(f"{method}_rows_per_step")
+    if not per_step or not rows:
+        return ""
+    return (f"{method} does not pay here: it kept {per_step:.2f} tokens a step for {rows:.1f} input rows, and a step "
+            f"of that many rows costs more than {per_step:.2f} one-token steps on this CPU (more training raises the "
+            "first; a CPU with idle compute, AMX or a GPU, lowers the second)")
 
 
 def _register(register: dict) -> list[str]:

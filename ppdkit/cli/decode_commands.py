@@ -75,7 +75,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
                               delta=args.delta, seed=args.seed)
     rows = result.rows_per_step
     fed = f", {sum(rows) / len(rows):.1f} inputs per step (at most {max(rows)})" if rows else ""
-    ran = f" (auto ran {result.method})" if args.method != result.method else ""
+    ran = "" if args.method == result.method else f" ({args.method} ran {result.method}" + (
+        f": {decoder.unpaid})" if args.method != "auto" and decoder.unpaid else ")")
     print(f"\n\n[{args.method}]{ran} {len(result.tokens)} tokens in {result.seconds:.2f} s "
           f"({len(result.tokens) / result.seconds:.1f} tok/s), {result.steps} steps, "
           f"{result.mean_accepted_per_step:.2f} tokens per step{fed}", file=sys.stderr)

@@ -211,7 +211,10 @@ def _run_evaluate(ctx: StageContext) -> dict[str, Any]:
         name = figure_prefix(row["method"])
         figures.update({f"{name}_tokens_per_s": row["tokens_per_s"], f"{name}_speedup": row["speedup_vs_hf_greedy"],
                         f"{name}_identical_to_greedy": row["identical_to_greedy"],
-                        f"{name}_accepted_per_step": row["mean_accepted_per_step"]})
+                        f"{name}_accepted_per_step": row["mean_accepted_per_step"],
+                        f"{name}_rows_per_step": row["mean_rows_per_step"]})
+        if row.get("why"):  # no tree size pays on this machine: it ran plain steps, and says why
+            figures.update({f"{name}_ran": row["ran"], f"{name}_why": row["why"]})
     return figures
 
 

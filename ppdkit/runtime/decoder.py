@@ -74,8 +74,10 @@ class Decoder:
         self.fingerprint: str | None = None
         self.base_name: str | None = None  # the base model's catalog name or directory, where loaded by name
         self.profile: dict | None = None  # this machine's step latencies by tree size (runtime/trees/profile.py)
+        self.unpaid: str | None = None  # why the profile-sized trees run as plain steps here (none of them pays)
         self.component_digest = "none"  # sha256 of the component's component.json: what auto's choice is for
         self._fastest: str | None = None  # auto's choice, once measured or read
+        self._warned_unpaid: set[str] = set()  # the methods said once to run as ar (unpaid)
         self._trial: dict | None = None  # the trial it was chosen by (runtime/auto.py)
         # measures `profile` again where one was measured (runtime/decoder_loading.py sets it)
         self.measure_profile: Callable[[], None] | None = None
@@ -157,6 +159,11 @@ class Decoder:
         if missing:
             raise ValueError(f"method {method} needs {' and '.join(missing)}, which this decoder's component does "
                              f"not carry; its methods: {', '.join(self.methods())}")
+        if self.unpaid and {Need.TREES, Need.HEAD_TREE} & set(get_method(method).needs):
+            if method not in self._warned_unpaid:
+                self._warned_unpaid.add(method)
+                log.warning("%s runs as ar here: %s", method, self.unpaid)
+            return "ar"
         return method
 
     def fit_prompt(self, ids: list[int], max_new_tokens: int, method: str, truncate: str | None) -> list[int]:

@@ -28,7 +28,7 @@ from .forward.precision import activation_dtype, bf16_kernels_here, gguf_kernels
 from .forward.row_invariance import check_rows
 from .kernels.openmp import release_openmp_threads
 from .load_options import BASE_ONLY, COMPONENT_ONLY, LoadOptions, load_options
-from .trees.profile import profile_trees
+from .trees.profile import best_speedup, profile_trees
 from .trees.pruning import load_early_head
 from .trees.tree import DynamicTree
 from .trees.tree_values import TREE_VALUES, TreeValues
@@ -158,6 +158,12 @@ def _size_trees(decoder: "Decoder", draft: SizedParts, tree_size: int | None, dy
                                         **draft.profile_arguments(decoder.model))
         decoder.measure_profile = lambda: _size_trees(decoder, draft, None, dynamic_size, refresh=True)
         tree_size = decoder.profile["chosen"]
+        best = best_speedup(decoder.profile)
+        # never a slowdown: where no calibrated size is predicted to beat one-token steps, the trees' methods run
+        # plain steps (Decoder.resolve_method); a size asked for by name runs as asked
+        decoder.unpaid = None if best >= 1.0 else (
+            f"its calibrated trees are predicted at best {best:.2f}x one-token steps on this machine (tree size "
+            f"{tree_size}, {decoder.profile['one_token_ms']:.1f} ms a token); a tree size given by name runs them")
     draft.use_size(min(draft.taus, key=lambda s: abs(s - tree_size)), dynamic_size)
 
 

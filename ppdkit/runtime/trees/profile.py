@@ -86,3 +86,9 @@ def profile_trees(model: LeanLlama, taus: dict[int, float], fingerprint: str, re
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     return result
+
+
+def best_speedup(profile: dict) -> float:
+    """The most a calibrated tree of the profile is predicted to gain over one-token steps (tau x one row's forward /
+    its step): below 1, no size pays on this machine."""
+    return max(row["speedup_vs_one_token"] for row in profile["rows"])
