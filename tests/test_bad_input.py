@@ -57,7 +57,7 @@ OUT_OF_RANGE = [
     ("train.init_token_ids=[1,2]", ["'train.init_token_ids'", "3 * 1 = 3 token ids, not 2"]),
     ("evaluate.methods=[ppd,eagle]", ["'evaluate.methods[1]'",
                                       "'hf-greedy', 'hf-pld', 'ar', 'auto', 'anpd', 'self-draft', 'skip', 'skip-ft', 'ppd', "
-                                      "'ppd-lookup', 'ppd-head', "
+                                      "'ppd-lookup', 'ppd-corpus', 'ppd-head', "
                                       "'feature-head', 'feature-grown', 'feature-grown-anpd', 'eagle3', 'eagle3-anpd', "
                                       "'eagle3-corpus', 'medusa', 'ppd-prune', "
                                       "'feature-head-prune', 'medusa-prune', 'llama.cpp', 'llama.cpp-lookup' or "
@@ -364,7 +364,7 @@ def test_the_job_api_address_given_is_the_one_used(monkeypatch):
 
 def test_a_head_method_evaluated_without_a_head_is_refused(job):
     with pytest.raises(SpecError, match=r"evaluate.methods \['ppd-head'\] cannot decode with what train.method=ept "
-                                        r"trains \(its component serves ar, anpd, self-draft, auto, ppd, ppd-lookup\): drop them, or train "
+                                        r"trains \(its component serves ar, anpd, self-draft, auto, ppd, ppd-lookup, ppd-corpus\): drop them, or train "
                                         "with ept-head"):
         load_spec(job, ["evaluate.methods=[ar,ppd-head]"])
     assert load_spec(job, ["evaluate.methods=[ar,ppd-head]", "train.method=ept-head"]).train.method == "ept-head"

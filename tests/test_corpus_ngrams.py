@@ -175,3 +175,29 @@ def test_poisoned_drafts_beside_the_corpus_chain_cannot_change_greedy_output(pat
         for ids in prompts:
             plain = decoder.generate(ids, max_new_tokens=40, method="ar").tokens
             assert decoder.generate(ids, max_new_tokens=40, method="eagle3-corpus").tokens == plain, (case, name, ids)
+
+
+def test_ppd_corpus_is_the_base_models_greedy_output_and_its_chain_pays_where_the_corpus_knows(tmp_path, monkeypatch):
+    """ppd-corpus: the prompt tokens' tree with the corpus's chain first among the lookup chains. A corpus of noise and
+    one of the model's own greedy answers: ar's tokens either way; the second keeps more a step than ppd-lookup, and a
+    step never feeds more rows than the decoder sized its cache for."""
+    from conftest import write_tiny_ppd_component
+
+    from ppdkit.runtime.decoder import Decoder
+
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path))
+    decoder = Decoder.from_pretrained(write_tiny_ppd_component(tmp_path / "ppd"), dtype="float32", tree_size=8)
+    rng = random.Random(3)
+    prompts, answered = _greedy_texts(decoder, rng, 10)
+    noise = [[rng.randrange(VOCAB) for _ in range(200)] for _ in range(20)]
+    steps = {}
+    for name, texts in (("noise", noise), ("answers", answered)):
+        decoder.draft.corpus = CorpusLookup(None, build_tables(texts))
+        steps[name] = 0
+        for ids in prompts:
+            out = decoder.generate(ids, max_new_tokens=40, method="ppd-corpus")
+            assert out.tokens == decoder.generate(ids, max_new_tokens=40, method="ar").tokens, (name, ids)
+            assert max(out.rows_per_step) <= decoder.step_rows("ppd-corpus")
+            steps[name] += out.steps
+    steps["lookup"] = sum(decoder.generate(ids, max_new_tokens=40, method="ppd-lookup").steps for ids in prompts)
+    assert steps["answers"] < steps["lookup"], steps

@@ -57,6 +57,11 @@ class DecodingMethod:
         return self.options.get("lookup", False)
 
     @property
+    def lookup_chains(self) -> int:
+        """Chains its steps carry beyond the component's lookup_chains: the corpus's (ppd-corpus)."""
+        return int(self.options.get("corpus", False) and self.lookup)
+
+    @property
     def grown(self) -> bool:
         """Its tree is grown each step from the draft's confidence (runtime/trees/grown_tree.py), not calibrated."""
         grown_modules = ("trees.grown_tree", "drafters.eagle3_drafter")
@@ -103,6 +108,10 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                    (Need.PROMPT_TOKENS, Need.TREES), "drafters.ppd:PpdDrafter"),
     DecodingMethod("ppd-lookup", "ppd plus a chain copied from the text's earlier occurrence of its ending",
                    (Need.PROMPT_TOKENS, Need.TREES), "drafters.ppd:PpdDrafter", {"lookup": True}),
+    DecodingMethod("ppd-corpus", "ppd-lookup with a chain from the base model's own corpus first: what most often "
+                   "followed the text's longest ending in its self-distilled answers (eagle3-corpus's chain)",
+                   (Need.PROMPT_TOKENS, Need.TREES, Need.CORPUS), "drafters.ppd:PpdDrafter",
+                   {"lookup": True, "corpus": True}),
     DecodingMethod("ppd-head", "ppd with the guesses read through the component's custom decoding head",
                    (Need.PROMPT_TOKENS, Need.TREES, Need.HEAD), "drafters.ppd:PpdDrafter", {"head": True}),
     DecodingMethod("feature-head", "a tree drafted by the feature head from the last hidden state, level by level",

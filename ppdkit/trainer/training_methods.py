@@ -98,9 +98,9 @@ class TrainingMethod:
 
 
 TRAINING_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (
-    TrainingMethod("ept", "PPD's prompt tokens (PPD thesis ch. 4)", "prompt_run:PromptRun", ("ppd", "ppd-lookup")),
+    TrainingMethod("ept", "PPD's prompt tokens (PPD thesis ch. 4)", "prompt_run:PromptRun", ("ppd", "ppd-lookup", "ppd-corpus")),
     TrainingMethod("ept-head", "prompt tokens and a custom decoding head (PPD thesis 4.4.2)", "prompt_run:PromptRun",
-                   ("ppd", "ppd-head", "ppd-lookup"), trains_head=True),
+                   ("ppd", "ppd-head", "ppd-lookup", "ppd-corpus"), trains_head=True),
     TrainingMethod("feature-head", "a draft head over the last hidden state and the path's tokens",
                    "head_run:HeadRun", ("feature-head", "feature-grown", "feature-grown-anpd"), head_kind="feature"),
     TrainingMethod("medusa", "Medusa-1 heads over the last hidden state (the feature head's baseline)",

@@ -127,12 +127,15 @@ class PpdDrafter(Drafter):
     head's layer (runtime/trees/pruning.py)."""
 
     def __init__(self, decoder, cache: KVCache, sizer: TreeSizer | None = None, lookup: bool = False,
-                 head: bool = False, prune: bool = False):
+                 head: bool = False, prune: bool = False, corpus: bool = False):
         super().__init__(decoder, cache)
         self.parts = decoder.draft  # a PromptTokenParts (runtime/drafters/draft_parts.py)
         self.prompts = self.parts.prompts if head else replace(self.parts.prompts, head=None)
         self.sizer, self.lookup, self.early = sizer, lookup, self.parts.early_head if prune else None
         self.guesses, self.state, self.context, self.level = None, self.prompts.k, None, 0  # level: LOOKUP_LENGTHS
+        # ppd-corpus: the corpus's n-gram tables, and this answer's queries of them (CorpusNgrams.draft's `known`)
+        self.corpus = self.parts.corpus.table if corpus else None
+        self.known: dict = {}
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         logits, self.guesses = read_with_prompt_tokens(self.model, self.cache, ids, self.prompts, self.parts.ranks)
@@ -147,6 +150,11 @@ class PpdDrafter(Drafter):
             self.context.extend([root])
             length = LOOKUP_LENGTHS[self.level]
             chains = draft_chains(self.context, parts.ngrams, 1 if self.level else parts.lookup_chains, length)
+            if self.corpus is not None:  # the corpus's chain first, where it reaches the chains' length; one more
+                # chain at the first level, one chain in all at the longer ones (the rows step_rows allows)
+                first, _ = self.corpus.draft(self.context.tokens, length, self.known)
+                chains = (([first] if len(first) == length else []) + [c for c in chains if c != first])[
+                    :1 if self.level else parts.lookup_chains + 1]
             if chains:
                 layout = parts.lookup_layout(self.state, len(chains), length, size)
                 chain = [t for c in chains for t in c]
