@@ -14,7 +14,8 @@ precision report (docs/measurements/precision*.json, `ppdkit precision`), a serv
 (docs/measurements/serve-load*.json, `ppdkit serve-bench --out`), a cluster-throughput report
 (docs/measurements/cluster-throughput*.json, `infra/ray/cluster_throughput.py --out`), a GPU lane's report
 (docs/measurements/gpu-lane*.json, the lane.json `python -m ppdkit.jobs.gpu_lane` writes), a draft-arms report
-(docs/measurements/draft-blocks*.json and draft-grow*.json, docs/tools/draft_blocks.py) or the history
+(docs/measurements/draft-blocks*.json and draft-grow*.json, docs/tools/draft_blocks.py), a tau-by-rows report
+(docs/measurements/ppd-tau*.json, docs/tools/ppd_tau.py) or the history
 (docs/measurements/history.json, figures transcribed from the pages before they had reports).
 
     .venv/bin/python docs/tools/figure_blocks.py           # rewrite every block from its report
@@ -258,6 +259,30 @@ def draft_arms_block(name: str, report: dict, docs_link: str) -> list[str]:
     return lines + note_lines(report)
 
 
+def ppd_tau_block(name: str, report: dict, docs_link: str) -> list[str]:
+    """A tau-by-rows report (docs/tools/ppd_tau.py): the prompt tokens' tokens per step against the input rows a step
+    feeds, decoded where the kernels verify that many rows losslessly, expected from the acceptance on the same
+    answers everywhere, beside the thesis's Table 6.1."""
+    thesis = "; ".join(f"{model} {t['tau']} with inputs of {t['rows']} rows" for model, t in report["thesis"].items())
+    lines = [provenance(report, "python docs/tools/ppd_tau.py"), "",
+             f"`ppd` of {report['model']} ({report['hyperparameters']['num_prompt_tokens']} prompt tokens x "
+             f"{report['hyperparameters']['num_epts']} EPTs), {report['measure']['dtype']}, {report['prompts']} "
+             f"{report['measure']['prompts']} first turns, {report['measure']['max_new_tokens']} new tokens; the same "
+             f"tokens at every decoded size on {report['identical']} of {report['prompts']} "
+             f"([report]({docs_link}measurements/{name}.json)). The thesis's tau (Table 6.1): {thesis}.", "",
+             "| input rows | tau decoded | tau expected from these answers | tau the calibration expected "
+             "| steps keeping at least 1/2/3 guesses |", "|---:|---:|---:|---:|---|"]
+    for row in report["sizes"]:
+        decoded = f"{row['tau']:.3f}" if "tau" in row else f"- (over {report['lossless_rows']} rows)"
+        calibrated = f"{row['expected_tau']:.3f}" if "expected_tau" in row else "-"
+        lines.append(f"| {row['rows']} | {decoded} | {row['mt_bench_expected_tau']:.3f} | {calibrated} | "
+                     f"{adopt.format_shares(row.get('kept_share'))} |")
+    top1 = "/".join(f"{v:.3f}".lstrip("0") for v in report["mt_bench_top1_by_distance"])
+    top10 = "/".join(f"{v:.3f}".lstrip("0") for v in report["mt_bench_top10_by_distance"])
+    return lines + ["", f"On these answers the guesses' top-1 was right {top1} and their top-10 {top10} at distances "
+                        f"1-{len(report['mt_bench_top1_by_distance'])} (each given the nearer ones within the top-10)."]
+
+
 def history_block(name: str, report: dict, docs_link: str) -> list[str]:
     """The transcribed history: a heading per day, in date order, then one line per finding with its machine and
     command."""
@@ -282,6 +307,8 @@ def report_kind(report: dict):
         return gpu_lane_block
     if report.get("kind") == "draft-arms":
         return draft_arms_block
+    if report.get("kind") == "ppd-tau":
+        return ppd_tau_block
     if "entries" in report and "transcribed_from" in report:
         return history_block
     if "results" in report and "prompts_source" in report:
@@ -291,7 +318,7 @@ def report_kind(report: dict):
     if "perplexity" in report and "equal" in report:
         return precision_block
     raise ValueError("not a report this tool renders: a bench, step-cost, precision, serving-load, "
-                     "cluster-throughput, GPU lane, draft-arms or history report")
+                     "cluster-throughput, GPU lane, draft-arms, tau-by-rows or history report")
 
 
 def docs_prefix(page: Path, docs: Path = DOCS) -> str:
