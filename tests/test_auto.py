@@ -76,3 +76,11 @@ def test_a_method_the_component_lacks_fails_before_the_model_loads(tmp_path, cap
     refuse_unserved_method("ppdkit/models/components/smollm2-135m-ppd", "ppd-prune")  # its early head: at load
     with pytest.raises(ValueError, match="a custom decoding head"):
         refuse_unserved_method("ppdkit/models/components/smollm2-135m-ppd", "ppd-head")
+
+
+def test_the_trials_second_half_times_only_ar_and_the_close_ones():
+    from ppdkit.runtime.auto import KEEP, still_in
+
+    speeds = {"ar": 100.0, "anpd": 90.0, "self-draft": 60.0, "eagle3": 150.0, "eagle3-anpd": 150 * KEEP}
+    assert still_in(list(speeds), speeds) == ["ar", "eagle3", "eagle3-anpd"]
+    assert still_in(["ar", "anpd"], {"ar": 100.0, "anpd": 50.0}) == ["ar"]

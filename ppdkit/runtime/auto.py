@@ -3,7 +3,8 @@ and cached per machine, base model and component like the tree profile (runtime/
 
 The trial decodes a few prompts of the kinds whose drafts differ most (prose, an explanation, code, a list)
 with every method the decoder serves, interleaved so drift in machine speed hits them alike, and keeps the
-one with the most tokens per second. A drafter must beat `ar` by MARGIN in the trial to be chosen: a trial is
+one with the most tokens per second. Halfway, the methods clearly behind (under KEEP of the fastest) stop, so the
+first decode on a machine spends its time on the close ones. A drafter must beat `ar` by MARGIN in the trial to be chosen: a trial is
 short and timings here drift by several percent, and auto must never be slower than plain decoding.
 """
 
@@ -38,6 +39,7 @@ TRIAL_PROMPTS = (
 )
 TRIAL_TOKENS = 96
 MARGIN = 0.03
+KEEP = 0.85  # halfway through the trial, a method under this share of the fastest's speed is timed no further
 
 
 def candidates(decoder) -> list[str]:
@@ -59,8 +61,12 @@ def measure(decoder, methods: list[str], prompts: tuple[str, ...] = TRIAL_PROMPT
     steps: dict[str, list[float]] = {m: [] for m in methods}
     for method in methods:  # warm-up: first-call allocations are not measured
         decoder.generate(prompts[0], max_new_tokens=4, method=method)
-    for prompt in tqdm(prompts, desc=f"auto: timing {len(methods)} methods", unit="prompt", leave=False):
-        for method in methods:
+    timed = list(methods)
+    for i, prompt in enumerate(tqdm(prompts, desc=f"auto: timing {len(methods)} methods", unit="prompt",
+                                    leave=False)):
+        if i and i == len(prompts) // 2:  # halfway: the clearly slower ones are out (their speed so far is what they get)
+            timed = still_in(timed, {m: made[m] / seconds[m] for m in timed})
+        for method in timed:
             started = time.perf_counter()
             result = decoder.generate(prompt, max_new_tokens=tokens, method=method)
             seconds[method] += time.perf_counter() - started
@@ -68,6 +74,13 @@ def measure(decoder, methods: list[str], prompts: tuple[str, ...] = TRIAL_PROMPT
             steps[method] += result.step_totals()
     return ({m: made[m] / seconds[m] for m in methods},
             {m: sorted(steps[m])[len(steps[m]) // 2] if steps[m] else 0.0 for m in methods})
+
+
+def still_in(methods: list[str], speeds: dict[str, float], keep: float = KEEP) -> list[str]:
+    """The methods worth the trial's second half: ar (every choice is held to it) and those within `keep` of the
+    fastest so far; a method further behind does not close that gap in four more prompts of the same kinds."""
+    best = max(speeds.values())
+    return [m for m in methods if m == "ar" or speeds[m] >= keep * best]
 
 
 def trial_path(decoder) -> Path:
