@@ -3,9 +3,10 @@ and cached per machine, base model and component like the tree profile (runtime/
 
 The trial decodes a few prompts of the kinds whose drafts differ most (prose, an explanation, code, a list)
 with every method the decoder serves, interleaved so drift in machine speed hits them alike, and keeps the
-one with the most tokens per second. Halfway, the methods clearly behind (under KEEP of the fastest) stop, so the
-first decode on a machine spends its time on the close ones. A drafter must beat `ar` by MARGIN in the trial to be chosen: a trial is
-short and timings here drift by several percent, and auto must never be slower than plain decoding.
+one with the most tokens per second. Halfway, the methods clearly behind (under KEEP of the fastest) stop, so
+the first decode on a machine spends its time on the close ones. A drafter must beat `ar` by MARGIN in the
+trial to be chosen: a trial is short and timings here drift by several percent, and auto must never be slower
+than plain decoding.
 """
 
 import json
@@ -64,7 +65,7 @@ def measure(decoder, methods: list[str], prompts: tuple[str, ...] = TRIAL_PROMPT
     timed = list(methods)
     for i, prompt in enumerate(tqdm(prompts, desc=f"auto: timing {len(methods)} methods", unit="prompt",
                                     leave=False)):
-        if i and i == len(prompts) // 2:  # halfway: the clearly slower ones are out (their speed so far is what they get)
+        if i and i == len(prompts) // 2:  # halfway: the clearly slower ones are out (keeping their speed so far)
             timed = still_in(timed, {m: made[m] / seconds[m] for m in timed})
         for method in timed:
             started = time.perf_counter()
