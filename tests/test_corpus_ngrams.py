@@ -201,3 +201,27 @@ def test_ppd_corpus_is_the_base_models_greedy_output_and_its_chain_pays_where_th
             steps[name] += out.steps
     steps["lookup"] = sum(decoder.generate(ids, max_new_tokens=40, method="ppd-lookup").steps for ids in prompts)
     assert steps["answers"] < steps["lookup"], steps
+
+
+def test_a_prefetch_builds_the_tables_in_a_thread_and_the_load_takes_them(tmp_path, monkeypatch):
+    """What a first decode starts beside its model's load: the tables built in another thread, once; the load then
+    takes that build's tables (built nowhere else) and a later load reads the cached file."""
+    import threading
+
+    from ppdkit.models.tiny import build_tiny_llama
+    from ppdkit.runtime.drafters.corpus_ngrams import prefetch_corpus_ngrams
+
+    monkeypatch.setenv("PPDKIT_CACHE", str(tmp_path / "cache"))
+    _, tok = build_tiny_llama()
+    corpus = _tiny_corpus(tmp_path / "corpus", tok, [[1, 2, 3, 4], [2, 3, 5], [2, 3, 4]])
+    threads, real = [], corpus_ngrams.build_tables
+
+    def counted(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(corpus_ngrams, "build_tables", counted)
+    prefetch_corpus_ngrams(corpus.root, max_n=3)
+    prefetch_corpus_ngrams(corpus.root, max_n=3)  # asked twice: built once
+    assert load_corpus_ngrams(corpus.root, max_n=3).query([2, 3]) == (4, 1 * 4 + 2)  # 2 tokens; 2 of 3: bucket 2
+    assert len(threads) == 1 and threads[0].startswith("corpus-ngrams")
+    assert load_corpus_ngrams(corpus.root, max_n=3).query([2, 3])[0] == 4 and len(threads) == 1  # read back

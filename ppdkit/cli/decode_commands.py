@@ -54,12 +54,31 @@ def refuse_unserved_method(model: str, method: str) -> None:
                          f"{', '.join(trained.decoding_methods)}")
 
 
+def _prefetch_corpus(model: str, method: str) -> None:
+    """Where `method` may draft from the base model's corpus (auto's trial times the corpus methods), its n-gram tables
+    start building beside the model's load: on a first decode the two took about 20 s each, one after the other."""
+    import json
+
+    from ppdkit.data_pipeline.corpus import committed_corpus, has_committed_corpus
+    from ppdkit.runtime.auto import AUTO
+    from ppdkit.runtime.decoding_methods import Need
+    from ppdkit.runtime.drafters.corpus_ngrams import prefetch_corpus_ngrams
+
+    path = Path(model).expanduser() / "component.json"
+    if not path.is_file() or not (method == AUTO or Need.CORPUS in DECODING_METHODS[method].needs):
+        return
+    base = json.loads(path.read_text()).get("base_model", {}).get("name", "")
+    if has_committed_corpus(base):
+        prefetch_corpus_ngrams(committed_corpus(base))
+
+
 def _decoder(args: argparse.Namespace):
     """The decoder of --base (with --skip-map) or --model (with decode's and serve's loading options)."""
     from ppdkit.runtime.decoder import Decoder
 
     if args.model and getattr(args, "method", None):
         refuse_unserved_method(args.model, args.method)
+        _prefetch_corpus(args.model, args.method)
     if args.base:
         return Decoder.from_base(args.base, _load_options(args))
     return Decoder.from_pretrained(args.model, _load_options(args))

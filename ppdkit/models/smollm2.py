@@ -45,12 +45,13 @@ def convert_smollm2(out_dir: Path) -> Path:
 
     src = gguf_dir()
     steps = tqdm(total=4, desc="converting SmolLM2 GGUF -> safetensors (once)", unit="step")
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
-    steps.update()
-    with _gguf_bar_follows_transformers():
-        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE)
-    steps.update()
-    config = AutoConfig.from_pretrained(src, gguf_file=GGUF_FILE)
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+        steps.update()
+        with _gguf_bar_follows_transformers():
+            gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE)
+        steps.update()
+        config = AutoConfig.from_pretrained(src, gguf_file=GGUF_FILE)
     clean = LlamaForCausalLM._from_config(config)
     clean.load_state_dict(gguf_model.state_dict(), strict=True)
     steps.update()
@@ -67,6 +68,28 @@ def convert_smollm2(out_dir: Path) -> Path:
     steps.close()
     log.info("SmolLM2-135M-Instruct converted to %s", out_dir)
     return out_dir
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """transformers parses the GGUF file once for the tokenizer, the model, its weights and the config (gguf's
+    GGUFReader, about 4 s each on 2 cores: most of a first decode's conversion); here the first parse serves them all.
+    A reader is a read-only view of the memory-mapped file, so sharing it changes nothing it returns."""
+    import gguf
+
+    original, readers = gguf.GGUFReader, {}
+
+    def parsed(path, *args, **kwargs):
+        key = (str(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = original(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = parsed  # transformers imports it inside its functions, so it finds this one while here
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 @contextlib.contextmanager

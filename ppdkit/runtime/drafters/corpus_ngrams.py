@@ -17,6 +17,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,8 +140,25 @@ def corpus_digest(root: Path) -> str:
     return hashlib.sha256((root / "corpus.json").read_bytes()).hexdigest()
 
 
+_PREFETCHED: dict[tuple[Path, int], Future] = {}  # tables being read or built in a thread (prefetch_corpus_ngrams)
+
+
+def prefetch_corpus_ngrams(root: Path, max_n: int = MAX_N) -> None:
+    """Start reading or building the tables of the corpus at `root` in a thread, so that a first decode's model
+    conversion and load overlap the build (sorting releases the GIL); load_corpus_ngrams then waits for it."""
+    key = (Path(root).resolve(), max_n)
+    if key not in _PREFETCHED:
+        _PREFETCHED[key] = ThreadPoolExecutor(1, thread_name_prefix="corpus-ngrams").submit(_read_or_build, root, max_n)
+
+
 def load_corpus_ngrams(root: Path, max_n: int = MAX_N) -> CorpusNgrams:
-    """The tables of the corpus at `root`, read from the cache or built there once for this corpus version."""
+    """The tables of the corpus at `root`, read from the cache or built there once for this corpus version (or what a
+    prefetch of them read or built)."""
+    prefetched = _PREFETCHED.pop((Path(root).resolve(), max_n), None)
+    return prefetched.result() if prefetched is not None else _read_or_build(root, max_n)
+
+
+def _read_or_build(root: Path, max_n: int) -> CorpusNgrams:
     from safetensors.numpy import load_file, save_file
     from tqdm import tqdm
 
