@@ -395,3 +395,29 @@ def test_kv_cache_rows_are_an_odd_number_of_cache_lines():
     if lean.native is not None:
         assert lean.new_cache(4096).capacity == 4112 and lean.new_cache(4096).k.shape[-1] == 4112
 
+
+
+@pytest.mark.parametrize("path", ["native", "native-q4", "pytorch"])
+def test_ppd_reads_a_long_prompt_into_the_cache_bit_for_bit_as_ar_does(path, monkeypatch):
+    """A prompt longer than the rows the kernels hold row-invariant (fixed_shapes.ROWS): PPD's read of it leaves the
+    cache and the first logits exactly `ar`'s, the prompt tokens' rows dropped. Read in one step with the prompt
+    tokens behind it, SmolLM2's cache took other bits on Q4_1 blocks and in bfloat16, and a greedy answer parted from
+    ar's (MT-Bench's tenth first turn)."""
+    from conftest import plain_tiny_decoder
+
+    from ppdkit.runtime.drafters.ar import PlainDrafter
+    from ppdkit.runtime.drafters.ppd import read_with_prompt_tokens
+    from ppdkit.runtime.forward.fixed_shapes import ROWS
+
+    decoder = plain_tiny_decoder(path, monkeypatch)
+    model = decoder.model
+    prompts = PromptTokenSet(torch.randn(6, model.embed_ids(torch.tensor([1])).shape[-1], generator=torch.Generator().manual_seed(1)), None, 3,
+                             2, "ensemble")
+    ids = torch.randint(3, model.vocab_size, (ROWS + 37,), generator=torch.Generator().manual_seed(2))
+    plain = PlainDrafter(decoder, model.new_cache(len(ids) + 16))
+    logits = plain.prefill(ids)
+    cache = model.new_cache(len(ids) + 16)
+    mine, guesses = read_with_prompt_tokens(model, cache, ids, prompts, 4)
+    assert torch.equal(mine, logits) and cache.length == plain.cache.length == len(ids) and guesses.shape == (3, 4)
+    assert torch.equal(cache.k[..., :len(ids)], plain.cache.k[..., :len(ids)])
+    assert torch.equal(cache.v[:, :, :len(ids)], plain.cache.v[:, :, :len(ids)])

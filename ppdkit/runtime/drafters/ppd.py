@@ -53,21 +53,21 @@ def guesses_from(model: LeanLlama, hidden: torch.Tensor, prompts: PromptTokenSet
 
 def read_with_prompt_tokens(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: PromptTokenSet,
                             ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read the prompt [P] with all k prompt tokens behind its last token: (its last position's logits [V], the
-    prompt tokens' guesses [k, ranks]); the prompt's cache entries committed, the prompt tokens' dropped."""
+    """Read the prompt [P] as `ar` reads it, then all k prompt tokens behind its last token in a step of their own:
+    (its last position's logits [V], the prompt tokens' guesses [k, ranks]); the prompt's cache entries committed,
+    the prompt tokens' dropped. One forward of both would be a step of P + k n rows, which past the rows the native
+    kernels hold row-invariant gave the prompt's cache other bits than `ar`'s (greedy output parted from `ar`'s on
+    Q4_1 blocks and in bfloat16)."""
     p, kn = len(ids), prompts.k * prompts.n
-    mask = torch.zeros(p + kn, p + kn, dtype=torch.bool)
-    mask[:p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
-    mask[p:, :p] = True
-    mask[p:, p:] = ept_mask(prompts.k, prompts.n, prompts.mask_kind)
-    mask = torch.cat([torch.ones(p + kn, cache.length, dtype=torch.bool), mask], dim=1)
-    positions = torch.cat([torch.arange(p), p - 1 + torch.arange(prompts.k).repeat_interleave(prompts.n) + 1])
-    x = torch.cat([model.embed_ids(ids), prompts.embeddings.to(model.dtype)])
-    hidden = model.forward(x, cache.length + positions, cache, mask)
-    logits = model.logits(hidden[p - 1])
-    guesses = guesses_from(model, hidden[p:], prompts, prompts.k, ranks)
-    cache.commit(torch.arange(p), p + kn)
-    return logits, guesses
+    hidden = model.forward(model.embed_ids(ids), cache.length + torch.arange(p), cache, None)  # causal, as ar's
+    cache.commit(None, p)
+    logits = model.logits(hidden[-1])
+    mask = torch.cat([torch.ones(kn, cache.length, dtype=torch.bool), ept_mask(prompts.k, prompts.n,
+                                                                                prompts.mask_kind)], dim=1)
+    positions = cache.length - 1 + torch.arange(prompts.k).repeat_interleave(prompts.n) + 1  # [k n]
+    hidden = model.forward(prompts.embeddings.to(model.dtype), positions, cache, mask)
+    cache.commit(torch.arange(0), kn)  # none of the prompt tokens' rows stay
+    return logits, guesses_from(model, hidden, prompts, prompts.k, ranks)
 
 
 def prefill(model: LeanLlama, cache: KVCache, ids: torch.Tensor, prompts: PromptTokenSet, ranks: int,
