@@ -1,5 +1,6 @@
-"""What the draft's A/B tools share (draft_layers.py, draft_objective.py): arms that all start from the committed
-EAGLE-3 draft and train on the same batches of the committed corpus, online, each on its own AdamW at the same lr
+"""What the draft's A/B tools share (draft_layers.py, draft_objective.py, ppd_recipe.py): arms that all start from
+the committed EAGLE-3 draft (or the same seeded draw of prompt tokens) and train on the same batches of the committed
+corpus, online, each on its own AdamW at the same lr
 schedule. Every step's batch is computed once by the frozen base for all arms (train.online's targets and states,
 outside the arms' seconds); the held-out top-1 and top-5 at distances 1-4 of every arm are written every
 --eval-every steps, with each arm's training seconds. Where the arms are decodable, each one's component can be
@@ -50,20 +51,24 @@ def top(metrics: dict, k: int, depth: int) -> list[float]:
 
 
 def run_ab(a: argparse.Namespace, argv: list[str] | None, tool: str, what: str, arms: dict[str, dict],
-           prepare: Callable[[str, object], None] | None = None, components: Path | None = None) -> dict:
+           prepare: Callable[[str, object], None] | None = None, components: Path | None = None,
+           base_cfg: TrainConfig | None = None) -> dict:
     """Train `arms` (name -> the TrainConfig settings it changes) side by side; `prepare(name, run)` may change a
     run once made (a second layer). The report goes to a.out as it grows; with `components`, each arm's draft is
-    written to components/<name> at the end."""
+    written to components/<name> at the end. `base_cfg`: what every arm starts from (default: the committed EAGLE-3
+    draft, trained online at a.lr); one without train.init_from starts every arm from the same seeded draw."""
     torch.manual_seed(0)
     loaded = load_base_model("smollm2-135m", "none", "float32", for_training=True)
-    shape = read_component(COMPONENT).hyperparameters
-    base_cfg = TrainConfig(method="eagle3", online=True, init_from=str(COMPONENT), head_depth=a.depth,
-                           draft_vocab=shape["draft_vocab"], precision=a.precision, lr=a.lr, micro_batch=a.batch,
-                           num_workers=1)
+    if base_cfg is None:
+        shape = read_component(COMPONENT).hyperparameters
+        base_cfg = TrainConfig(method="eagle3", online=True, init_from=str(COMPONENT), head_depth=a.depth,
+                               draft_vocab=shape["draft_vocab"], precision=a.precision, lr=a.lr, micro_batch=a.batch,
+                               num_workers=1)
     teacher = OnlineTeacher(loaded.model, 64, keep_bytes=3e9)
     train, holdout = _sequences(teacher, [committed_corpus("smollm2-135m")], loaded.fingerprint, loaded.tokenizer)
     holdout = holdout[:a.eval_sequences]
-    method, init = TRAINING_METHODS["eagle3"], starting_component(base_cfg, loaded.fingerprint)
+    method, init = TRAINING_METHODS[base_cfg.method], starting_component(base_cfg, loaded.fingerprint)
+    started_from = Path(base_cfg.init_from).name if base_cfg.init_from else "a seeded draw"
     runs = {}
     for name, settings in arms.items():
         runs[name] = method.start(base_cfg.model_copy(update=settings), loaded, train, init, teacher=teacher)
@@ -71,16 +76,17 @@ def run_ab(a: argparse.Namespace, argv: list[str] | None, tool: str, what: str, 
             prepare(name, runs[name])
     optimizers = {name: torch.optim.AdamW(r.module.parameters(), lr=a.lr, weight_decay=0.0) for name, r in runs.items()}
     seconds, positions = {name: 0.0 for name in runs}, 0
+    distances = next(iter(runs.values())).distances  # the token distances every evaluation scores
     report = {"what": what, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join([f"python docs/tools/{tool}", *(argv if argv is not None else sys.argv[1:])]),
-              "machine": machine_info(), "started_from": COMPONENT.name, "arms": arms,
+              "machine": machine_info(), "method": base_cfg.method, "started_from": started_from, "arms": arms,
               "settings": {k: v for k, v in vars(a).items() if k not in ("out", "components")},
               "train_sequences": len(train), "heldout_sequences": len(holdout), "evals": []}
 
     def evaluate(step: int) -> None:
         scores = {n: r.evaluate(r.module, holdout, step) for n, r in runs.items()}
-        row = {"step": step, "positions": positions, **{n: top(s, 1, a.depth) for n, s in scores.items()},
-               "top5": {n: top(s, 5, a.depth) for n, s in scores.items()}}
+        row = {"step": step, "positions": positions, **{n: top(s, 1, distances) for n, s in scores.items()},
+               "top5": {n: top(s, 5, distances) for n, s in scores.items()}}
         report["evals"].append(row)
         report["train_seconds"] = {n: round(s, 1) for n, s in seconds.items()}
         log.info("%s", row)
@@ -109,9 +115,9 @@ def run_ab(a: argparse.Namespace, argv: list[str] | None, tool: str, what: str, 
         for name, r in runs.items():
             tensors = {k: v.detach().to(torch.float16) if v.is_floating_point() else v
                        for k, v in r.export_tensors(r.module.state_dict()).items()}  # as adopt commits a draft
-            write_component(arm_directory(components, name), "eagle3", r.hyperparameters(), "smollm2-135m",
+            write_component(arm_directory(components, name), base_cfg.method, r.hyperparameters(), "smollm2-135m",
                             loaded.fingerprint, {"ab": tool, "arm": name, "steps": a.steps,
-                                                 "started_from": COMPONENT.name}, tensors)
+                                                 "started_from": started_from}, tensors)
     return report
 
 
