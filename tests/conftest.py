@@ -32,10 +32,15 @@ def free_port() -> int:
 def pytest_configure(config):
     # Tests never touch the user's cache or tracking store. PPDKIT_TEST_CACHE keeps one between runs
     # (saves the SmolLM2 conversion when iterating locally); CI starts from nothing.
+    from ppdkit.models.paths import cache_dir
+
+    users = cache_dir() / "llama.cpp"  # what `make setup-llama-server` built (llama-server, its converter): read only
     cache = os.environ.get("PPDKIT_TEST_CACHE")
     if not cache:
         cache = tempfile.mkdtemp(prefix="ppdkit-test-cache-")
         _made_cache.append(cache)
+    if users.is_dir() and not (Path(cache) / "llama.cpp").exists():
+        (Path(cache) / "llama.cpp").symlink_to(users, target_is_directory=True)
     os.environ["PPDKIT_CACHE"] = cache
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

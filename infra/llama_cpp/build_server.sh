@@ -4,7 +4,8 @@
 # are the same llama.cpp, with the same CMake arguments for this CPU (cmake_args.sh: the native build, clang for its
 # AMX kernels where the CPU has them). About 4 minutes on 2 cores.
 # usage: build_server.sh PYTHON
-# Writes $PPDKIT_CACHE/llama.cpp/llama-cpp-python-VERSION/bin/llama-server and llama-bench
+# Writes $PPDKIT_CACHE/llama.cpp/llama-cpp-python-VERSION/bin/llama-server and llama-bench, and convert/ (its GGUF
+# converter)
 # (ppdkit/bench/serving_backends.py looks there): static binaries (no shared libraries beside it), no web UI (its prebuilt assets come from a model hub,
 # which the build must not need), no curl or OpenSSL (the server loads a local file and serves plain HTTP).
 set -euo pipefail
@@ -29,5 +30,12 @@ for tool in llama-bench llama-server; do  # llama-server last: its presence says
     install -m 755 "$work/build/bin/$tool" "$dest/bin/$tool.partial"
     mv "$dest/bin/$tool.partial" "$dest/bin/$tool"
 done
+# llama.cpp's GGUF converter from the same source (`ppdkit export --format gguf`: ppdkit/models/gguf_export.py), with
+# the gguf package it is written against
+rm -rf "$dest/convert.partial"
+mkdir -p "$dest/convert.partial"
+cp -r "$source/convert_hf_to_gguf.py" "$source/conversion" "$source/gguf-py" "$dest/convert.partial/"
+rm -rf "$dest/convert"
+mv "$dest/convert.partial" "$dest/convert"
 "$dest/bin/llama-server" --version 2>&1 | tail -2
 echo "setup-llama-server: wrote $dest/bin/llama-server and llama-bench"

@@ -3,6 +3,7 @@
 (the MLflow UI)."""
 
 import argparse
+import json
 import os
 import sys
 
@@ -24,6 +25,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         from ppdkit.registry.models import resolve
 
         source = resolve(source)
+    if args.format == "gguf":
+        from ppdkit.models.gguf_export import DRAFT_FILE, RECORD, export_gguf
+
+        out = export_gguf(Path(source), Path(args.out))
+        record = json.loads((out / RECORD).read_text())
+        print(f"wrote {out / DRAFT_FILE} (sha256 {record['sha256'][:16]}); serve it with llama.cpp: "
+              f"llama-server -m {record['base_gguf']} -md {out / DRAFT_FILE} --spec-type draft-eagle3")
+        return 0
     out = export_eagle3(Path(source), Path(args.out), args.format, args.verifier)
     print(f"wrote {args.format} layout to {out}")
     return 0
@@ -90,12 +99,13 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
     prom.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else the cache's sqlite store")
     prom.set_defaults(func=cmd_promote)
 
-    export = sub.add_parser("export", help="write an eagle3 component in the layout vLLM (speculators) or SGLang "
-                                           "loads")
+    export = sub.add_parser("export", help="write an eagle3 component in the layout vLLM (speculators), SGLang or "
+                                           "llama.cpp (gguf) loads")
     export.add_argument("model", help="a component directory or models:/NAME@ALIAS")
-    export.add_argument("--format", required=True, choices=["speculators", "sglang"],
+    export.add_argument("--format", required=True, choices=["speculators", "sglang", "gguf"],
                         help="speculators: vLLM's draft format (speculators 0.9.0); sglang: the Hugging Face EAGLE-3 "
-                             "layout (LlamaForCausalLMEagle3), which vLLM loads too")
+                             "layout (LlamaForCausalLMEagle3), which vLLM loads too; gguf: llama.cpp's EAGLE-3 draft "
+                             "(llama-server -md, --spec-type draft-eagle3), written by llama.cpp's own converter")
     export.add_argument("--out", required=True, help="the directory to write (replaced if it exists)")
     export.add_argument("--verifier", help="the base model's name in the config (default: its Hub id)")
     export.set_defaults(func=cmd_export)
