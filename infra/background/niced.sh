@@ -3,8 +3,9 @@
 # setting PIDFILE and LOG.
 running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 paused() { running && [ "$(ps -o stat= -p "$(cat "$PIDFILE")" | cut -c1)" = T ]; }
-# a paused job's children (Ray workers of a training job) are stopped too: the signal goes to its process group
-signal() { if running; then kill "-$1" -- "-$(cat "$PIDFILE")" 2>/dev/null || kill "-$1" "$(cat "$PIDFILE")"; fi; }
+# a paused job's children are stopped too: the signal goes to every process of its session (start_niced's setsid),
+# since Ray's workers of a training job run in process groups of their own within it
+signal() { if running; then pkill "-$1" -s "$(cat "$PIDFILE")" || true; fi; }
 # start_niced NAME COMMAND...: COMMAND in the background at nice 19, its pid in $PIDFILE, its output in $LOG.
 # niced: it takes the cores nothing else wants, so tests and builds beside it run at their own speed.
 # setsid gives the job a scheduling autogroup of its own, and the kernel shares the cores between autogroups
