@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from ppdkit.data_pipeline.corpus import committed_corpus, open_corpus
-from ppdkit.jobs.adopt import MEASURE, format_shares, history_table
+from ppdkit.jobs.adopt import MEASURE, format_shares, history_table, measure_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # page_check.py and draft_gap.py, beside this script
 from corpus_chain import chain_table  # noqa: E402
@@ -40,6 +40,7 @@ OUT = ROOT / "docs" / "corpus.md"
 COMMAND = "python docs/tools/corpus_page.py"
 BASE = "smollm2-135m"
 COMPONENT = ROOT / "ppdkit" / "models" / "components" / "smollm2-135m-eagle3"
+PROMPT_COMPONENT = ROOT / "ppdkit" / "models" / "components" / "smollm2-135m-ppd"
 MEASUREMENTS = ROOT / "docs" / "measurements"
 RECIPE = ROOT / "ppdkit" / "jobs" / "configs" / "smollm2-eagle3-continual.yaml"
 CURVE = ROOT / "docs" / "images" / "draft-scaling.png"
@@ -198,8 +199,8 @@ def values_section(report: dict) -> str:
             f"The same draft and corpus keep {gains} tokens per step with the fitted values, with no training.")
 
 
-def history_rows() -> list[dict]:
-    path = COMPONENT / "history.json"
+def history_rows(component: Path = COMPONENT) -> list[dict]:
+    path = component / "history.json"
     return json.loads(path.read_text())["rows"] if path.is_file() else []
 
 
@@ -262,6 +263,16 @@ def render() -> str:
         history_table(history) if history else "No candidate has been measured yet.\n",
     ]
     parts += ["", section(history, training_rates(), CURVE.relative_to(ROOT / "docs").as_posix())]
+    prompt_history = history_rows(PROMPT_COMPONENT)
+    if prompt_history:
+        ppd = measure_for("ept")
+        parts += ["", "## The committed prompt tokens' history", "",
+                  "The prompt tokens train on the same corpus, online, from the committed ones "
+                  "([ppdkit/jobs/configs/smollm2-ppd-continual.yaml](../ppdkit/jobs/configs/smollm2-ppd-continual.yaml), "
+                  "run in the background of every session by `infra/continual/ppd.sh`), and `ppdkit adopt` keeps a "
+                  f"candidate only if it keeps more tokens a step on its measure (`{ppd['method']}` on the calibrated "
+                  f"tree of {ppd['tree_size']} input rows, the rest as above), with the held-out top-1 at distances "
+                  "1-3 of the run that trained it.", "", history_table(prompt_history)]
     chain = MEASUREMENTS / "corpus-chain.json"
     if chain.is_file():
         parts += ["", chain_section(json.loads(chain.read_text()))]
