@@ -103,11 +103,11 @@ def test_the_committed_component_decodes_mt_bench_losslessly_in_fewer_steps():
 
     from ppdkit.runtime.decoder import Decoder
 
-    # lookup_chains for ppd-lookup: the context's chain and the n-gram table's
+    # ppd-corpus drafts from the committed corpus's n-grams (the component ships no table of its own any more)
     decoder = Decoder.from_pretrained(REPO / "ppdkit" / "models" / "components" / "smollm2-135m-ppd", tree_size=16,
-                                      lookup_chains=4, dtype="float32")
-    assert decoder.draft.ngrams is not None and len(decoder.draft.ngrams.entries) > 10_000
-    for method in ("ppd", "ppd-lookup"):
+                                      dtype="float32")
+    assert decoder.draft.ngrams is None and decoder.draft.corpus is not None
+    for method in ("ppd", "ppd-lookup", "ppd-corpus"):
         assert lossless_tokens_per_step(decoder, method) > 1.3, method
     # The reported damage, brought in past the file checks: a NaN prompt-token embedding. Before the KV
     # cache kept draft rows finite, ppd answered this prompt with sixteen copies of token 0.
