@@ -202,7 +202,8 @@ def format_shares(values: list[float] | None) -> str:
 
 def history_table(rows: list[dict]) -> str:
     head = ("| date | corpus tokens | positions trained | draft vocabulary | "
-            "held-out top-1 by distance (start -> kept) | MT-Bench steps keeping 1/2/3+ guesses (committed -> candidate) | "
+            "held-out top-1 by distance (start -> kept) | "
+            "MT-Bench steps keeping 1/2/3+ guesses (committed -> candidate) | "
             "MT-Bench tokens per step (committed -> candidate) | adopted |\n|---|---|---|---|---|---|---|---|\n")
 
     def count(n) -> str:
