@@ -81,8 +81,8 @@ def _evaluate(evaluate: dict) -> list[str]:
     ar = evaluate.get("ar_tokens_per_s")
     return [", ".join(f"{m} {evaluate[f'{m}_tokens_per_s']:.1f} tok/s ({evaluate[f'{m}_speedup']:.2f}x greedy"
                       + (f", {evaluate[f'{m}_tokens_per_s'] / ar:.2f}x ar" if ar and m not in baselines else "")
-                      + ")" for m in measured)] + [_unpaid(m, evaluate, ar) for m in measured if m not in baselines
-                                                 and _unpaid(m, evaluate, ar)]
+                      + ")" for m in measured)] + [why for m in measured if m not in baselines
+                                                 if (why := _unpaid(m, evaluate, ar))]
 
 
 def _unpaid(method: str, evaluate: dict, ar: float | None) -> str:
