@@ -76,7 +76,7 @@ def run_ab(a: argparse.Namespace, argv: list[str] | None, tool: str, what: str, 
             prepare(name, runs[name])
     optimizers = {name: torch.optim.AdamW(r.module.parameters(), lr=a.lr, weight_decay=0.0) for name, r in runs.items()}
     seconds, positions = {name: 0.0 for name in runs}, 0
-    distances = next(iter(runs.values())).distances  # the token distances every evaluation scores
+    distances = min(r.distances for r in runs.values())  # the token distances every arm is scored at
     report = {"what": what, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join([f"python docs/tools/{tool}", *(argv if argv is not None else sys.argv[1:])]),
               "machine": machine_info(), "method": base_cfg.method, "started_from": started_from, "arms": arms,
