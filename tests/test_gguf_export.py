@@ -1,19 +1,18 @@
 """`ppdkit export --format gguf` (ppdkit/models/gguf_export.py): the committed EAGLE-3 draft as a GGUF that llama.cpp's
 own llama-server runs as its draft (`-md`, `--spec-type draft-eagle3`): its greedy answers are llama-server's plain
-ones, and it keeps more of its guesses than a draft of random weights does."""
+ones, and it keeps more of its guesses than a draft of random weights does. The servers are serve-bench's own kinds
+(`llama.cpp`, `llama.cpp-eagle3`), started as it starts them."""
 
 import json
 import shutil
-import subprocess
-import time
 import urllib.request
 
 import pytest
 import torch
 
-from ppdkit.bench.serving_backends import Unavailable, free_port, llama_server_binary
+from ppdkit.bench.serving_backends import (SERVERS, ServeBenchSettings, Unavailable, free_port, llama_server_binary,
+                                           running)
 from ppdkit.models.artifact import ArtifactError, read_component, write_component
-from ppdkit.models.catalog import base_gguf
 from ppdkit.models.gguf_export import DRAFT_FILE, RECORD, export_gguf, llama_cpp_converter
 from ppdkit.models.paths import file_sha256
 
@@ -30,9 +29,10 @@ def test_only_an_eagle3_draft_goes_to_llama_cpp(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def _llama_or_skip():
+def _llama_or_skip() -> None:
     try:
-        return llama_server_binary(None), llama_cpp_converter()
+        llama_server_binary(None)
+        llama_cpp_converter()
     except (Unavailable, ArtifactError) as error:
         pytest.skip(f"{error} (make setup-llama-server)")
 
@@ -48,47 +48,36 @@ def _random_draft(into, seed: int = 0):
     return into
 
 
-def _answers(server, draft) -> tuple[list[str], float]:
-    """llama-server on the base GGUF (with `draft` as its EAGLE-3 draft, if any): its greedy answers to PROMPTS and the
-    share of drafted tokens it accepted."""
+def _answers(kind: str, draft, work) -> tuple[list[str], float]:
+    """serve-bench's llama.cpp server kind (`llama.cpp`, or `llama.cpp-eagle3` with `draft` exported as its EAGLE-3
+    draft): its greedy answers to PROMPTS and the share of drafted tokens it accepted."""
+    settings = ServeBenchSettings(source=f"{COMPONENTS}/smollm2-135m-eagle3", base_only=False, draft=draft,
+                                  threads=2, max_tokens=64, work=work)
     port = free_port()
-    command = [str(server), "-m", str(base_gguf("smollm2-135m")), "--host", "127.0.0.1", "--port", str(port), "-t", "2",
-               "-c", "2048", "-np", "1"]
-    if draft is not None:
-        command += ["-md", str(draft), "--spec-type", "draft-eagle3"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(240):
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.25)
-        answers, drafted, accepted = [], 0, 0
+    answers, drafted, accepted = [], 0, 0
+    with running(SERVERS[kind](settings, port), port, work / f"{kind}.log", timeout=120) as server:
         for prompt in PROMPTS:
             body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": 64,
                                "temperature": 0}).encode()
-            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
+            request = urllib.request.Request(f"{server.url}/v1/chat/completions", body,
                                              {"Content-Type": "application/json"})
             reply = json.loads(urllib.request.urlopen(request, timeout=120).read())
             answers.append(reply["choices"][0]["message"]["content"])
             drafted += reply["timings"].get("draft_n", 0)
             accepted += reply["timings"].get("draft_n_accepted", 0)
-        return answers, accepted / max(drafted, 1)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    return answers, accepted / max(drafted, 1)
 
 
 def test_llama_server_runs_the_exported_draft_and_keeps_its_answers(tmp_path):
-    server, _ = _llama_or_skip()
+    _llama_or_skip()
     out = export_gguf(f"{COMPONENTS}/smollm2-135m-eagle3", tmp_path / "draft")
     record = json.loads((out / RECORD).read_text())
     assert record["sha256"] == file_sha256(out / DRAFT_FILE) and record["fingerprint"].startswith("sha256:")
-    control = export_gguf(_random_draft(tmp_path / "random"), tmp_path / "random-gguf")
-    plain, _ = _answers(server, None)
-    drafted, kept = _answers(server, out / DRAFT_FILE)
-    _, kept_by_chance = _answers(server, control / DRAFT_FILE)
+    for name in ("plain", "trained", "random"):
+        (tmp_path / name).mkdir()
+    plain, _ = _answers("llama.cpp", None, tmp_path / "plain")
+    drafted, kept = _answers("llama.cpp-eagle3", f"{COMPONENTS}/smollm2-135m-eagle3", tmp_path / "trained")
+    _, kept_by_chance = _answers("llama.cpp-eagle3", str(_random_draft(tmp_path / "random-draft")), tmp_path / "random")
     same = sum(a == b for a, b in zip(plain, drafted))
     assert same >= 7, f"{same}/8 answers as llama-server's plain ones"  # the issue's 90%, of 8
     assert kept > kept_by_chance + 0.05, (kept, kept_by_chance)

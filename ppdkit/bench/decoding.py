@@ -240,8 +240,8 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
         ran_by = others[method.partition(AT)[2]] if AT in method else decoder
         if _plain(method) == "auto":  # which method that was: the trial's choice for this decoder and machine
             row["ran"] = ran_by.fastest_method()
-        elif _plain(method) in METHODS and ran_by.resolve_method(_plain(method)) != _plain(method):
-            row["ran"], row["why"] = ran_by.resolve_method(_plain(method)), ran_by.unpaid  # no tree size pays here
+        elif _plain(method) in METHODS and (ran := ran_by.resolve_method(_plain(method))) != _plain(method):
+            row["ran"], row["why"] = ran, ran_by.unpaid  # no tree size pays here: it ran plain steps
         results.append(row)
     base = next(r for r in results if r["method"] == "hf-greedy")["tokens_per_s"]
     ar = next((r["tokens_per_s"] for r in results if r["method"] == "ar"), None)

@@ -235,15 +235,14 @@ def launch_llama_server(settings: ServeBenchSettings, port: int, eagle3: bool = 
     serves = {"base": base, "gguf": gguf.name, "slots": slots, "slot_context": per_slot, "threads": settings.threads}
     if eagle3:  # `ppdkit export --format gguf`, written by the converter of the source this llama-server is built from
         from ppdkit.models.artifact import ArtifactError
-        from ppdkit.models.gguf_export import DRAFT_FILE, export_gguf
+        from ppdkit.models.gguf_export import DRAFT_FILE, export_gguf, llama_cpp_converter
 
-        draft = draft_component(settings)
         try:
-            export = export_gguf(_resolved(draft), settings.work / "eagle3-gguf")
-        except ArtifactError as e:
-            if "converter is not in" not in str(e):
-                raise
+            llama_cpp_converter()
+        except ArtifactError as e:  # not built here: skipped, as llama-server itself is; a bad draft still fails
             raise Unavailable(str(e), "make setup-llama-server") from None
+        draft = draft_component(settings)
+        export = export_gguf(_resolved(draft), settings.work / "eagle3-gguf")
         argv += ["-md", str(export / DRAFT_FILE), "--spec-type", "draft-eagle3", "--spec-draft-n-max",
                  str(settings.speculative_tokens), "-td", str(settings.threads)]
         serves.update(draft=draft, spec_draft_n_max=settings.speculative_tokens)

@@ -10,7 +10,6 @@ llama-server reads. Beside the GGUF, export.json records the base model's finger
 and the file's sha256.
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -66,7 +65,7 @@ def export_gguf(component_dir: Path, out: Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-12:])
             raise ArtifactError(f"llama.cpp's converter ({converter}) could not write the draft:\n{tail}")
-    digest = hashlib.sha256((Path(component_dir) / "component.json").read_bytes()).hexdigest()
+    digest = file_sha256(Path(component_dir) / "component.json")
     write_json_atomic(tmp / RECORD, {
         "format": "gguf", "file": DRAFT_FILE, "sha256": file_sha256(tmp / DRAFT_FILE),
         "converter": f"llama.cpp of {converter.parents[1].name}", "base_model": name,

@@ -57,8 +57,8 @@ class DecodingMethod:
         return self.options.get("lookup", False)
 
     @property
-    def lookup_chains(self) -> int:
-        """Chains its steps carry beyond the component's lookup_chains: the corpus's (ppd-corpus)."""
+    def corpus_chains(self) -> int:
+        """Lookup chains its steps carry beyond the component's lookup_chains: the corpus's (ppd-corpus)."""
         return int(self.options.get("corpus", False) and self.lookup)
 
     @property

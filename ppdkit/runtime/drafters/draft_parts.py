@@ -154,7 +154,7 @@ class PromptTokenParts(SizedParts):
         if Need.TREES not in method.needs or not self.layouts:
             return super().step_rows(method)
         largest = max(layout.size for layouts in self.size_layouts.values() for layout in layouts.values())
-        return largest + (lookup_rows(self.lookup_chains + method.lookup_chains) if method.lookup else 0)
+        return largest + (lookup_rows(self.lookup_chains + method.corpus_chains) if method.lookup else 0)
 
 
 @dataclass(kw_only=True, eq=False)
