@@ -225,3 +225,32 @@ def test_a_prefetch_builds_the_tables_in_a_thread_and_the_load_takes_them(tmp_pa
     assert load_corpus_ngrams(corpus.root, max_n=3).query([2, 3]) == (4, 1 * 4 + 2)  # 2 tokens; 2 of 3: bucket 2
     assert len(threads) == 1 and threads[0].startswith("corpus-ngrams")
     assert load_corpus_ngrams(corpus.root, max_n=3).query([2, 3])[0] == 4 and len(threads) == 1  # read back
+
+
+@pytest.mark.parametrize("path", ["native", "pytorch"])
+def test_ppd_corpus_stays_ar_whatever_the_prompt_tokens_hold(path, monkeypatch):
+    """Prompt tokens of NaN, infinite, huge and random values beside a corpus chain that is often right: ppd-corpus
+    gives ar's tokens on both kernel paths."""
+    from ppdkit.runtime.decoder import Decoder
+    from ppdkit.runtime.drafters.draft_parts import PromptTokenParts
+    from ppdkit.runtime.drafters.ppd import PromptTokenSet
+    from ppdkit.runtime.trees.tree import best_tree_for_size
+
+    model, tok = tiny_model_on(path, monkeypatch)
+    rng = random.Random(4)
+    width = model.get_input_embeddings().weight.shape[1]
+    tree = best_tree_for_size([[0.5, 0.2, 0.1], [0.3, 0.1], [0.2]], 8)
+    table = None
+    for case, value in enumerate((math.nan, math.inf, -math.inf, 1e30, None)):
+        embeddings = torch.randn(3, width, generator=torch.Generator().manual_seed(case)) * 3
+        if value is not None:
+            embeddings[case % 3, rng.randrange(width)] = value
+        decoder = Decoder(model, tok, PromptTokenParts.of_tree(PromptTokenSet(embeddings, None, 3, 1, "ensemble"),
+                                                               tree))
+        if table is None:  # the model's own greedy answers, and some noise
+            prompts, answered = _greedy_texts(decoder, rng, 6)
+            table = build_tables(answered + [[rng.randrange(VOCAB) for _ in range(100)] for _ in range(5)])
+        decoder.draft.corpus = CorpusLookup(None, table)
+        for ids in prompts:
+            plain = decoder.generate(ids, max_new_tokens=40, method="ar").tokens
+            assert decoder.generate(ids, max_new_tokens=40, method="ppd-corpus").tokens == plain, (case, ids)
