@@ -36,16 +36,20 @@ def refuse_unserved_method(model: str, method: str) -> None:
     need; an early head and the base model's corpus come from elsewhere, and the load checks those."""
     import json
 
+    from ppdkit.models.eagle3 import PARALLEL
     from ppdkit.runtime.decoding_methods import COMPONENT_FREE, Need
     from ppdkit.trainer.training_methods import TRAINING_METHODS
 
     path = Path(model).expanduser() / "component.json"
     if method in COMPONENT_FREE or not path.is_file():  # a registry URI or a missing directory: the load says what
         return
-    trained = TRAINING_METHODS.get(json.loads(path.read_text()).get("method"))
+    card = json.loads(path.read_text())
+    trained = TRAINING_METHODS.get(card.get("method"))
     if trained is None:
         return
     carried = {need for m in trained.decoding_methods for need in DECODING_METHODS[m].needs}
+    if PARALLEL[0] in card.get("weights", ()):  # an EAGLE-3 draft trained with train.parallel_draft
+        carried.add(Need.EAGLE3_PROMPT_TOKENS)
     missing = set(DECODING_METHODS[method].needs) - carried - {Need.EARLY_HEAD, Need.CORPUS}
     if missing:
         lacks = " and ".join(n.value for n in DECODING_METHODS[method].needs if n in missing)

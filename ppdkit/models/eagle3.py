@@ -14,6 +14,13 @@ is False: the residual is g itself, not its norm (vLLM's default for this layout
 The tensor names are those of the Hugging Face EAGLE-3 layout that vLLM loads (LlamaForCausalLMEagle3), so an
 export renames nothing; the draft vocabulary's token ids are `draft_vocab` [V'] (the export turns them into
 vLLM's d2t offsets and SGLang's t2d mask).
+
+Prompt tokens for the draft (PPD thesis 6.4, the synergy; P-EAGLE's parallel drafting in vLLM's speculators): a draft
+may carry `parallel.embeds` and `parallel.hidden` [P, H], one trained pair per depth 2 .. P + 1. Drafting then reads,
+after the root's row at position t, P more rows at t + 1 .. t + P whose inputs are those pairs (in place of a guessed
+token's embedding and its parent's h), causal among themselves: one draft forward guesses every depth, each row's
+readout a distribution for its depth given the verified text alone, where the training-time test's rows read the
+draft's own guesses one forward a depth. Exports for vLLM and llama.cpp leave them out (they draft sequentially).
 """
 
 import torch
@@ -39,6 +46,7 @@ SHAPES = {
     "lm_head.weight": ("V", "H"),
 }
 TENSORS = tuple(SHAPES)
+PARALLEL = ("parallel.embeds", "parallel.hidden")  # [P, H] each: the draft's prompt tokens, depth 2 .. P + 1
 
 
 def aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -59,6 +67,11 @@ def expected_shapes(config, vocab: int) -> dict[str, tuple[int, ...]]:
     sizes = {"H": hidden, "3H": 3 * hidden, "2H": 2 * hidden, "Q": config.num_attention_heads * d,
              "K": config.num_key_value_heads * d, "I": config.intermediate_size, "V": vocab}
     return {name: tuple(sizes[dim] for dim in dims) for name, dims in SHAPES.items()}
+
+
+def parallel_shapes(config, depths: int) -> dict[str, tuple[int, int]]:
+    """The prompt tokens' shapes for a draft that guesses `depths` depths in one forward (P = depths - 1 pairs)."""
+    return {name: (depths - 1, config.hidden_size) for name in PARALLEL}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -26,6 +26,7 @@ class Need(Enum):
     SKIP_MAP = "a layer-skip map (--base NAME --skip-map ..., Decoder.from_base(skip_map=...))"
     SKIP_DRAFT = "a fine-tuned layer-skip draft (train.method skip-finetune)"
     EAGLE3_DRAFT = "an EAGLE-3 draft (train.method eagle3)"
+    EAGLE3_PROMPT_TOKENS = "an EAGLE-3 draft with prompt tokens (train.method eagle3, train.parallel_draft true)"
     CORPUS = ("the base model's self-distilled corpus (committed for catalog base models in "
               "ppdkit/data_pipeline/corpora/NAME; grow one with `ppdkit corpus grow`)")
 
@@ -130,6 +131,14 @@ METHODS: dict[str, DecodingMethod] = {m.name: m for m in (
                    "most often followed the text's longest ending (up to 6 tokens) in its self-distilled answers",
                    (Need.EAGLE3_DRAFT, Need.CORPUS), "drafters.eagle3_drafter:Eagle3Drafter",
                    {"nodes": GROWN_NODES, "ngrams": True, "corpus": True}),
+    DecodingMethod("eagle3-ppd", "eagle3 with the draft's prompt tokens: every depth guessed in one draft forward "
+                   "(the PPD thesis's synergy, 6.4; P-EAGLE), the tree grown over those guesses",
+                   (Need.EAGLE3_DRAFT, Need.EAGLE3_PROMPT_TOKENS), "drafters.eagle3_drafter:Eagle3ParallelDrafter",
+                   {"nodes": GROWN_NODES}),
+    DecodingMethod("eagle3-ppd-corpus", "eagle3-ppd with ANPD's chain of the live text and the corpus's chain merged, "
+                   "as eagle3-corpus merges them", (Need.EAGLE3_DRAFT, Need.EAGLE3_PROMPT_TOKENS, Need.CORPUS),
+                   "drafters.eagle3_drafter:Eagle3ParallelDrafter", {"nodes": GROWN_NODES, "ngrams": True,
+                                                                     "corpus": True}),
     DecodingMethod("medusa", "a tree drafted by Medusa-1 heads from the last hidden state",
                    (Need.MEDUSA_HEADS, Need.HEAD_TREE), "drafters.heads_drafter:HeadsDrafter"),
     DecodingMethod("ppd-prune", "ppd with ProPD's early pruning of the tree (nodes and their prompt tokens) after "

@@ -238,6 +238,26 @@ class Eagle3Config(DraftHeadConfig):
                              "ablation (ce) is the feature head's and Medusa's")
         return loss
 
+    parallel_draft: bool = Field(False, description="prompt tokens for the draft (PPD thesis 6.4; P-EAGLE): steps "
+                                 "1 .. head_depth - 1 of the training-time test read a trained pair (an embedding and "
+                                 "a hidden state) per step in place of the previous step's guess and state, so the "
+                                 "decoder guesses every depth in one draft forward (decoding methods eagle3-ppd*)")
+    freeze_draft: bool = Field(False, description="with parallel_draft: train the prompt tokens alone, the draft "
+                               "layer as train.init_from left it (its sequential eagle3* methods unchanged)")
+    prompt_lr_scale: float = Field(10.0, gt=0.0, description="with parallel_draft: the prompt tokens' lr is "
+                                   "train.lr times this (they start from a small random draw, the draft from a "
+                                   "trained one)")
+
+    @model_validator(mode="after")
+    def _parallel_needs_depths(self) -> "Eagle3Config":
+        if self.parallel_draft and self.head_depth < 2:
+            raise ValueError("train.parallel_draft trains prompt tokens for depths 2 .. head_depth: set "
+                             "train.head_depth to 2 or more")
+        if self.freeze_draft and not (self.parallel_draft and self.init_from):
+            raise ValueError("train.freeze_draft trains only the draft's prompt tokens: it needs "
+                             "train.parallel_draft true and train.init_from (the trained draft they serve)")
+        return self
+
 
 class EarlyHeadConfig(WeightTrainingConfig):
     """ProPD's early prediction head (ProPD paper 4.1): always KD, one token distance."""

@@ -9,6 +9,11 @@ tree rows do), so the draft trains on exactly the inputs and visibility it decod
 soft cross-entropy to the teacher renormalised on the draft vocabulary (train.top1_share of it moved onto the
 teacher's most likely token), step k weighted by alpha^(k+1). The base's hidden states come from
 trainer/features.py, computed in the teacher's dtype.
+
+With train.parallel_draft, steps 1 .. D-1 read the draft's prompt tokens instead (models/eagle3.py PARALLEL): step k's
+input is the k-th trained pair (an embedding, a hidden state that is also its residual) at every position, with the
+same visibility and rotary positions, so one draft forward of the root's row and P prompt-token rows guesses what the
+unrolled steps guess. They train at train.lr x train.prompt_lr_scale; with train.freeze_draft nothing else trains.
 """
 
 import math
@@ -22,17 +27,20 @@ from torch import nn
 from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.draft_heads import inverse_index
 from ppdkit.runtime.forward.llama import rotate  # x [B, heads, T, D], cos/sin [T, D]
-from ppdkit.models.eagle3 import Eagle3Draft, aux_layers, expected_shapes, layer_input, layer_output, readout
+from ppdkit.models.eagle3 import (PARALLEL, Eagle3Draft, aux_layers, expected_shapes, layer_input, layer_output,
+                                  parallel_shapes, readout)
 
 from .autocast_probe import use_autocast
 from .evaluate import TOPS, by_distance
 from .features import FeatureCache
 from .losses import on_draft_vocab, soft_cross_entropy, topk_hits, with_top1_share
 from .warm_start import draft_vocabulary
+from .training_methods import cosine
 from .training_run import TrainingRun
 
 # the config keys a run records as its hyperparameters; beside them, the precision it trained in (auto resolved)
-HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "top1_share", "alpha", "lr", "epochs", "seed")
+HYPERPARAMETERS = ("head_depth", "draft_vocab", "loss", "top1_share", "alpha", "lr", "epochs", "seed", "parallel_draft",
+                   "freeze_draft")
 KEEP_FEATURE_BYTES = 2e9  # a worker's kept hidden states; past it they are computed at every visit
 
 
@@ -66,6 +74,7 @@ def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
 
 class Eagle3Run(TrainingRun):
     DRAFT_VOCAB_ROWS = ("lm_head.weight",)  # a tensor [V', ...] by draft token: warm_start grows it with the vocabulary
+    FRESH = PARALLEL  # tensors a train.init_from component may lack: a sequential draft gets its prompt tokens here
 
     def __init__(self, method, cfg, base, train_sequences: list[ShardSequence], init=None):
         super().__init__(method, cfg, base)
@@ -79,6 +88,9 @@ class Eagle3Run(TrainingRun):
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.eps, self.layers = config.rms_norm_eps, aux_layers(config.num_hidden_layers)
         shapes = expected_shapes(config, len(vocab))
+        self.parallel = cfg.parallel_draft
+        if self.parallel:
+            shapes |= parallel_shapes(config, cfg.head_depth)
         lm_head = base.model.get_output_embeddings().weight.detach()[vocab]
         self.module = Eagle3Draft(shapes, lm_head, cfg.seed)
         self.module.register_buffer("draft_vocab", vocab)  # saved with every checkpoint and exported
@@ -87,6 +99,28 @@ class Eagle3Run(TrainingRun):
         positions = torch.arange(config.max_position_embeddings, device=self.device)[None]
         cos, sin = base.model.model.rotary_emb(torch.zeros(1, device=self.device), positions)  # base's rope [1, P, D]
         self.cos, self.sin = cos[0].float(), sin[0].float()
+
+    def param_groups(self, total_steps: int):
+        """One group on the cosine schedule; with prompt tokens, theirs at train.prompt_lr_scale x the lr, and the
+        draft's left out where train.freeze_draft holds it."""
+        if not self.parallel:
+            return super().param_groups(total_steps)
+        prompts = [p for name, p in self.module.weights.items() if name.replace("__", ".") in PARALLEL]
+        draft = [p for name, p in self.module.weights.items() if name.replace("__", ".") not in PARALLEL]
+        scale = self.cfg.prompt_lr_scale
+        groups, factors = [{"params": prompts}], [lambda s: scale * cosine(s, total_steps)]
+        if self.cfg.freeze_draft:
+            for p in draft:
+                p.requires_grad_(False)
+        else:
+            groups.append({"params": draft})
+            factors.append(lambda s: cosine(s, total_steps))
+        return groups, factors
+
+    def lr_metrics(self, lrs: list[float]) -> dict[str, float]:
+        if not self.parallel:
+            return super().lr_metrics(lrs)
+        return {"train.lr_prompt_tokens": lrs[0], **({"train.lr": lrs[1]} if len(lrs) > 1 else {})}
 
     def batch(self, sequences: list[ShardSequence], split: str) -> SequenceBatch:
         depth, longest = self.cfg.head_depth, max(len(s.input_ids) for s in sequences)
@@ -119,7 +153,12 @@ class Eagle3Run(TrainingRun):
         hidden = nn.functional.linear(batch.fused_input, w["fc.weight"])  # [B, T, H] g
         kv, out = defaultdict(lambda: ([], [])), []  # a layer's prefix -> its keys and values of steps 0..k
         for k in range(self.cfg.head_depth):
-            x = layer_input(self.embed[batch.ids[:, 1 + k:1 + k + t]], hidden, w, self.eps)  # [B, T, 2H]
+            if k and self.parallel:  # the k-th prompt-token pair at every position, in place of a guess and its state
+                embeds = w["parallel.embeds"][k - 1].expand_as(hidden)  # [B, T, H]
+                hidden = w["parallel.hidden"][k - 1].expand_as(hidden)
+            else:
+                embeds = self.embed[batch.ids[:, 1 + k:1 + k + t]]  # [B, T, H]
+            x = layer_input(embeds, hidden, w, self.eps)  # [B, T, 2H]
             cos, sin = self.cos[k:k + t], self.sin[k:k + t]  # rotary position t + k
             hidden = self._draft_step(w, x, hidden, kv, cos, sin, batch.real)  # [B, T, H] h: the next step's input
             target = batch.entry[:, 1 + k:1 + k + t]  # [B, T] the teacher's entry for token t + 2 + k

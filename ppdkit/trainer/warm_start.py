@@ -5,7 +5,8 @@ The component must be of the same method, made for the same base model, with ten
 draft vocabulary (where the method has one) replaces the one this run's data would give, since its readout rows
 are those tokens'. A larger train.draft_vocab grows it by this run's most frequent other tokens: the component's
 rows keep their tokens, a new token's row starts as a fresh run's would (eagle3: the base model's LM-head row).
-Only the weights carry over: the learning-rate schedule, the step count and the optimizer state start anew, as a
+Tensors a run adds to the method's (its FRESH: an EAGLE-3 draft's prompt tokens) start as drawn where the component
+has none. Only the weights carry over: the learning-rate schedule, the step count and the optimizer state start anew, as a
 fine-tune from Hugging Face weights does.
 """
 
@@ -56,6 +57,8 @@ def load_weights(run, init: Component) -> None:
     second table."""
     with torch.no_grad():
         mine = run.export_tensors(run.module.state_dict())  # component name -> a view of the module's tensor
+        fresh = set(getattr(run, "FRESH", ())) - set(init.tensors)  # the run's additions, kept as it drew them
+        mine = {name: t for name, t in mine.items() if name not in fresh}
         missing, extra = sorted(set(mine) - set(init.tensors)), sorted(set(init.tensors) - set(mine))
         if missing or extra:
             raise ArtifactError(f"train.init_from={init.path}: its tensors do not match this run's (missing "

@@ -196,7 +196,8 @@ class Eagle3Parts(DraftParts):
     eagle3: Eagle3Set
 
     def carries(self) -> set[Need]:
-        return super().carries() | {Need.EAGLE3_DRAFT}
+        return super().carries() | {Need.EAGLE3_DRAFT} | (
+            {Need.EAGLE3_PROMPT_TOKENS} if self.eagle3.parallel is not None else set())
 
 
 @dataclass(kw_only=True, eq=False)

@@ -43,16 +43,20 @@ class Eagle3Set:
     # matrices: its norms and packed panels, and {Hq, Hkv, D, I, H}; empty: the PyTorch operations below
     native_weights: list[torch.Tensor] = field(default_factory=list)
     native_shape: list[int] = field(default_factory=list)
+    # the draft's prompt tokens (models/eagle3.py PARALLEL): embeddings [P, H] and hidden states [P, H], or None
+    parallel: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def new_cache(self, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         return KVCache(1, self.kv_heads, self.head_dim, capacity, dtype, device)
 
 
-def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch.Tensor, tokens: torch.Tensor,
-               positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """The draft layer on R rows written after `cache`'s committed ones: hidden [R, H] (g or a parent's h),
-    tokens [R], positions [R], visible [R, length + R] bool -> h [R, H]."""
-    w, r = draft.weights, len(tokens)
+def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch.Tensor, tokens: torch.Tensor | None,
+               positions: torch.Tensor, visible: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
+    """The draft layer on R rows written after `cache`'s committed ones: hidden [R, H] (g, a parent's h or a prompt
+    token's), tokens [R] (or embeds [R, H]: their embeddings, prompt tokens' among them), positions [R], visible
+    [R, length + R] bool -> h [R, H]."""
+    w, r = draft.weights, len(hidden)
+    embeds = model.embed_ids(tokens) if embeds is None else embeds
     hq, hkv, d = draft.heads, draft.kv_heads, draft.head_dim
     group = hq // hkv
     bias = attention_bias(visible, cache.length, r, group, model.dtype, model.device)  # [g R, length + R]
@@ -60,10 +64,10 @@ def draft_rows(model: LeanLlama, draft: Eagle3Set, cache: KVCache, hidden: torch
         # one call, not ~60 small operations: on a few rows their dispatch costs more than the layer's arithmetic
         # (docs/history.md)
         cache.reserve(r)
-        return model.native.eagle3_layer(model.embed_ids(tokens), hidden.contiguous(), draft.native_weights,
+        return model.native.eagle3_layer(embeds.contiguous(), hidden.contiguous(), draft.native_weights,
                                          draft.native_shape, draft.eps, model.cos[positions], model.sin[positions],
                                          bias, cache.k, cache.v, cache.length)
-    x = layer_input(model.embed_ids(tokens), hidden, w, draft.eps)  # [R, 2H]
+    x = layer_input(embeds, hidden, w, draft.eps)  # [R, 2H]
     qkv = w["qkv"](x)  # [R, (Hq + 2 Hkv) D]
     cos, sin = model.cos[positions][:, None], model.sin[positions][:, None]  # [R, 1, D]
     qk = rotate(qkv[:, :(hq + hkv) * d].view(r, hq + hkv, d), cos, sin)
@@ -110,8 +114,9 @@ class Eagle3Drafter(GrownDrafter):
         self.draft = decoder.draft.eagle3
         self.capture = self.draft.layers
         # the committed rows, plus one per expanded node while a tree grows
-        self.draft_cache = self.draft.new_cache(cache.capacity + self.beam * self.depth + 1, self.model.dtype,
-                                                self.model.device)
+        prompt_rows = 0 if self.draft.parallel is None else len(self.draft.parallel[0])  # Eagle3ParallelDrafter's
+        self.draft_cache = self.draft.new_cache(cache.capacity + self.beam * self.depth + 1 + prompt_rows,
+                                                self.model.dtype, self.model.device)
         self.pending_states = self.pending_tokens = None  # [R, 3H], [R]: verified, not yet in the draft cache
 
     def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
@@ -125,25 +130,30 @@ class Eagle3Drafter(GrownDrafter):
             states, tokens = torch.cat([self.pending_states, states]), torch.cat([self.pending_tokens, tokens])
         self.pending_states, self.pending_tokens = states, tokens
 
-    def _read_verified(self, root: int) -> torch.Tensor:
+    def _read_verified(self, root: int, prompts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Commit the pending positions' rows (each with the token after it; the last with `root`) -> the last
-        row's h [H], whose guesses are the root's children."""
+        row's h [1, H], whose guesses are the root's children. `prompts` (the draft's prompt tokens, embeddings and
+        hidden states [P, H]): P rows after them in the same forward, causal, at the next P positions, not committed
+        -> [1 + P, H], the root's row then each prompt token's."""
         states, cache = self.pending_states, self.draft_cache
         r, start = len(states), cache.length
         following = torch.cat([self.pending_tokens[1:], torch.tensor([root], device=states.device)])
-        visible = torch.ones(r, start + r, dtype=torch.bool).tril(diagonal=start)  # causal over the cache
-        g = self.draft.weights["fc.weight"](states.to(self.model.dtype))  # [R, H]
-        h = draft_rows(self.model, self.draft, cache, g, following, torch.arange(start, start + r), visible)
-        cache.commit(None, r)
+        g, embeds = self.draft.weights["fc.weight"](states.to(self.model.dtype)), self.model.embed_ids(following)  # [R, H]
+        if prompts is not None:
+            g, embeds = torch.cat([g, prompts[1]]), torch.cat([embeds, prompts[0]])  # [R + P, H]
+        rows = len(g)
+        visible = torch.ones(rows, start + rows, dtype=torch.bool).tril(diagonal=start)  # causal over the cache
+        h = draft_rows(self.model, self.draft, cache, g, None, torch.arange(start, start + rows), visible, embeds)
+        cache.commit(None, r)  # the prompt tokens' rows stay uncommitted: the next rows overwrite them
         self.pending_states = self.pending_tokens = None
-        return h[-1]
+        return h[r - 1:]
 
     def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
         """The draft's proposals under `root`, grown as runtime/trees/grown_tree.py's expand grows the feature head's:
         in one native call where the draft's layer and readout run natively, else level by level here."""
         if native_grows(self.model, self.draft, self.beam):
             return self.grow_native(root, wanted, cost)
-        return self.grow_levels(self._read_verified(root)[None], wanted, cost)
+        return self.grow_levels(self._read_verified(root), wanted, cost)
 
     def grow_native(self, root: int, wanted: int, cost: StepCost | None) -> Proposals:
         """grow's tree in one call (runtime/kernels/eagle3_grow.cpp, grow_levels's twin), the verified positions read
@@ -156,7 +166,7 @@ class Eagle3Drafter(GrownDrafter):
             cache.reserve(read)
             start, fc_panels, tokens = self.pending_states.to(model.dtype), fc.panels, self.pending_tokens
         else:
-            start, fc_panels, tokens = self._read_verified(root)[None], None, None  # [1, H] the root's h
+            start, fc_panels, tokens = self._read_verified(root), None, None  # [1, H] the root's h
         grown = model.native.eagle3_grow(
             start, fc_panels, tokens, root, model.embed, draft.vocab, draft.native_weights, draft.native_shape,
             draft.eps, draft.weights["norm.weight"], head.panels, head.out_features, model.cos, model.sin, cache.k,
@@ -193,6 +203,36 @@ class Eagle3Drafter(GrownDrafter):
                                visible)
             cache.commit(None, len(rows))
         cache.rollback(committed)  # the tree's rows are dropped: only verified positions stay
+        return found
+
+
+class Eagle3ParallelDrafter(Eagle3Drafter):
+    """EAGLE-3's draft with its prompt tokens (models/eagle3.py PARALLEL; the PPD thesis's synergy, 6.4): the verified
+    positions and P prompt-token rows in one draft forward, whose readouts guess every depth at once, given the
+    verified text (not the guessed parent, as the sequential draft's do). The tree grows over them as grow_levels
+    grows it, each level's children the same depth's likeliest tokens under every expanded node, with no draft forward
+    after the first: a step's drafting is one layer call and one readout of 1 + P rows, where grow's is a layer call
+    and a readout a level."""
+
+    def __init__(self, decoder, cache: KVCache, **grown):
+        super().__init__(decoder, cache, **grown)
+        self.depth = min(self.depth, 1 + len(self.draft.parallel[0]))
+        # the fitted tree values (tree_values.json) value a sequential draft's guesses given their parent; these
+        # are not, so they are valued by their own probabilities
+        self.values = None
+
+    def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
+        h = self._read_verified(root, self.draft.parallel)[:self.depth]  # [D, H]: depth 1, then each prompt token's
+        values, indices = readout_top(self.model, self.draft, h, self.beam)  # [D, b] twice
+        found, frontier = Proposals(), ROOT
+        for level in range(1, len(h) + 1):
+            m = len(frontier.values)
+            top = values[level - 1].expand(m, -1), indices[level - 1].expand(m, -1)  # the depth's guesses, each parent
+            grown = grow_level(found, top, frontier, level, self.draft.vocab, self.beam, wanted, last=level == len(h),
+                               cost=cost)
+            if grown is None:
+                break
+            frontier = grown[2]
         return found
 
 

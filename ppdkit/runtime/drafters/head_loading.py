@@ -9,7 +9,7 @@ import torch
 from ppdkit.models.artifact import ArtifactError, Component
 from ppdkit.models.component_hyperparameters import read_hyperparameters
 from ppdkit.models.draft_heads import TENSORS
-from ppdkit.models.eagle3 import expected_shapes, head_dim
+from ppdkit.models.eagle3 import PARALLEL, expected_shapes, head_dim
 
 
 from ..forward.linear import QUANTIZED, Linear, draft_blocks, draft_layers
@@ -79,8 +79,24 @@ def load_eagle3(component: Component, model, matrices: torch.dtype | str | None 
     if not all(1 <= k <= config.num_hidden_layers for k in layers):
         raise ArtifactError(f"{where}/component.json: hyperparameters.aux_layers must name 3 of the base model's "
                             f"hidden states (1 .. {config.num_hidden_layers}), found {layers!r}")
-    return eagle3_set({name: component.tensors[name] for name in expected}, vocab, tuple(layers), model, matrices,
-                      bits)
+    draft = eagle3_set({name: component.tensors[name] for name in expected}, vocab, tuple(layers), model, matrices,
+                       bits)
+    draft.parallel = _prompt_tokens(component, config.hidden_size, model)
+    return draft
+
+
+def _prompt_tokens(component: Component, hidden: int, model) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The draft's prompt tokens (models/eagle3.py PARALLEL), checked, in the activations' dtype: (embeddings [P, H],
+    hidden states [P, H]); None for a draft without them."""
+    found = [component.tensors.get(name) for name in PARALLEL]
+    if all(t is None for t in found):
+        return None
+    shapes = [None if t is None else tuple(t.shape) for t in found]
+    if None in shapes or shapes[0] != shapes[1] or len(shapes[0]) != 2 or shapes[0][1] != hidden or not shapes[0][0]:
+        raise ArtifactError(f"{component.path}: a draft's prompt tokens are {' and '.join(PARALLEL)}, both [P, "
+                            f"{hidden}] with P >= 1; found {dict(zip(PARALLEL, shapes))}")
+    dtype = activation_dtype(next(model.parameters()).dtype)
+    return tuple(t.to(model.device, dtype) for t in found)
 
 
 def eagle3_set(tensors: dict[str, torch.Tensor], vocab: torch.Tensor, layers: tuple[int, ...], model,
