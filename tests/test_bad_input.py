@@ -59,7 +59,7 @@ OUT_OF_RANGE = [
                                       "'hf-greedy', 'hf-pld', 'ar', 'auto', 'anpd', 'self-draft', 'skip', 'skip-ft', 'ppd', "
                                       "'ppd-lookup', 'ppd-corpus', 'ppd-head', "
                                       "'feature-head', 'feature-grown', 'feature-grown-anpd', 'eagle3', 'eagle3-anpd', "
-                                      "'eagle3-corpus', 'medusa', 'ppd-prune', "
+                                      "'eagle3-corpus', 'eagle3-ppd', 'eagle3-ppd-corpus', 'medusa', 'ppd-prune', "
                                       "'feature-head-prune', 'medusa-prune', 'llama.cpp', 'llama.cpp-lookup' or "
                                       "'llama.cpp-q4'",
                                       "'eagle'"]),

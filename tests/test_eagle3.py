@@ -159,7 +159,7 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
     lean, t = decoder.model, 5
     drafter = Eagle3Drafter(decoder, lean.new_cache(64), nodes=2, beam=1, depth=1)
     drafter.prefill(ids[:t + 1])  # verified: positions 0 .. t
-    h = drafter._read_verified(int(ids[t + 1]))[None]  # the root is token t + 1
+    h = drafter._read_verified(int(ids[t + 1]))  # [1, H]: the root is token t + 1
     cache, committed = drafter.draft_cache, drafter.draft_cache.length
     for k in range(3):
         logp = level_logp(readout(h, decoder.draft.eagle3.weights, decoder.draft.eagle3.eps))

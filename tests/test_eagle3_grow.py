@@ -60,7 +60,7 @@ def test_the_native_grow_is_the_level_by_level_one(valued, sized, bf16, monkeypa
             if native:
                 grown.append(drafter.grow_native(int(ids[10]), nodes - 1, cost))
             else:
-                grown.append(drafter.grow_levels(drafter._read_verified(int(ids[10]))[None], nodes - 1, cost))
+                grown.append(drafter.grow_levels(drafter._read_verified(int(ids[10])), nodes - 1, cost))
             assert cache.length == before + 10 and drafter.pending_states is None  # the read rows kept, no tree's
             rows.append((cache.k[..., before:].clone(), cache.v[:, :, before:].clone()))
         assert _fields(grown[0]) == _fields(grown[1]), trial

@@ -221,12 +221,11 @@ def _run_evaluate(ctx: StageContext) -> dict[str, Any]:
 def _log_key_figures(ctx: StageContext, summary: dict[str, Any]) -> None:
     """The run's key figures (jobs/key_figures.py) and the benchmark prompts as its evaluation dataset."""
     from ppdkit.data_pipeline.dataset_info import prompts_record
-    from ppdkit.trainer.training_methods import TRAINING_METHODS
 
     from ppdkit.bench.decoding import load_prompts
     from .key_figures import key_figures
 
-    metrics, tags = key_figures(TRAINING_METHODS[ctx.spec.train.method].decoding_methods, summary)
+    metrics, tags = key_figures(ctx.spec.train.decoding_methods(), summary)
     ctx.tracker.log_metrics(metrics)
     ctx.tracker.set_tags(tags)
     cfg = ctx.spec.evaluate  # the prompts run_bench decoded: the same source and limit

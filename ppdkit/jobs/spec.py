@@ -104,10 +104,10 @@ class JobSpec(Section):
 
     @model_validator(mode="after")
     def _evaluated_methods_fit_the_component(self) -> "JobSpec":
+        from ppdkit.trainer.config import PARALLEL_METHODS
         from ppdkit.trainer.training_methods import TRAINING_METHODS
 
-        method = TRAINING_METHODS[self.train.method]
-        served = (*COMPONENT_FREE, *method.decoding_methods)
+        served = (*COMPONENT_FREE, *self.train.decoding_methods())
         # a corpus method drafts from the corpus that comes with a catalog base model, not from the component
         corpus = has_committed_corpus(self.base_model.name)
 
@@ -115,11 +115,13 @@ class JobSpec(Section):
             return not corpus and m in DECODING_METHODS and Need.CORPUS in DECODING_METHODS[m].needs
 
         if self.evaluate.methods is None:
-            self.evaluate.methods = ["hf-greedy", "ar", *(m for m in method.decoding_methods if not uncarried(m)),
+            self.evaluate.methods = ["hf-greedy", "ar", *(m for m in self.train.decoding_methods() if not uncarried(m)),
                                      "auto"]
         unserved = [m for m in self.evaluate.methods if m in DECODING_METHODS and m not in served]
         if unserved:
-            trainers = sorted({t.name for m in unserved for t in TRAINING_METHODS.values() if m in t.decoding_methods})
+            trainers = sorted({t.name for m in unserved for t in TRAINING_METHODS.values() if m in t.decoding_methods}
+                              | ({"eagle3 and train.parallel_draft true"} if set(unserved) & set(PARALLEL_METHODS)
+                                 else set()))
             fix = f"train with {' / '.join(trainers)}" if trainers else "run them with ppdkit bench"
             raise ValueError(f"evaluate.methods {unserved} cannot decode with what train.method={self.train.method} "
                              f"trains (its component serves {', '.join(served)}): drop them, or {fix}")

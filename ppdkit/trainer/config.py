@@ -25,6 +25,7 @@ from .training_methods import TRAINING_METHODS
 # larger trees only burn calibration time.
 MAX_TREE_SIZE = 1024
 
+PARALLEL_METHODS = ("eagle3-ppd", "eagle3-ppd-corpus")  # what an eagle3 draft with train.parallel_draft serves too
 DEFAULT_METHOD = "ept"  # a train section without `method` trains PPD's prompt tokens
 AUTOCAST_PRECISIONS = ("bf16-autocast", "auto")  # eagle3's alone: they time and autocast its draft layer
 
@@ -63,6 +64,10 @@ class TrainConfig(Section):
                                                    "checkpoint (layer-skip: a failed trial's retries)")
     seed: int = Field(0, description="seed of the initial weights, the data order, the insertion points and the "
                                      "layer-skip search")
+
+    def decoding_methods(self) -> tuple[str, ...]:
+        """The decoding methods this run's component serves (runtime/decoding_methods.py): its method's."""
+        return TRAINING_METHODS[self.method].decoding_methods
 
     def __new__(cls, /, **keys: Any) -> "TrainConfig":
         if cls is TrainConfig:  # the base itself is no method's: dispatch on `method`
@@ -247,6 +252,10 @@ class Eagle3Config(DraftHeadConfig):
     prompt_lr_scale: float = Field(10.0, gt=0.0, description="with parallel_draft: the prompt tokens' lr is "
                                    "train.lr times this (they start from a small random draw, the draft from a "
                                    "trained one)")
+
+    def decoding_methods(self) -> tuple[str, ...]:
+        """eagle3's, and with prompt tokens for the draft the methods that draft with them."""
+        return super().decoding_methods() + (PARALLEL_METHODS if self.parallel_draft else ())
 
     @model_validator(mode="after")
     def _parallel_needs_depths(self) -> "Eagle3Config":
