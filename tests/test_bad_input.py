@@ -60,8 +60,8 @@ OUT_OF_RANGE = [
                                       "'ppd-lookup', 'ppd-corpus', 'ppd-head', "
                                       "'feature-head', 'feature-grown', 'feature-grown-anpd', 'eagle3', 'eagle3-anpd', "
                                       "'eagle3-corpus', 'eagle3-ppd', 'eagle3-ppd-corpus', 'medusa', 'ppd-prune', "
-                                      "'feature-head-prune', 'medusa-prune', 'llama.cpp', 'llama.cpp-lookup' or "
-                                      "'llama.cpp-q4'",
+                                      "'feature-head-prune', 'medusa-prune', 'llama.cpp', 'llama.cpp-lookup', "
+                                      "'llama.cpp-q4', 'llama.cpp-server' or 'llama.cpp-eagle3'",
                                       "'eagle'"]),
     ("evaluate.methods=[]", ["'evaluate.methods'", "at least 1 item"]),
     ("evaluate.methods=ppd", ["'evaluate.methods'", "valid list", "write a YAML list"]),

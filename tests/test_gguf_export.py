@@ -82,3 +82,18 @@ def test_llama_server_runs_the_exported_draft_and_keeps_its_answers(tmp_path):
     assert same >= 7, f"{same}/8 answers as llama-server's plain ones"  # the issue's 90%, of 8
     assert kept > kept_by_chance + 0.05, (kept, kept_by_chance)
     shutil.rmtree(tmp_path)
+
+
+def test_the_bench_times_llama_cpp_with_the_draft_against_its_own_plain_server(tmp_path):
+    """`ppdkit bench --methods llama.cpp-eagle3`: the committed draft run by llama-server, held to llama-server's plain
+    answers (llama.cpp-server, added by the bench), with its tokens a step from the server's own count."""
+    _llama_or_skip()
+    from ppdkit.bench.decoding import run_bench
+
+    report = run_bench(f"{COMPONENTS}/smollm2-135m-eagle3", "mt-bench", 2, 32, ["ar", "llama.cpp-eagle3"])
+    rows = {r["method"]: r for r in report["results"]}
+    assert rows["llama.cpp-eagle3"]["compared_with"] == "llama.cpp-server" and "llama.cpp-server" in rows
+    assert rows["llama.cpp-eagle3"]["identical_to_greedy"] == 1.0  # 2 of 2 answers: the drafted ones are plain's
+    assert rows["llama.cpp-eagle3"]["mean_accepted_per_step"] > 1.0 == rows["llama.cpp-server"][
+        "mean_accepted_per_step"]
+    assert report["llama_server"]["draft"].endswith("smollm2-135m-eagle3")

@@ -26,7 +26,7 @@ from ppdkit.runtime.drafters.draft_parts import DraftParts, HeadParts, PromptTok
 from ppdkit.runtime.kernels.native import cpu_info
 from ppdkit.runtime.forward.dtypes import DTYPES
 
-from .llama_cpp import LLAMA_METHODS, llama_runners
+from .llama_cpp import LLAMA_METHODS, LLAMA_PLAIN, llama_runners, llama_systems
 from .step_breakdown import print_breakdown, step_breakdown
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def run_method(decoder: Decoder, method: str, ids: list[int], max_new_tokens: in
     by method (bench/llama_cpp.py); `others`: the decoders of other dtypes, for method@dtype."""
     if method in LLAMA_METHODS:
         tokens = llama[method].generate(ids, max_new_tokens)
-        return tokens, len(tokens), [], 0.0, [], None
+        return tokens, llama[method].steps, [], 0.0, [], None
     if AT in method:  # the same method on the decoder of another dtype
         method, _, dtype = method.partition(AT)
         decoder = others[dtype]
@@ -98,7 +98,7 @@ def reference_of(method: str, order: list[str], weights: str) -> str:
     int8 activations); for llama.cpp's speculative decoding llama.cpp's own plain decoding, and for its plain
     decoding itself (its kernels round otherwise: it is timed, not held to ppdkit's tokens)."""
     if method in LLAMA_METHODS:
-        return "llama.cpp" if method == "llama.cpp-lookup" else method
+        return LLAMA_PLAIN.get(method, method)
     if AT in method:  # another dtype: that dtype's own ar, where it runs
         other = "ar" + AT + method.partition(AT)[2]
         return other if other in order else method
@@ -165,10 +165,11 @@ def run_bench(model: str, prompts_source: str, limit: int | None, max_new_tokens
         raise ValueError(f"{model} cannot serve {', '.join(unserved)}: it serves {', '.join(decoder.methods())} "
                          "(and the transformers baselines)")
     prompts = [decoder.encode_chat(p) for p in load_prompts(prompts_source, limit)]
-    if "llama.cpp-lookup" in methods and "llama.cpp" not in methods:
-        methods = [*methods, "llama.cpp"]  # its outputs are compared with llama.cpp's own plain decoding
+    # llama.cpp's speculative outputs are compared with its own plain decoding of the same file
+    methods = [*methods, *(LLAMA_PLAIN[m] for m in methods if m in LLAMA_PLAIN and LLAMA_PLAIN[m] not in methods)]
     weights = decoder.model.weight_format
-    llama = llama_runners(decoder.base_name, weights, methods, torch.get_num_threads())
+    llama = llama_runners(decoder.base_name, weights, methods, torch.get_num_threads(),
+                          None if base_only else str(model), max_new_tokens)
     order = ["hf-greedy"] + [m for m in methods if m != "hf-greedy"]  # hf-greedy always runs: the baseline
     if weights != "float32" and "ar" not in order:  # and in other weights ppdkit's own ar, what outputs must equal
         order.insert(1, "ar")  # (hf-greedy rounds otherwise there: reference_of)
@@ -260,7 +261,7 @@ def _measure(decoder: Decoder, others: dict[str, Decoder], llama: dict, order: l
             "dtype": weights, "fixed_rows": decoder.model.fixed_rows,
             "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": machine_info(device=decoder.device), "command": command, "results": results,
-            **({"llama_cpp_system": next(iter(llama.values())).system} if llama else {})}
+            **llama_systems(llama)}
 
 
 def machine_info(cpuinfo: Path = Path("/proc/cpuinfo"), device: torch.device | None = None) -> dict:

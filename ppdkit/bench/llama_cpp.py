@@ -6,9 +6,15 @@ same threads. Three methods:
   the base model's own GGUF (SmolLM2's Q4_1 from its package: its metadata and tokenizer, its tensors de-quantized,
   which are exactly the weights ppdkit's runtime holds); with the runtime on `gguf`, that file itself;
 - `llama.cpp-lookup`: the same file with llama.cpp's prompt-lookup speculative decoding;
-- `llama.cpp-q4`: the package's Q4_1 file itself, plain: the bar for a 4-bit runtime.
-llama.cpp's speculative outputs are compared with its own plain decoding, not with ppdkit's: its kernels round
-differently, and it makes no promise that drafting leaves them unchanged.
+- `llama.cpp-q4`: the package's Q4_1 file itself, plain: the bar for a 4-bit runtime;
+- `llama.cpp-eagle3`: that Q4_1 file with ppdkit's EAGLE-3 draft (the component benched where it is one, else the
+  committed one), exported as `ppdkit export --format gguf` does, run by llama.cpp's own `llama-server` (`make
+  setup-llama-server`; the Python binding has no EAGLE-3 drafting), one slot, greedy, token ids in and out; its tokens
+  per step from the server's own count of drafted tokens it kept;
+- `llama.cpp-server`: the same llama-server without the draft, what llama.cpp-eagle3's answers are held to (the
+  binding's build rounds otherwise: none of 3 MT-Bench answers matched token for token).
+llama.cpp's speculative outputs are compared with its own plain decoding of the same file, not with ppdkit's: its
+kernels round differently, and it makes no promise that drafting leaves them unchanged.
 """
 
 import importlib.util
@@ -26,7 +32,11 @@ from ppdkit.runtime.forward.dtypes import BLOCK_FORMATS
 
 log = logging.getLogger(__name__)
 
-LLAMA_METHODS = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-q4")
+LLAMA_METHODS = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-q4", "llama.cpp-server", "llama.cpp-eagle3")
+SERVER_METHODS = ("llama.cpp-server", "llama.cpp-eagle3")  # run by llama-server, not the binding
+# what each speculative method's output is held to: llama.cpp's plain decoding of the same file by the same build
+LLAMA_PLAIN = {"llama.cpp-lookup": "llama.cpp", "llama.cpp-eagle3": "llama.cpp-server"}
+SERVER_START_SECONDS = 300  # a first start exports the draft (the converter: about a minute on 2 cores)
 INSTALL_HINT = 'pip install "ppdkit[llama]"   (llama-cpp-python, built for this CPU: a few minutes)'
 LOOKUP_TOKENS = 10  # drafted tokens per step, as transformers' prompt lookup in hf-pld
 WORKER = Path(__file__).with_name("llama_cpp_worker.py")
@@ -95,6 +105,7 @@ class LlamaCpp:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         hello = self._reply("loading")
         self.eos, self.system = hello["eos"], hello["system"]
+        self.steps = 0  # the last answer's decoding steps: one a token
 
     def _reply(self, doing: str) -> dict:
         line = self.process.stdout.readline()
@@ -121,30 +132,96 @@ class LlamaCpp:
             self.process.stdin.flush()
         except BrokenPipeError:
             pass  # it has ended: _reply says how
-        return self._reply("generating with")["tokens"]
+        tokens = self._reply("generating with")["tokens"]
+        self.steps = len(tokens)
+        return tokens
 
 
-def llama_runners(base: str, dtype: str, methods: list[str], threads: int) -> dict[str, LlamaCpp]:
-    """The llama.cpp runner of each llama.cpp method asked for."""
+class LlamaServer:
+    """llama.cpp's `llama-server` on the base model's GGUF, with ppdkit's EAGLE-3 draft where `eagle3` (serve-bench's
+    `llama.cpp` and `llama.cpp-eagle3` launches), asked for one answer at a time on /completion: the prompt as token
+    ids, greedy, the new token ids back. The same interface as LlamaCpp."""
+
+    def __init__(self, source: str, base_only: bool, threads: int, work: Path, max_new_tokens: int, eagle3: bool):
+        """`source`: the bench's component (the draft where it is an eagle3 one, else the committed draft), or with
+        `base_only` its base model."""
+        from contextlib import ExitStack
+
+        from .serving_backends import ServeBenchSettings, Unavailable, free_port, launch_llama_server, running
+
+        settings = ServeBenchSettings(source=source, base_only=base_only, threads=threads, max_tokens=max_new_tokens,
+                                      work=work)
+        work.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        try:
+            launch = launch_llama_server(settings, port, eagle3=eagle3)
+        except Unavailable as error:
+            raise ValueError(f"{'llama.cpp-eagle3' if eagle3 else 'llama.cpp-server'}: {error}") from None
+        self.serves, self._stack = launch.serves, ExitStack()
+        self.server = self._stack.enter_context(running(launch, port, work / f"{launch.kind}.log",
+                                                        SERVER_START_SECONDS))
+        self.steps = 0
+
+    def close(self) -> None:
+        self._stack.close()  # the server's process group, ended
+
+    def generate(self, ids: list[int], max_new_tokens: int) -> list[int]:
+        """Greedy new tokens after the prompt ids, up to max_new_tokens or the end token (kept, as LlamaCpp keeps it);
+        self.steps: the target's forwards (a token each, plus the drafted tokens each kept)."""
+        import urllib.request
+
+        body = {"prompt": ids, "n_predict": max_new_tokens, "temperature": 0.0, "return_tokens": True,
+                "cache_prompt": False}
+        request = urllib.request.Request(self.server.url + "/completion", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as response:
+            out = json.loads(response.read())
+        tokens = out["tokens"]  # the end token among them, where it stopped there
+        self.steps = len(tokens) - int(out.get("timings", {}).get("draft_n_accepted", 0))
+        return tokens
+
+
+def llama_runners(base: str, dtype: str, methods: list[str], threads: int, component: str | None = None,
+                  max_new_tokens: int = 128) -> dict[str, "LlamaCpp | LlamaServer"]:
+    """The llama.cpp runner of each llama.cpp method asked for; `component`: the bench's (llama.cpp-eagle3's draft
+    where it is an eagle3 component)."""
     wanted = [m for m in methods if m in LLAMA_METHODS]
     if not wanted:
         return {}
-    if not llama_cpp_available():
+    if set(wanted) - set(SERVER_METHODS) and not llama_cpp_available():  # llama-server needs no binding
         raise ValueError(f"{', '.join(wanted)} need llama-cpp-python: {INSTALL_HINT}")
     from ppdkit.models.catalog import base_gguf  # here: the command line's parsing stays free of torch
 
     source = base_gguf(base)
     same = widened_gguf(source, dtype) if {"llama.cpp", "llama.cpp-lookup"} & set(wanted) else None
     files = {"llama.cpp": (same, False), "llama.cpp-lookup": (same, True), "llama.cpp-q4": (source, False)}
-    runners: dict[str, LlamaCpp] = {}
+    runners: dict[str, LlamaCpp | LlamaServer] = {}
     try:
         for method in wanted:
-            runners[method] = LlamaCpp(files[method][0], threads, lookup=files[method][1])
+            if method in SERVER_METHODS:
+                runners[method] = LlamaServer(component or base, component is None, threads,
+                                              cache_dir() / "bench-llama-server", max_new_tokens,
+                                              eagle3=method == "llama.cpp-eagle3")
+            else:
+                runners[method] = LlamaCpp(files[method][0], threads, lookup=files[method][1])
     except BaseException:
         for runner in runners.values():  # no process left behind
             runner.close()
         raise
     return runners
+
+
+def llama_systems(runners: dict) -> dict:
+    """What a report records of the llama.cpp that ran: the binding's build (llama_cpp_system), and llama-server's
+    command settings where llama.cpp-eagle3 ran (llama_server)."""
+    out = {}
+    binding = [r for r in runners.values() if isinstance(r, LlamaCpp)]
+    if binding:
+        out["llama_cpp_system"] = binding[0].system
+    servers = [r for r in runners.values() if isinstance(r, LlamaServer)]
+    if servers:
+        out["llama_server"] = max((r.serves for r in servers), key=len)  # the draft's, where one ran
+    return out
 
 
 def check_build(base: str = "smollm2-135m") -> str:

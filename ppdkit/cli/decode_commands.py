@@ -232,7 +232,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench_dec.add_argument("--methods", default="hf-greedy,hf-pld,ar,ppd,ppd-lookup",
                            help="comma-separated; a tree method with +dyn picks its tree size per step, e.g. ppd+dyn; "
                                 "ar@float32 runs a method on a second decoder in that dtype (ratios in one run); "
-                                "llama.cpp, llama.cpp-lookup, llama.cpp-q4 time llama.cpp (ppdkit[llama])")
+                                "llama.cpp, llama.cpp-lookup, llama.cpp-q4 time llama.cpp (ppdkit[llama]); "
+                                "llama.cpp-eagle3 and llama.cpp-server its llama-server with and without the EAGLE-3 "
+                                "draft (make setup-llama-server)")
     bench_dec.add_argument("--tree-size", type=int, help="as decode's --tree-size")
     bench_dec.add_argument("--lookup-chains", type=int, default=1, help=LOOKUP_CHAINS_HELP)
     bench_dec.add_argument("--repeats", type=int, default=1,
