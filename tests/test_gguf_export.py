@@ -97,3 +97,19 @@ def test_the_bench_times_llama_cpp_with_the_draft_against_its_own_plain_server(t
     assert rows["llama.cpp-eagle3"]["mean_accepted_per_step"] > 1.0 == rows["llama.cpp-server"][
         "mean_accepted_per_step"]
     assert report["llama_server"]["draft"].endswith("smollm2-135m-eagle3")
+
+
+def test_serve_bench_holds_the_drafting_server_to_its_plain_twin(tmp_path):
+    """serve-bench's llama.cpp-eagle3 answers at 1 client, compared with llama.cpp's (the same llama-server without the
+    draft): same_as_plain in the report and its table."""
+    _llama_or_skip()
+    from ppdkit.bench.serving_load import print_table, run_serve_bench
+
+    settings = ServeBenchSettings(source=f"{COMPONENTS}/smollm2-135m-eagle3", base_only=False, threads=2,
+                                  max_tokens=24, work=tmp_path)
+    report = run_serve_bench(["llama.cpp", "llama.cpp-eagle3"], settings, list(PROMPTS[:2]), "test", [1])
+    plain, drafting = report["servers"]
+    assert plain["status"] == drafting["status"] == "ran" and "same_as_plain" not in plain
+    assert drafting["same_as_plain"] == {"server": "llama.cpp", "equal": 2, "compared": 2}
+    assert "texts" not in drafting  # the answers stay out of the report
+    print_table(report)

@@ -9,6 +9,8 @@ from N concurrent clients against each server kind (bench/serving_backends.py), 
 - peak_rss_mib: the server's resident memory, its process tree's VmRSS summed (psutil where installed, else /proc),
   sampled every SAMPLE_SECONDS during the level; the server's overall peak is the largest of those;
 - identical: answers whose text equals the one the same prompt got from the same server at 1 client (run first);
+- same_as_plain (a drafting server, llama.cpp-eagle3 or vllm-eagle3, where its plain twin ran too): its answers at
+  1 client whose text equals its twin's at 1 client, the same build without the draft;
 - where the server says: ppdkit's tokens per decoding step (its answers' `ppdkit` field), vLLM's draft tokens proposed
   and accepted (its /metrics counters over the level).
 
@@ -243,7 +245,8 @@ def bench_server(server: RunningServer, prompts: list[str], clients: list[int], 
     finally:
         memory.close()
     return {"startup_s": server.startup_seconds, "peak_rss_mib": max(r["peak_rss_mib"] for r in levels),
-            "levels": levels, **({"same_as_decode": same_as_decode} if same_as_decode is not None else {})}
+            "levels": levels, **({"same_as_decode": same_as_decode} if same_as_decode is not None else {}),
+            "texts": reference}  # the caller's to compare, not the report's
 
 
 def decode_alone(settings: ServeBenchSettings, prompts: list[str]) -> dict:
@@ -277,6 +280,9 @@ def parse_clients(text: str) -> list[int]:
     return values if values[0] == 1 else [1, *values]
 
 
+PLAIN_TWIN = {"llama.cpp-eagle3": "llama.cpp", "vllm-eagle3": "vllm"}  # a drafting server's answers are held to these
+
+
 def run_serve_bench(kinds: list[str], settings: ServeBenchSettings, prompts: list[str], prompts_source: str,
                     clients: list[int], port: int = 0, startup_timeout: float = 900.0,
                     command: str | None = None) -> dict:
@@ -288,7 +294,7 @@ def run_serve_bench(kinds: list[str], settings: ServeBenchSettings, prompts: lis
     alone = decode_alone(settings, prompts) if "ppdkit" in kinds else None
     if alone:
         log.info("ppdkit decode alone (%s): %.1f tokens/s", alone["method"], alone["tokens_per_s"])
-    servers = []
+    servers, texts = [], {}
     for kind in kinds:
         entry, server_port = {"name": kind}, port or free_port()
         try:
@@ -306,11 +312,19 @@ def run_serve_bench(kinds: list[str], settings: ServeBenchSettings, prompts: lis
         try:
             with running(launch, server_port, settings.work / f"{kind}.log", startup_timeout) as server:
                 log.info("%s ready in %.1f s", kind, server.startup_seconds)
-                servers.append({**entry, "status": "ran", **bench_server(server, prompts, clients,
-                                                                        settings.max_tokens, alone)})
+                result = bench_server(server, prompts, clients, settings.max_tokens, alone)
+                texts[kind] = result.pop("texts")
+                servers.append({**entry, "status": "ran", **result})
         except RuntimeError as e:
             log.error("%s failed: %s", kind, e)
             servers.append({**entry, "status": "failed", "reason": str(e).splitlines()[0]})
+    for entry in servers:  # a drafting server's answers at 1 client against its plain twin's, where both ran
+        plain = PLAIN_TWIN.get(entry["name"])
+        if entry["status"] == "ran" and plain in texts:
+            reference = texts[plain]
+            entry["same_as_plain"] = {"server": plain, "equal": sum(text == reference.get(i) for i, text in
+                                                                    texts[entry["name"]].items()),
+                                      "compared": len(texts[entry["name"]])}
     return {"kind": "serving-load", "command": command, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": machine_info(), "source": settings.source,
             "method": settings.method, "prompts_source": prompts_source, "prompts": len(prompts),
@@ -342,6 +356,10 @@ def print_table(report: dict) -> None:
         print(f"ppdkit decode alone ({alone['method']}): {alone['tokens_per_s']:.1f} tok/s; through the server at 1 "
               f"client {one['tokens_per_s'] / alone['tokens_per_s']:.2f}x of it; answers equal to decode's: "
               f"{ppdkit['same_as_decode']}/{one['requests']}")
+    for server in report["servers"]:
+        if "same_as_plain" in server:
+            same = server["same_as_plain"]
+            print(f"{server['name']}: answers at 1 client equal to {same['server']}'s: {same['equal']}/{same['compared']}")
     started = ", ".join(f"{s['name']} {s['startup_s']:.1f} s" for s in report["servers"] if s["status"] == "ran")
     print(f"started in: {started}" if started else "no server ran")
     print(f"{report['prompts']} {report['prompts_source']} prompts, {report['max_tokens']} tokens, greedy; TPOT: "
