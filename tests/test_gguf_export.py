@@ -26,6 +26,8 @@ PROMPTS = ("Write a haiku about the sea.", "What is the capital of France? Answe
 def test_only_an_eagle3_draft_goes_to_llama_cpp(tmp_path):
     with pytest.raises(ArtifactError, match="holds a 'ept' component: llama.cpp runs EAGLE-3 drafts only"):
         export_gguf(f"{COMPONENTS}/smollm2-135m-ppd", tmp_path / "out")
+    with pytest.raises(ValueError, match="outtype 'q4_0': use one of auto, f32, f16, bf16, q8_0"):
+        export_gguf(f"{COMPONENTS}/smollm2-135m-eagle3", tmp_path / "out", "q4_0")
     assert not (tmp_path / "out").exists()
 
 
@@ -101,15 +103,21 @@ def test_the_bench_times_llama_cpp_with_the_draft_against_its_own_plain_server(t
 
 def test_serve_bench_holds_the_drafting_server_to_its_plain_twin(tmp_path):
     """serve-bench's llama.cpp-eagle3 answers at 1 client, compared with llama.cpp's (the same llama-server without the
-    draft): same_as_plain in the report and its table."""
+    draft): same_as_plain in the report and its table. Its draft goes out in Q8_0 blocks (--draft-outtype)."""
     _llama_or_skip()
+    import gguf
+
     from ppdkit.bench.serving_load import print_table, run_serve_bench
 
     settings = ServeBenchSettings(source=f"{COMPONENTS}/smollm2-135m-eagle3", base_only=False, threads=2,
-                                  max_tokens=24, work=tmp_path)
+                                  max_tokens=24, work=tmp_path, draft_outtype="q8_0")
     report = run_serve_bench(["llama.cpp", "llama.cpp-eagle3"], settings, list(PROMPTS[:2]), "test", [1])
     plain, drafting = report["servers"]
     assert plain["status"] == drafting["status"] == "ran" and "same_as_plain" not in plain
     assert drafting["same_as_plain"] == {"server": "llama.cpp", "equal": 2, "compared": 2}
     assert "texts" not in drafting  # the answers stay out of the report
+    assert drafting["serves"]["draft_outtype"] == "q8_0"
+    matrices = {t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "eagle3-gguf" / DRAFT_FILE).tensors
+                if len(t.shape) == 2 and t.tensor_type.name != "I64"}
+    assert matrices == {"Q8_0"}, matrices
     print_table(report)

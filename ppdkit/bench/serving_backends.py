@@ -62,6 +62,7 @@ class ServeBenchSettings:
     dtype: str = "auto"
     draft: str | None = None  # vllm-eagle3's draft (an eagle3 component); default: the source if it is one
     speculative_tokens: int = 3
+    draft_outtype: str = "auto"  # llama.cpp-eagle3's draft GGUF (models/gguf_export.py OUTTYPES)
     vllm_dtype: str = "bfloat16"
     threads: int = os.cpu_count() or 1
     max_clients: int = 1
@@ -242,10 +243,10 @@ def launch_llama_server(settings: ServeBenchSettings, port: int, eagle3: bool = 
         except ArtifactError as e:  # not built here: skipped, as llama-server itself is; a bad draft still fails
             raise Unavailable(str(e), "make setup-llama-server") from None
         draft = draft_component(settings)
-        export = export_gguf(_resolved(draft), settings.work / "eagle3-gguf")
+        export = export_gguf(_resolved(draft), settings.work / "eagle3-gguf", settings.draft_outtype)
         argv += ["-md", str(export / DRAFT_FILE), "--spec-type", "draft-eagle3", "--spec-draft-n-max",
                  str(settings.speculative_tokens), "-td", str(settings.threads)]
-        serves.update(draft=draft, spec_draft_n_max=settings.speculative_tokens)
+        serves.update(draft=draft, spec_draft_n_max=settings.speculative_tokens, draft_outtype=settings.draft_outtype)
     return Launch(kind, argv, dict(os.environ), kind, "/health", serves)
 
 

@@ -56,7 +56,8 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         work.mkdir(parents=True, exist_ok=True)
         settings = ServeBenchSettings(
             source=args.model or args.base, base_only=bool(args.base), method=args.method, dtype=args.dtype,
-            draft=args.draft, speculative_tokens=args.num_speculative_tokens, vllm_dtype=args.vllm_dtype,
+            draft=args.draft, speculative_tokens=args.num_speculative_tokens, draft_outtype=args.draft_outtype,
+            vllm_dtype=args.vllm_dtype,
             threads=args.threads, max_clients=max(args.clients), max_tokens=args.max_tokens,
             **({"vllm_python": Path(args.vllm_python)} if args.vllm_python else {}),
             llama_server=Path(args.llama_server) if args.llama_server else None, work=work)
@@ -97,6 +98,9 @@ def add_serve_bench_commands(sub: argparse._SubParsersAction) -> None:
                                        "`ppdkit export --format speculators` or `--format gguf` does")
     bench.add_argument("--num-speculative-tokens", type=int, default=3,
                        help="vllm-eagle3's draft tokens per step, llama.cpp-eagle3's most (--spec-draft-n-max)")
+    bench.add_argument("--draft-outtype", default="auto", choices=["auto", "f32", "f16", "bf16", "q8_0"],
+                       help="llama.cpp-eagle3's draft matrices in its GGUF, as `ppdkit export --outtype` (default auto: "
+                            "f16)")
     bench.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
                        help="vLLM's weights (default bfloat16)")
     bench.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t and -tb "

@@ -28,7 +28,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "gguf":
         from ppdkit.models.gguf_export import DRAFT_FILE, RECORD, export_gguf
 
-        out = export_gguf(Path(source), Path(args.out))
+        out = export_gguf(Path(source), Path(args.out), args.outtype)
         record = json.loads((out / RECORD).read_text())
         print(f"wrote {out / DRAFT_FILE} (sha256 {record['sha256'][:16]}); serve it with llama.cpp: "
               f"llama-server -m {record['base_gguf']} -md {out / DRAFT_FILE} --spec-type draft-eagle3")
@@ -108,6 +108,8 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
                              "(llama-server -md, --spec-type draft-eagle3), written by llama.cpp's own converter")
     export.add_argument("--out", required=True, help="the directory to write (replaced if it exists)")
     export.add_argument("--verifier", help="the base model's name in the config (default: its Hub id)")
+    export.add_argument("--outtype", default="auto", choices=["auto", "f32", "f16", "bf16", "q8_0"],
+                        help="gguf: the draft's matrices, as llama.cpp's converter writes them (default auto: f16)")
     export.set_defaults(func=cmd_export)
 
     sub_job = sub.add_parser("submit", help="submit a job spec's whole pipeline to a Ray cluster as a Ray job")

@@ -10,7 +10,6 @@ llama-server reads. Beside the GGUF, export.json records the base model's finger
 and the file's sha256.
 """
 
-import json
 import os
 import shutil
 import subprocess
@@ -25,6 +24,8 @@ DRAFT_FILE = "draft.gguf"
 RECORD = "export.json"
 CONVERTER = "convert"  # in the llama.cpp build's folder: convert_hf_to_gguf.py, conversion/, gguf-py/
 SETUP = "`make setup-llama-server` keeps llama.cpp's converter beside the llama-server it builds"
+# the converter's --outtype for the draft's matrices: auto (its choice: f16 for our float32 tensors), or one named
+OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
 
 
 def llama_cpp_converter() -> Path:
@@ -36,12 +37,15 @@ def llama_cpp_converter() -> Path:
     return found[-1]
 
 
-def export_gguf(component_dir: Path, out: Path) -> Path:
-    """Write the eagle3 component in `component_dir` to out/draft.gguf (and out/export.json); the directory is
-    replaced. Refuses another method's component, another base model's, and a base model without a GGUF."""
+def export_gguf(component_dir: Path, out: Path, outtype: str = "auto") -> Path:
+    """Write the eagle3 component in `component_dir` to out/draft.gguf (and out/export.json), its matrices in `outtype`
+    (OUTTYPES); the directory is replaced. Refuses another method's component, another base model's, and a base model
+    without a GGUF."""
     from .catalog import base_gguf, materialize
     from .eagle3_export import export_eagle3
 
+    if outtype not in OUTTYPES:
+        raise ValueError(f"outtype {outtype!r}: use one of {', '.join(OUTTYPES)}")
     component = read_component(Path(component_dir))
     if component.method != "eagle3":
         raise ArtifactError(f"{component_dir} holds a {component.method!r} component: llama.cpp runs EAGLE-3 drafts only "
@@ -59,7 +63,7 @@ def export_gguf(component_dir: Path, out: Path) -> Path:
         speculators = export_eagle3(Path(component_dir), Path(work) / "speculators", "speculators")
         env = {**os.environ, "PYTHONPATH": str(converter.parent / "gguf-py")}  # the converter's own gguf package
         done = subprocess.run([sys.executable, str(converter), str(speculators), "--target-model-dir",
-                               str(materialize(name)), "--outfile", str(tmp / DRAFT_FILE)],
+                               str(materialize(name)), "--outfile", str(tmp / DRAFT_FILE), "--outtype", outtype],
                               capture_output=True, text=True, env=env)
         if done.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -67,7 +71,7 @@ def export_gguf(component_dir: Path, out: Path) -> Path:
             raise ArtifactError(f"llama.cpp's converter ({converter}) could not write the draft:\n{tail}")
     digest = file_sha256(Path(component_dir) / "component.json")
     write_json_atomic(tmp / RECORD, {
-        "format": "gguf", "file": DRAFT_FILE, "sha256": file_sha256(tmp / DRAFT_FILE),
+        "format": "gguf", "file": DRAFT_FILE, "outtype": outtype, "sha256": file_sha256(tmp / DRAFT_FILE),
         "converter": f"llama.cpp of {converter.parents[1].name}", "base_model": name,
         "fingerprint": component.base_model["fingerprint"], "base_gguf": base_file.name,
         "component": {"name": Path(component_dir).resolve().name, "component_json_sha256": digest},
