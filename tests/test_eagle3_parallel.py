@@ -141,7 +141,8 @@ def test_prompt_tokens_train_for_a_trained_draft_and_leave_it_as_it_was(teacher_
     result = run_training(BASE, parallel, teacher_dir, tmp_path / "parallel", TrackerRef())
     assert all(math.isfinite(loss) for _, loss in result["history"])
     trained = read_component(tmp_path / "parallel" / "component")
-    assert trained.tensors["parallel.embeds"].shape == (EAGLE3_TRAIN.head_depth - 1, draft.tensors["fc.weight"].shape[0])
+    width = draft.tensors["fc.weight"].shape[0]
+    assert trained.tensors["parallel.embeds"].shape == (EAGLE3_TRAIN.head_depth - 1, width)
     for name, tensor in draft.tensors.items():
         assert torch.equal(trained.tensors[name], tensor), name
     assert trained.hyperparameters["parallel_draft"] and trained.hyperparameters["freeze_draft"]

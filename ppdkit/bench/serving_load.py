@@ -359,7 +359,8 @@ def print_table(report: dict) -> None:
     for server in report["servers"]:
         if "same_as_plain" in server:
             same = server["same_as_plain"]
-            print(f"{server['name']}: answers at 1 client equal to {same['server']}'s: {same['equal']}/{same['compared']}")
+            print(f"{server['name']}: answers at 1 client equal to {same['server']}'s: "
+                  f"{same['equal']}/{same['compared']}")
     started = ", ".join(f"{s['name']} {s['startup_s']:.1f} s" for s in report["servers"] if s["status"] == "ran")
     print(f"started in: {started}" if started else "no server ran")
     print(f"{report['prompts']} {report['prompts_source']} prompts, {report['max_tokens']} tokens, greedy; TPOT: "

@@ -99,8 +99,8 @@ def add_serve_bench_commands(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--num-speculative-tokens", type=int, default=3,
                        help="vllm-eagle3's draft tokens per step, llama.cpp-eagle3's most (--spec-draft-n-max)")
     bench.add_argument("--draft-outtype", default="auto", choices=["auto", "f32", "f16", "bf16", "q8_0"],
-                       help="llama.cpp-eagle3's draft matrices in its GGUF, as `ppdkit export --outtype` (default auto: "
-                            "f16)")
+                       help="llama.cpp-eagle3's draft matrices in its GGUF, as `ppdkit export --outtype` "
+                            "(default auto: f16)")
     bench.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
                        help="vLLM's weights (default bfloat16)")
     bench.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t and -tb "

@@ -6,8 +6,8 @@ draft vocabulary (where the method has one) replaces the one this run's data wou
 are those tokens'. A larger train.draft_vocab grows it by this run's most frequent other tokens: the component's
 rows keep their tokens, a new token's row starts as a fresh run's would (eagle3: the base model's LM-head row).
 Tensors a run adds to the method's (its FRESH: an EAGLE-3 draft's prompt tokens) start as drawn where the component
-has none. Only the weights carry over: the learning-rate schedule, the step count and the optimizer state start anew, as a
-fine-tune from Hugging Face weights does.
+has none. Only the weights carry over: the learning-rate schedule, the step count and the optimizer state start anew,
+as a fine-tune from Hugging Face weights does.
 """
 
 from pathlib import Path

@@ -138,7 +138,8 @@ class Eagle3Drafter(GrownDrafter):
         states, cache = self.pending_states, self.draft_cache
         r, start = len(states), cache.length
         following = torch.cat([self.pending_tokens[1:], torch.tensor([root], device=states.device)])
-        g, embeds = self.draft.weights["fc.weight"](states.to(self.model.dtype)), self.model.embed_ids(following)  # [R, H]
+        g = self.draft.weights["fc.weight"](states.to(self.model.dtype))  # [R, H]
+        embeds = self.model.embed_ids(following)  # [R, H]
         if prompts is not None:
             g, embeds = torch.cat([g, prompts[1]]), torch.cat([embeds, prompts[0]])  # [R + P, H]
         rows = len(g)
