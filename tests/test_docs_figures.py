@@ -123,3 +123,37 @@ def test_a_component_model_card_is_linted_and_its_blocks_link_from_its_folder(to
     card.write_text(card.read_text().replace("2.361", "2.461"))  # edited by hand
     assert tool["problems"](card, docs) == ["its `ppdkit adopt` history table differs from some-draft/history.json: "
                                             "rerun ppdkit/jobs/adopt.py's write_history_table"]
+
+
+def test_a_training_evals_report_renders_each_runs_top1_by_distance(tool, docs, tmp_path):
+    """docs/tools/training_evals.py's report from a run's records (the latest checkpoint when it has more evaluations
+    than the best one), rendered as a table per run; no machine path is recorded."""
+    evals = [{"step": s, "eval_positions": 900, **{f"acc_top1_d{d}": v / d for d in (1, 2)},
+              **{f"acc_top10_d{d}": 2 * v / d for d in (1, 2)}} for s, v in ((0, 0.3), (50, 0.4))]
+    run = tmp_path / "run"
+    (run / "train" / "best").mkdir(parents=True)
+    (run / "train" / "checkpoints" / "step-000050").mkdir(parents=True)
+    (run / "train" / "best" / "meta.json").write_text(json.dumps({"evals": evals[:1]}))
+    (run / "train" / "checkpoints" / "step-000050" / "meta.json").write_text(json.dumps({"evals": evals}))
+    writer = runpy.run_path(str(ROOT / "docs" / "tools" / "training_evals.py"))
+    report = writer["report"]("some-training", [("the pairs", run, "ppdkit run some.yaml")], 64, None)
+    assert str(tmp_path) not in json.dumps(report) and report["runs"][0]["eval_positions"] == 900
+    (docs / "measurements").mkdir()
+    (docs / "measurements" / "some-training.json").write_text(json.dumps(report))
+    text = tool["rewrite"]("<!-- figures: measurements/some-training -->\n<!-- /figures -->\n", docs / "p.md", docs)
+    assert "the pairs: `ppdkit run some.yaml`" in text and "| 50 | 0.400 | 0.200 | 0.400 |" in text
+
+
+def test_a_serving_load_block_says_a_drafting_servers_answers_against_its_plain_twins(tool, docs):
+    level = {"clients": 1, "requests": 2, "tokens_per_s": 50.0, "ttft_ms_p50": 10.0, "ttft_ms_p99": 20.0,
+             "tpot_ms_p50": 5.0, "tpot_ms_p99": 6.0, "latency_s_p50": 1.0, "peak_rss_mib": 100.0, "identical": 2}
+    report = {"kind": "serving-load", "date": "2026-12-07", "machine": BENCH["machine"], "command": "c", "prompts": 2,
+              "prompts_source": "mt-bench", "max_tokens": 8, "source": "x", "method": "auto", "per_token_latency": "p",
+              "servers": [{"name": "llama.cpp", "status": "ran", "startup_s": 1.0, "levels": [level]},
+                          {"name": "llama.cpp-eagle3", "status": "ran", "startup_s": 1.0, "levels": [level],
+                           "same_as_plain": {"server": "llama.cpp", "equal": 1, "compared": 2}}]}
+    (docs / "measurements").mkdir()
+    (docs / "measurements" / "load.json").write_text(json.dumps(report))
+    text = tool["rewrite"]("<!-- figures: measurements/load -->\n<!-- /figures -->\n", docs / "p.md", docs)
+    assert "`llama.cpp-eagle3`'s answers at 1 client equal to `llama.cpp`'s (the same server without the draft): 1/2" \
+        in text

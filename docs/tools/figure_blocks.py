@@ -145,7 +145,7 @@ def note_lines(report: dict) -> list[str]:
 def serving_load_block(name: str, report: dict, docs_link: str) -> list[str]:
     """A serving-load report: per server and number of concurrent clients, total tokens/s, time to first token and
     per-token latency (p50/p99), request latency, the server's peak memory and the answers equal to its own at 1
-    client; then the servers that did not run, and why."""
+    client; a drafting server's answers against its plain twin's; then the servers that did not run, and why."""
     lines = [provenance(report, "ppdkit serve-bench --out"), "",
              f"{report['prompts']} {report['prompts_source']} prompts, {report['max_tokens']} tokens a request, greedy, "
              f"streamed; `ppdkit serve` ran `{report['source']}` with `{report['method']}`; per-token latency "
@@ -173,6 +173,11 @@ def serving_load_block(name: str, report: dict, docs_link: str) -> list[str]:
         lines += ["", "`ppdkit serve` against its own 1 client: " + "; ".join(
             f"{row['clients']} clients {row['tokens_per_s'] / one['tokens_per_s']:.2f}x the tokens/s, request p50 "
             f"{row['latency_s_p50'] / one['latency_s_p50']:.1f}x" for row in ppdkit["levels"][1:]) + "."]
+    twins = [f"`{s['name']}`'s answers at 1 client equal to `{s['same_as_plain']['server']}`'s (the same server "
+             f"without the draft): {s['same_as_plain']['equal']}/{s['same_as_plain']['compared']}"
+             for s in report["servers"] if "same_as_plain" in s]
+    if twins:
+        lines += ["", "; ".join(twins) + "."]
     not_run = [f"`{s['name']}` {s['status']} ({s['reason']})" for s in report["servers"] if s["status"] != "ran"]
     return lines + ([""] + [f"Started in: {', '.join(started)}."] if started else []) + (
         [f"Not run: {'; '.join(not_run)}."] if not_run else []) + note_lines(report)
@@ -283,6 +288,24 @@ def ppd_tau_block(name: str, report: dict, docs_link: str) -> list[str]:
                         f"1-{len(report['mt_bench_top1_by_distance'])} (each given the nearer ones within the top-10)."]
 
 
+def training_evals_block(name: str, report: dict, docs_link: str) -> list[str]:
+    """A training-evals report (docs/tools/training_evals.py): per run, its held-out top-1 at every token distance
+    (and top-10 at the second) at each evaluation step."""
+    lines = [provenance(report, "python docs/tools/training_evals.py"), "",
+             f"Held-out top-1 by token distance, {report['eval_sequences']} held-out sequences of the run's data "
+             f"stage, at each evaluation step ([report]({docs_link}measurements/{name}.json)).", ""]
+    for run in report["runs"]:
+        depths = len(run["evals"][0]["top1"])
+        lines += [f"{run['name']}: `{run['command']}`", "",
+                  "| step | " + " | ".join(f"distance {d}" for d in range(1, depths + 1)) + " | top-10 at distance 2 |",
+                  "|---:|" + "---:|" * (depths + 1)]
+        for e in run["evals"]:
+            top10 = f"{e['top10'][1]:.3f}" if depths > 1 else "-"
+            lines.append(f"| {e['step']} | " + " | ".join(f"{v:.3f}" for v in e["top1"]) + f" | {top10} |")
+        lines.append("")
+    return lines[:-1] + note_lines(report)
+
+
 def history_block(name: str, report: dict, docs_link: str) -> list[str]:
     """The transcribed history: a heading per day, in date order, then one line per finding with its machine and
     command."""
@@ -309,6 +332,8 @@ def report_kind(report: dict):
         return draft_arms_block
     if report.get("kind") == "ppd-tau":
         return ppd_tau_block
+    if report.get("kind") == "training-evals":
+        return training_evals_block
     if "entries" in report and "transcribed_from" in report:
         return history_block
     if "results" in report and "prompts_source" in report:
@@ -318,7 +343,7 @@ def report_kind(report: dict):
     if "perplexity" in report and "equal" in report:
         return precision_block
     raise ValueError("not a report this tool renders: a bench, step-cost, precision, serving-load, "
-                     "cluster-throughput, GPU lane, draft-arms, tau-by-rows or history report")
+                     "cluster-throughput, GPU lane, draft-arms, tau-by-rows, training-evals or history report")
 
 
 def docs_prefix(page: Path, docs: Path = DOCS) -> str:
