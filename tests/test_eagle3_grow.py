@@ -10,6 +10,7 @@ from test_draft_heads import VOCAB
 from test_eagle3 import _decoder, _draft_tensors
 
 from ppdkit.runtime.drafters.eagle3_drafter import Eagle3Drafter, native_grows
+from ppdkit.runtime.forward.linear import SKINNY_MAX_ROWS
 from ppdkit.runtime.trees.grown_tree import StepCost
 from ppdkit.runtime.trees.tree_values import FEATURES, TreeValues
 
@@ -68,3 +69,44 @@ def test_the_native_grow_is_the_level_by_level_one(valued, sized, bf16, monkeypa
         drafted += len(grown[0].values)
         levels += max(grown[0].depths)
     assert drafted >= 40 and levels >= 16  # trees of several levels were grown, not only the first
+
+
+@pytest.mark.parametrize("sized", [False, True], ids=["fixed", "sized"])
+@pytest.mark.parametrize("pending", [6, SKINNY_MAX_ROWS + 4], ids=["read-in-the-call", "read-before"])
+def test_the_native_parallel_grow_is_the_python_one(sized, pending, monkeypatch):
+    """The draft with prompt tokens (Eagle3ParallelDrafter): the native call's tree over its one readout is
+    grow_marginals's, to the bit, and both write the same read rows: a step's few rows read in the call, or a prompt's
+    too many for it read before."""
+    from ppdkit.runtime.drafters.eagle3_drafter import Eagle3ParallelDrafter
+
+    model, tok = tiny_model_on("native", monkeypatch)
+    rng = random.Random(11)
+    vocab = torch.arange(3, VOCAB, 3)
+    drafted = 0
+    for trial in range(6):
+        tensors = _draft_tensors(model, vocab, trial, scale=rng.choice([0.1, 0.5, 3.0]))
+        decoder = _decoder(model, tok, tensors, vocab)
+        g = torch.Generator().manual_seed(trial)
+        count = rng.choice([1, 3, 5])
+        decoder.draft.eagle3.parallel = tuple(torch.randn(count, model.config.hidden_size, generator=g)
+                                              for _ in range(2))
+        beam, nodes = rng.choice([(2, 8), (3, 12)])
+        drafter = Eagle3ParallelDrafter(decoder, decoder.model.new_cache(SKINNY_MAX_ROWS + 32), nodes=nodes,
+                                        beam=beam, depth=5)
+        assert native_grows(decoder.model, drafter.draft, beam)
+        ids = torch.tensor([rng.randrange(VOCAB) for _ in range(pending + 1)])
+        drafter.prefill(ids[:pending])
+        saved, cache = (drafter.pending_states, drafter.pending_tokens), drafter.draft_cache
+        cost = StepCost([0.01 + 1e-4 * rows for rows in range(nodes + 1)], rng.uniform(0.3, 1.0), 0.002) if sized \
+            else None
+        grown, rows = [], []
+        for native in (False, True):
+            cache.k.zero_(), cache.v.zero_()
+            cache.length, (drafter.pending_states, drafter.pending_tokens) = 0, saved
+            grown.append((drafter.grow_native if native else drafter.grow_marginals)(int(ids[-1]), nodes - 1, cost))
+            assert cache.length == pending and drafter.pending_states is None  # the prompt tokens' rows not kept
+            rows.append((cache.k[..., :pending].clone(), cache.v[:, :, :pending].clone()))
+        assert _fields(grown[0]) == _fields(grown[1]), trial
+        assert all(torch.equal(a, b) for a, b in zip(*rows)), trial
+        drafted += len(grown[0].values)
+    assert drafted >= 20

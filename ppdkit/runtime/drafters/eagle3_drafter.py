@@ -118,6 +118,7 @@ class Eagle3Drafter(GrownDrafter):
         self.draft_cache = self.draft.new_cache(cache.capacity + self.beam * self.depth + 1 + prompt_rows,
                                                 self.model.dtype, self.model.device)
         self.pending_states = self.pending_tokens = None  # [R, 3H], [R]: verified, not yet in the draft cache
+        self.prompts: tuple[torch.Tensor, torch.Tensor] | None = None  # read after the root's row (the parallel draft)
 
     def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
         super().prompt_read(ids, hidden, states)
@@ -160,20 +161,23 @@ class Eagle3Drafter(GrownDrafter):
         """grow's tree in one call (runtime/kernels/eagle3_grow.cpp, grow_levels's twin), the verified positions read
         into the draft's cache in the same call where they fit one (_read_verified's twin: a step's few rows; a
         prompt's go through _read_verified)."""
-        model, draft, cache = self.model, self.draft, self.draft_cache
+        model, draft, cache, prompts = self.model, self.draft, self.draft_cache, self.prompts
         head, fc, values = draft.weights["lm_head.weight"], draft.weights["fc.weight"], self.values
-        read = len(self.pending_states) if len(self.pending_states) <= SKINNY_MAX_ROWS and fc.panels is not None else 0
+        extra = 0 if prompts is None else len(prompts[0])  # the prompt tokens' rows, read with the verified ones
+        read = len(self.pending_states)
+        read = read if read + extra <= SKINNY_MAX_ROWS and fc.panels is not None else 0
         if read:
-            cache.reserve(read)
+            cache.reserve(read + extra)
             start, fc_panels, tokens = self.pending_states.to(model.dtype), fc.panels, self.pending_tokens
-        else:
-            start, fc_panels, tokens = self._read_verified(root), None, None  # [1, H] the root's h
+        else:  # [1, H] the root's h (with prompt tokens: [1 + P, H], theirs after it)
+            start, fc_panels, tokens = self._read_verified(root, prompts), None, None
         grown = model.native.eagle3_grow(
             start, fc_panels, tokens, root, model.embed, draft.vocab, draft.native_weights, draft.native_shape,
             draft.eps, draft.weights["norm.weight"], head.panels, head.out_features, model.cos, model.sin, cache.k,
             cache.v, cache.length, self.beam, self.depth, wanted,
             [] if values is None else values.weights_named(GROW_WEIGHTS), list(PROBABILITY_BOUNDS),
-            [] if cost is None else cost.seconds, cost.ratio if cost else 0.0, cost.overhead if cost else 0.0)
+            [] if cost is None else cost.seconds, cost.ratio if cost else 0.0, cost.overhead if cost else 0.0,
+            *(prompts if prompts is not None else (None, None)))
         if read:
             cache.commit(None, read)
             self.pending_states = self.pending_tokens = None
@@ -217,13 +221,21 @@ class Eagle3ParallelDrafter(Eagle3Drafter):
 
     def __init__(self, decoder, cache: KVCache, **grown):
         super().__init__(decoder, cache, **grown)
-        self.depth = min(self.depth, 1 + len(self.draft.parallel[0]))
+        self.prompts = self.draft.parallel
+        self.depth = min(self.depth, 1 + len(self.prompts[0]))
         # the fitted tree values (tree_values.json) value a sequential draft's guesses given their parent; these
         # are not, so they are valued by their own probabilities
         self.values = None
 
     def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
-        h = self._read_verified(root, self.draft.parallel)[:self.depth]  # [D, H]: depth 1, then each prompt token's
+        """In one native call where the draft runs natively (eagle3_grow with the prompt tokens), else here."""
+        if native_grows(self.model, self.draft, self.beam):
+            return self.grow_native(root, wanted, cost)
+        return self.grow_marginals(root, wanted, cost)
+
+    def grow_marginals(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
+        """The tree over one draft forward's guesses, level by level (the native call's twin)."""
+        h = self._read_verified(root, self.prompts)[:self.depth]  # [D, H]: depth 1, then each prompt token's
         values, indices = readout_top(self.model, self.draft, h, self.beam)  # [D, b] twice
         found, frontier = Proposals(), ROOT
         for level in range(1, len(h) + 1):

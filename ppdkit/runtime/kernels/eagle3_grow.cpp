@@ -64,26 +64,34 @@ struct Found {  // runtime/trees/grown_tree.py Proposals
 };
 
 // Eagle3Drafter._read_verified: the verified positions' fused states [R, nH] into the draft's cache after its
-// `committed` rows, each with the token after it (tokens [R] shifted by one, then root) -> their h [R, H].
+// `committed` rows, each with the token after it (tokens [R] shifted by one, then root), and after them the draft's
+// prompt tokens' P rows where given (embeddings and hidden states [P, H]) -> their h [R + P, H].
 torch::Tensor read_verified(const torch::Tensor& states, const torch::Tensor& fc_panels, const torch::Tensor& tokens,
                             int64_t root, const torch::Tensor& embed, const std::vector<torch::Tensor>& weights,
                             const std::vector<int64_t>& shape, double eps, const torch::Tensor& cos,
                             const torch::Tensor& sin, const torch::Tensor& cache_k, const torch::Tensor& cache_v,
-                            int64_t committed) {
-  const int64_t r = states.size(0), group = shape[0] / shape[1];
+                            int64_t committed, const std::optional<torch::Tensor>& prompt_embeds,
+                            const std::optional<torch::Tensor>& prompt_hidden) {
+  const int64_t group = shape[0] / shape[1];
   TORCH_CHECK(states.dim() == 2 && states.scalar_type() == torch::kFloat32 && tokens.scalar_type() == torch::kInt64 &&
-              tokens.dim() == 1 && tokens.size(0) == r, "eagle3_grow: states [R, nH] float32, read_tokens [R] int64");
+              tokens.dim() == 1 && tokens.size(0) == states.size(0),
+              "eagle3_grow: states [R, nH] float32, read_tokens [R] int64");
   const auto index = torch::TensorOptions().dtype(torch::kInt64);
   const auto following = torch::cat({tokens.slice(0, 1), torch::full({1}, root, index)});
-  const auto g = project(states.contiguous(), fc_panels, shape[4]);  // [R, H]
+  auto g = project(states.contiguous(), fc_panels, shape[4]);  // [R, H]
+  auto embeds = embed.index_select(0, following).to(torch::kFloat32);
+  if (prompt_embeds) {  // [R + P, H] both
+    g = torch::cat({g, *prompt_hidden});
+    embeds = torch::cat({embeds, *prompt_embeds});
+  }
+  const int64_t r = g.size(0);
   auto bias = torch::full({group * r, committed + r}, -INFINITY, cos.options());  // causal: attention_bias's rows
   float* bs = bias.data_ptr<float>();
   for (int64_t q = 0; q < group; ++q)
     for (int64_t i = 0; i < r; ++i) std::fill_n(bs + (q * r + i) * (committed + r), committed + i + 1, 0.f);
   const auto positions = torch::arange(committed, committed + r, index);
-  return eagle3_layer(embed.index_select(0, following).to(torch::kFloat32), g, weights, shape, eps,
-                      cos.index_select(0, positions), sin.index_select(0, positions), bias, cache_k, cache_v,
-                      committed);
+  return eagle3_layer(embeds, g, weights, shape, eps, cos.index_select(0, positions), sin.index_select(0, positions),
+                      bias, cache_k, cache_v, committed);
 }
 
 }  // namespace
@@ -98,20 +106,33 @@ std::vector<torch::Tensor> eagle3_grow(const torch::Tensor& start, const std::op
                                        const torch::Tensor& cache_v, int64_t committed, int64_t beam, int64_t depth,
                                        int64_t wanted, const std::vector<double>& worth_weights,
                                        const std::vector<double>& clip, const std::vector<double>& seconds,
-                                       double ratio, double overhead) {
+                                       double ratio, double overhead, const std::optional<torch::Tensor>& prompt_embeds,
+                                       const std::optional<torch::Tensor>& prompt_hidden) {
+  TORCH_CHECK(prompt_embeds.has_value() == prompt_hidden.has_value(), "eagle3_grow: prompt embeds and hidden together");
   TORCH_CHECK(worth_weights.empty() || worth_weights.size() == kWeights, "eagle3_grow: ", kWeights,
               " tree-value weights or none");
   TORCH_CHECK(clip.size() == 2 && wanted >= 1, "eagle3_grow: clip {low, high}, wanted >= 1");
   TORCH_CHECK(vocab.scalar_type() == torch::kInt64, "eagle3_grow: vocab int64");
   TORCH_CHECK(fc_panels.has_value() == read_tokens.has_value(), "eagle3_grow: fc_panels and read_tokens together");
-  torch::Tensor state = start;  // [m, H]: the expanded nodes' h (the root alone first)
+  // Eagle3ParallelDrafter's: the root's row and the prompt tokens' read in one call, every level's guesses from their
+  // one readout (row L - 1: depth L's, the same under every expanded node), no draft layer after
+  const bool parallel = prompt_embeds.has_value();
+  const int64_t prompts = parallel ? prompt_embeds->size(0) : 0;
+  if (parallel) depth = std::min(depth, 1 + prompts);
+  torch::Tensor state = start;  // [m, H]: the expanded nodes' h (the root alone first; parallel: and the prompts')
   if (fc_panels) {
     const auto h = read_verified(start, *fc_panels, *read_tokens, root, embed, weights, shape, eps, cos, sin,
-                                 cache_k, cache_v, committed);
+                                 cache_k, cache_v, committed, prompt_embeds, prompt_hidden);
     committed += start.size(0);  // the tree's rows go after the read ones
-    state = h.slice(0, h.size(0) - 1);
+    state = h.slice(0, h.size(0) - 1 - prompts);
   }
-  TORCH_CHECK(state.dim() == 2 && state.size(0) == 1, "eagle3_grow: start [1, H] without fc_panels");
+  TORCH_CHECK(state.dim() == 2 && state.size(0) == 1 + prompts, "eagle3_grow: start [1, H] without fc_panels (",
+              "parallel: [1 + P, H])");
+  torch::Tensor all_logp, all_picked;  // parallel: [1 + P, b] each, read once
+  if (parallel) {
+    const auto top = eagle3_readout(state, norm, eps, panels, vocab_size, beam);
+    all_logp = top[0].contiguous(), all_picked = top[1].contiguous();
+  }
   const int64_t group = shape[0] / shape[1];
   const auto index = torch::TensorOptions().dtype(torch::kInt64);
   const int64_t* vocab_ids = vocab.data_ptr<int64_t>();
@@ -121,8 +142,15 @@ std::vector<torch::Tensor> eagle3_grow(const torch::Tensor& start, const std::op
   std::vector<std::vector<int64_t>> rows{{}};  // each expanded node's draft rows along its path (after committed)
   int64_t written = 0;                         // draft rows of earlier levels
   for (int64_t level = 1; level <= depth; ++level) {
-    const auto top = eagle3_readout(state, norm, eps, panels, vocab_size, beam);  // [m, b] twice
-    const auto logp = top[0].contiguous(), picked = top[1].contiguous();
+    torch::Tensor logp, picked;  // [m, b] each
+    if (parallel) {
+      const int64_t m = static_cast<int64_t>(frontier_values.size());
+      logp = all_logp.select(0, level - 1).unsqueeze(0).expand({m, -1}).contiguous();
+      picked = all_picked.select(0, level - 1).unsqueeze(0).expand({m, -1}).contiguous();
+    } else {
+      const auto top = eagle3_readout(state, norm, eps, panels, vocab_size, beam);
+      logp = top[0].contiguous(), picked = top[1].contiguous();
+    }
     const float* lp = logp.data_ptr<float>();
     const int64_t* ix = picked.data_ptr<int64_t>();
     const int64_t m = logp.size(0), b = logp.size(1);
@@ -162,6 +190,11 @@ std::vector<torch::Tensor> eagle3_grow(const torch::Tensor& start, const std::op
       if (top_value < sorted[wanted - 1]) break;
     }
     if (!seconds.empty() && top_value < cost_floor(found.values, seconds, ratio, overhead)) break;
+    if (parallel) {  // the next level's guesses are read already: only the frontier moves
+      frontier_values.clear(), frontier_proposals.clear();
+      for (int64_t i : best) frontier_values.push_back(children[i].value), frontier_proposals.push_back(first + i);
+      continue;
+    }
     // the chosen children through the draft layer: each sees the committed rows and its own path's draft rows
     const int64_t next = static_cast<int64_t>(best.size()), length = committed + written;
     std::vector<std::vector<int64_t>> paths;

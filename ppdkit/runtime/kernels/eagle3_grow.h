@@ -15,7 +15,9 @@
 // seconds (a forward's by rows), ratio, overhead: StepCost's, seconds empty without one. -> the proposals: values [n]
 // float64, depths [n], tokens [n], parents [n] (-1: the root), drafts [n] float64 (log-probabilities). The cache's R
 // read rows are the caller's to commit; the rows after them are the tree's, left for the next verification to
-// overwrite.
+// overwrite. prompt_embeds and prompt_hidden [P, H] (Eagle3ParallelDrafter's, grow_marginals's twin): P rows read after
+// the root's in the same call (start, without fc_panels: [1 + P, H], the root's h then the prompts'), one readout of
+// them all, depth L's guesses the same under every expanded node, no draft layer after; depth at most 1 + P.
 std::vector<torch::Tensor> eagle3_grow(const torch::Tensor& start, const std::optional<torch::Tensor>& fc_panels,
                                        const std::optional<torch::Tensor>& read_tokens, int64_t root,
                                        const torch::Tensor& embed,
@@ -26,4 +28,5 @@ std::vector<torch::Tensor> eagle3_grow(const torch::Tensor& start, const std::op
                                        const torch::Tensor& cache_v, int64_t committed, int64_t beam, int64_t depth,
                                        int64_t wanted, const std::vector<double>& worth_weights,
                                        const std::vector<double>& clip, const std::vector<double>& seconds,
-                                       double ratio, double overhead);
+                                       double ratio, double overhead, const std::optional<torch::Tensor>& prompt_embeds,
+                                       const std::optional<torch::Tensor>& prompt_hidden);
