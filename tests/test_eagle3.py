@@ -132,18 +132,17 @@ def test_a_shared_step_reads_the_states_in_the_same_call(monkeypatch):
     assert not torch.equal(other[0][1:], one[0][1:]) and torch.equal(other[0][0], one[0][0])
 
 
-def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
-    """A draft unrolled by the trainer on a sequence gives, at step k and position t, the log-probabilities the
-    decoder's draft gives for the node k + 1 deep on the sequence's own path after t: the training-time test's
-    visibility and rotary positions are the decoder's draft cache and tree rows."""
-    model, tok = tiny_f64
+def unrolled_in_float64(seed: int, **keys) -> tuple[list, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """A draft of random weights (train.method eagle3, head_depth 3, `keys`) unrolled by the trainer in float64 on a
+    random sequence of 12 tokens -> (per step k: rows at positions t whose entry t + 1 + k exists, the draft's
+    tensors, its draft vocabulary, the sequence)."""
     base = load_base_model("tiny-llama", quantization="none", dtype="float32")
     base.model.double()
-    ids = torch.tensor([random.Random(1).randrange(VOCAB) for _ in range(12)])
+    ids = torch.tensor([random.Random(seed).randrange(VOCAB) for _ in range(12)])
     seq = ShardSequence(0, ids, torch.arange(11), torch.zeros(11, 4, dtype=torch.long), torch.zeros(11, 4),
                         torch.zeros(11))
-    cfg = TrainConfig(method="eagle3", head_depth=3, draft_vocab=VOCAB)
-    run = TRAINING_METHODS["eagle3"].start(cfg, base, [seq])
+    run = TRAINING_METHODS["eagle3"].start(TrainConfig(method="eagle3", head_depth=3, draft_vocab=VOCAB, **keys),
+                                           base, [seq])
     run.module.double()
     run.embed = run.embed.double()
     cos, sin = base.model.model.rotary_emb(torch.zeros(1, dtype=torch.float64), torch.arange(64)[None])
@@ -154,8 +153,16 @@ def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
         states = base.model(ids[None], output_hidden_states=True).hidden_states
     batch.fused_input = torch.cat([states[k] for k in run.layers], dim=-1)
     with torch.no_grad():
-        unrolled = run.unroll(tensors, batch)  # step k: rows at positions t whose entry t + 1 + k exists
-    decoder = _decoder(model, tok, tensors, run.module.draft_vocab)
+        return run.unroll(tensors, batch), tensors, run.module.draft_vocab, ids
+
+
+def test_the_training_time_test_is_what_the_decoder_drafts(tiny_f64):
+    """A draft unrolled by the trainer on a sequence gives, at step k and position t, the log-probabilities the
+    decoder's draft gives for the node k + 1 deep on the sequence's own path after t: the training-time test's
+    visibility and rotary positions are the decoder's draft cache and tree rows."""
+    model, tok = tiny_f64
+    unrolled, tensors, vocab, ids = unrolled_in_float64(1)
+    decoder = _decoder(model, tok, tensors, vocab)
     lean, t = decoder.model, 5
     drafter = Eagle3Drafter(decoder, lean.new_cache(64), nodes=2, beam=1, depth=1)
     drafter.prefill(ids[:t + 1])  # verified: positions 0 .. t

@@ -11,16 +11,13 @@ import torch
 from conftest import tiny_model_on
 from test_corpus_ngrams import _greedy_texts
 from test_draft_heads import VOCAB
-from test_eagle3 import _decoder, _draft_tensors
+from test_eagle3 import _decoder, _draft_tensors, unrolled_in_float64
 
-from ppdkit.data_pipeline.teacher_cache import ShardSequence
 from ppdkit.models.eagle3 import PARALLEL, readout
-from ppdkit.models.loading import load_base_model
 from ppdkit.runtime.drafters.corpus_ngrams import CorpusLookup, build_tables
 from ppdkit.runtime.drafters.eagle3_drafter import Eagle3ParallelDrafter
 from ppdkit.runtime.trees.grown_tree import level_logp
 from ppdkit.trainer.config import TrainConfig
-from ppdkit.trainer.training_methods import TRAINING_METHODS
 
 
 def _prompt_tokens(model, count: int, seed: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,26 +31,9 @@ def test_the_rows_trained_are_the_decoders_one_draft_forward(tiny_f64):
     draft forward gives in its row k (the root's row, then each prompt token's): the same inputs, visibility and
     rotary positions."""
     model, tok = tiny_f64
-    base = load_base_model("tiny-llama", quantization="none", dtype="float32")
-    base.model.double()
-    ids = torch.tensor([random.Random(2).randrange(VOCAB) for _ in range(12)])
-    seq = ShardSequence(0, ids, torch.arange(11), torch.zeros(11, 4, dtype=torch.long), torch.zeros(11, 4),
-                        torch.zeros(11))
-    cfg = TrainConfig(method="eagle3", head_depth=3, draft_vocab=VOCAB, parallel_draft=True)
-    run = TRAINING_METHODS["eagle3"].start(cfg, base, [seq])
-    run.module.double()
-    run.embed = run.embed.double()
-    cos, sin = base.model.model.rotary_emb(torch.zeros(1, dtype=torch.float64), torch.arange(64)[None])
-    run.cos, run.sin = cos[0], sin[0]
-    tensors = {k: v.detach().clone() * (1 + 0.5 * torch.randn(v.shape, dtype=v.dtype)) for k, v in run.module().items()}
+    unrolled, tensors, vocab, ids = unrolled_in_float64(2, parallel_draft=True)
     assert tensors["parallel.embeds"].shape == tensors["parallel.hidden"].shape == (2, model.config.hidden_size)
-    batch = run.batch([seq], "train")
-    with torch.no_grad():
-        states = base.model(ids[None], output_hidden_states=True).hidden_states
-    batch.fused_input = torch.cat([states[k] for k in run.layers], dim=-1)
-    with torch.no_grad():
-        unrolled = run.unroll(tensors, batch)
-    decoder = _decoder(model, tok, {k: v for k, v in tensors.items() if k not in PARALLEL}, run.module.draft_vocab)
+    decoder = _decoder(model, tok, {k: v for k, v in tensors.items() if k not in PARALLEL}, vocab)
     decoder.draft.eagle3.parallel = tuple(tensors[name] for name in PARALLEL)
     t = 5
     drafter = Eagle3ParallelDrafter(decoder, decoder.model.new_cache(64), nodes=2, beam=1, depth=3)
