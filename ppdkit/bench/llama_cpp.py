@@ -1,7 +1,7 @@
 """llama.cpp as a baseline in `ppdkit bench` (llama-cpp-python, the optional extra `ppdkit[llama]`).
 
 The comparison users make: the same base model, the same prompt token ids (ppdkit's chat template), greedy, the
-same threads. Three methods:
+same threads. Five methods:
 - `llama.cpp`: plain decoding of a GGUF at the runtime's precision (bf16 or f32), written once into the cache from
   the base model's own GGUF (SmolLM2's Q4_1 from its package: its metadata and tokenizer, its tensors de-quantized,
   which are exactly the weights ppdkit's runtime holds); with the runtime on `gguf`, that file itself;
