@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Union, get_args
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from ppdkit.models.config import Section
+from ppdkit.runtime.decoding_methods import METHODS as DECODING_METHODS, Need
 
 from .training_methods import TRAINING_METHODS
 
@@ -25,7 +26,8 @@ from .training_methods import TRAINING_METHODS
 # larger trees only burn calibration time.
 MAX_TREE_SIZE = 1024
 
-PARALLEL_METHODS = ("eagle3-ppd", "eagle3-ppd-corpus")  # what an eagle3 draft with train.parallel_draft serves too
+# what an eagle3 draft with train.parallel_draft serves too: the decoding methods that need its prompt tokens
+PARALLEL_METHODS = tuple(m.name for m in DECODING_METHODS.values() if Need.EAGLE3_PROMPT_TOKENS in m.needs)
 DEFAULT_METHOD = "ept"  # a train section without `method` trains PPD's prompt tokens
 AUTOCAST_PRECISIONS = ("bf16-autocast", "auto")  # eagle3's alone: they time and autocast its draft layer
 
@@ -234,15 +236,6 @@ class Eagle3Config(DraftHeadConfig):
                               "teacher's most likely token: (1 - share) x its distribution + share x its top-1. Greedy "
                               "decoding keeps a guess only where it is the base's top-1; 0 learns the distribution "
                               "alone (EAGLE-3's loss)")
-
-    @field_validator("loss")
-    @classmethod
-    def _learns_distributions(cls, loss: str) -> str:
-        if loss != "kd":
-            raise ValueError("train.method eagle3 learns the teacher's distributions (train.loss kd); the hard-label "
-                             "ablation (ce) is the feature head's and Medusa's")
-        return loss
-
     parallel_draft: bool = Field(False, description="prompt tokens for the draft (PPD thesis 6.4; P-EAGLE): steps "
                                  "1 .. head_depth - 1 of the training-time test read a trained pair (an embedding and "
                                  "a hidden state) per step in place of the previous step's guess and state, so the "
@@ -252,6 +245,14 @@ class Eagle3Config(DraftHeadConfig):
     prompt_lr_scale: float = Field(10.0, gt=0.0, description="with parallel_draft: the prompt tokens' lr is "
                                    "train.lr times this (they start from a small random draw, the draft from a "
                                    "trained one)")
+
+    @field_validator("loss")
+    @classmethod
+    def _learns_distributions(cls, loss: str) -> str:
+        if loss != "kd":
+            raise ValueError("train.method eagle3 learns the teacher's distributions (train.loss kd); the hard-label "
+                             "ablation (ce) is the feature head's and Medusa's")
+        return loss
 
     def decoding_methods(self) -> tuple[str, ...]:
         """eagle3's, and with prompt tokens for the draft the methods that draft with them."""
