@@ -64,15 +64,19 @@ def test_sampled_answers_follow_their_seeds(plain):
 
 @pytest.mark.parametrize("max_rows", [96, 9, 2])
 def test_eagle3_trees_share_steps_losslessly_whatever_rows_they_are_given(monkeypatch, max_rows):
-    """EAGLE-3's grown trees in one forward with plain and chained answers (the live text's and a corpus's); with few
-    rows to share, trees shrink to the root alone (nothing drafted) and its draft catches up on the rows it skipped."""
+    """EAGLE-3's grown trees in one forward with plain and chained answers (the live text's and a corpus's), the
+    draft's prompt tokens' trees (eagle3-ppd*) among them; with few rows to share, trees shrink to the root alone
+    (nothing drafted) and its draft catches up on the rows it skipped."""
     model, tok = tiny_model_on("native", monkeypatch)
     vocab = torch.arange(3, 256, 3)
     decoder = eagle3_decoder(model, tok, _draft_tensors(model, vocab, 4, 0.5), vocab)
+    g = torch.Generator().manual_seed(4)
+    decoder.draft.eagle3.parallel = tuple(torch.randn(2, model.config.hidden_size, generator=g) for _ in range(2))
     decoder.draft.corpus = CorpusLookup(None, build_tables([ids * 3 for ids, _ in _prompts(12, seed=1)]))
     engine = BatchEngine(decoder, max_batch=6, max_rows=max_rows)
     try:
-        _alone_and_batched(decoder, engine, ["eagle3-corpus", "eagle3-anpd", "eagle3", "ar", "anpd"])
+        _alone_and_batched(decoder, engine, ["eagle3-corpus", "eagle3-anpd", "eagle3", "eagle3-ppd-corpus",
+                                             "eagle3-ppd", "ar", "anpd"])
     finally:
         engine.close()
 
