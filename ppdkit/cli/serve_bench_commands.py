@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from ppdkit.models.gguf_export import OUTTYPES
+
 log = logging.getLogger("ppdkit")
 
 DEFAULT_SERVERS = "ppdkit,vllm,vllm-eagle3,llama.cpp,llama.cpp-eagle3"
@@ -98,7 +100,7 @@ def add_serve_bench_commands(sub: argparse._SubParsersAction) -> None:
                                        "`ppdkit export --format speculators` or `--format gguf` does")
     bench.add_argument("--num-speculative-tokens", type=int, default=3,
                        help="vllm-eagle3's draft tokens per step, llama.cpp-eagle3's most (--spec-draft-n-max)")
-    bench.add_argument("--draft-outtype", default="auto", choices=["auto", "f32", "f16", "bf16", "q8_0"],
+    bench.add_argument("--draft-outtype", default="auto", choices=OUTTYPES,
                        help="llama.cpp-eagle3's draft matrices in its GGUF, as `ppdkit export --outtype` "
                             "(default auto: f16)")
     bench.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],

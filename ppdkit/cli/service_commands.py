@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from ppdkit.models.gguf_export import OUTTYPES
+
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from ppdkit.registry.models import client, promote
@@ -108,7 +110,7 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
                              "(llama-server -md, --spec-type draft-eagle3), written by llama.cpp's own converter")
     export.add_argument("--out", required=True, help="the directory to write (replaced if it exists)")
     export.add_argument("--verifier", help="the base model's name in the config (default: its Hub id)")
-    export.add_argument("--outtype", default="auto", choices=["auto", "f32", "f16", "bf16", "q8_0"],
+    export.add_argument("--outtype", default="auto", choices=OUTTYPES,
                         help="gguf: the draft's matrices, as llama.cpp's converter writes them (default auto: f16)")
     export.set_defaults(func=cmd_export)
 

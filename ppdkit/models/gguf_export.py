@@ -17,8 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .artifact import ArtifactError, read_component
-from .paths import cache_dir, file_sha256, write_json_atomic
+from .paths import cache_dir, file_sha256, write_json_atomic  # light: the command line reads OUTTYPES from here
 
 DRAFT_FILE = "draft.gguf"
 RECORD = "export.json"
@@ -30,6 +29,7 @@ OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
 
 def llama_cpp_converter() -> Path:
     """The converter script of the newest llama.cpp build in the cache; a clear error where none was built."""
+    from .artifact import ArtifactError  # here: artifact imports torch
     found = sorted((cache_dir() / "llama.cpp").glob(f"llama-cpp-python-*/{CONVERTER}/convert_hf_to_gguf.py"))
     if not found:
         raise ArtifactError(f"llama.cpp's GGUF converter is not in {cache_dir() / 'llama.cpp'}: {SETUP} (run it, "
@@ -41,6 +41,7 @@ def export_gguf(component_dir: Path, out: Path, outtype: str = "auto") -> Path:
     """Write the eagle3 component in `component_dir` to out/draft.gguf (and out/export.json), its matrices in `outtype`
     (OUTTYPES); the directory is replaced. Refuses another method's component, another base model's, and a base model
     without a GGUF."""
+    from .artifact import ArtifactError, read_component
     from .catalog import base_gguf, materialize
     from .eagle3_export import export_eagle3
 

@@ -93,6 +93,9 @@ class Eagle3Run(TrainingRun):
             shapes |= parallel_shapes(config, cfg.head_depth)
         lm_head = base.model.get_output_embeddings().weight.detach()[vocab]
         self.module = Eagle3Draft(shapes, lm_head, cfg.seed)
+        if cfg.freeze_draft:  # the prompt tokens alone train
+            for name, weight in self.module().items():
+                weight.requires_grad_(name in PARALLEL)
         self.module.register_buffer("draft_vocab", vocab)  # saved with every checkpoint and exported
         self.features = FeatureCache(base.model, self.layers, KEEP_FEATURE_BYTES)
         self.autocast = use_autocast(cfg.precision, self.embed.device)  # train.precision, auto resolved here
@@ -102,18 +105,13 @@ class Eagle3Run(TrainingRun):
 
     def param_groups(self, total_steps: int):
         """One group on the cosine schedule; with prompt tokens, theirs at train.prompt_lr_scale x the lr, and the
-        draft's left out where train.freeze_draft holds it."""
+        draft's beside them unless train.freeze_draft holds it."""
         if not self.parallel:
             return super().param_groups(total_steps)
-        prompts = [p for name, p in self.module.weights.items() if name.replace("__", ".") in PARALLEL]
-        draft = [p for name, p in self.module.weights.items() if name.replace("__", ".") not in PARALLEL]
-        scale = self.cfg.prompt_lr_scale
-        groups, factors = [{"params": prompts}], [lambda s: scale * cosine(s, total_steps)]
-        if self.cfg.freeze_draft:
-            for p in draft:
-                p.requires_grad_(False)
-        else:
-            groups.append({"params": draft})
+        weights, scale = self.module(), self.cfg.prompt_lr_scale
+        groups, factors = [{"params": [weights[name] for name in PARALLEL]}], [lambda s: scale * cosine(s, total_steps)]
+        if not self.cfg.freeze_draft:
+            groups.append({"params": [w for name, w in weights.items() if name not in PARALLEL]})
             factors.append(lambda s: cosine(s, total_steps))
         return groups, factors
 

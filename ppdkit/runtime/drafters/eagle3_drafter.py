@@ -109,16 +109,18 @@ class Eagle3Drafter(GrownDrafter):
     """EAGLE-3's grown tree: its draft cache, and the verified positions waiting to be read into it (their fused
     states and tokens) until the next root is known. The verification captures the base's states at its layers."""
 
+    READS_PROMPTS = False  # Eagle3ParallelDrafter: the draft's prompt tokens are read after the root's row
+
     def __init__(self, decoder, cache: KVCache, **grown):
         super().__init__(decoder, cache, **grown)
         self.draft = decoder.draft.eagle3
         self.capture = self.draft.layers
-        # the committed rows, plus one per expanded node while a tree grows
-        prompt_rows = 0 if self.draft.parallel is None else len(self.draft.parallel[0])  # Eagle3ParallelDrafter's
-        self.draft_cache = self.draft.new_cache(cache.capacity + self.beam * self.depth + 1 + prompt_rows,
-                                                self.model.dtype, self.model.device)
+        self.prompts: tuple[torch.Tensor, torch.Tensor] | None = self.draft.parallel if self.READS_PROMPTS else None
+        # the committed rows, plus one per expanded node while a tree grows (or per prompt token)
+        self.draft_cache = self.draft.new_cache(
+            cache.capacity + self.beam * self.depth + 1 + (0 if self.prompts is None else len(self.prompts[0])),
+            self.model.dtype, self.model.device)
         self.pending_states = self.pending_tokens = None  # [R, 3H], [R]: verified, not yet in the draft cache
-        self.prompts: tuple[torch.Tensor, torch.Tensor] | None = None  # read after the root's row (the parallel draft)
 
     def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
         super().prompt_read(ids, hidden, states)
@@ -219,9 +221,10 @@ class Eagle3ParallelDrafter(Eagle3Drafter):
     after the first: a step's drafting is one layer call and one readout of 1 + P rows, where grow's is a layer call
     and a readout a level."""
 
+    READS_PROMPTS = True
+
     def __init__(self, decoder, cache: KVCache, **grown):
         super().__init__(decoder, cache, **grown)
-        self.prompts = self.draft.parallel
         self.depth = min(self.depth, 1 + len(self.prompts[0]))
         # the fitted tree values (tree_values.json) value a sequential draft's guesses given their parent; these
         # are not, so they are valued by their own probabilities
