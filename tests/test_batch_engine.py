@@ -247,3 +247,17 @@ def test_the_drafting_choice_follows_what_each_choice_measured():
     for _ in range(20):
         choice.observe(4, True, tokens=12, seconds=0.010)  # the text turned easy: drafting pays now
     assert choice.choose(4) is True and choice.choose(8) is True  # another load: measured afresh (untried first)
+
+
+def test_a_lone_answers_choice_weighs_its_own_steps_and_probes_plain_steps_rarely():
+    choice = DraftingChoice(weighs_one=True, plain_probe=4 * PROBE)
+    assert choice.choose(1) is True and choice.choose(1) is True  # untried: drafting first
+    choice.observe(1, True, tokens=2, seconds=0.020)
+    assert choice.choose(1) is False  # then a plain step
+    choice.observe(1, False, tokens=1, seconds=0.008)  # 100 tok/s against 125: drafting does not pay
+    picks = [choice.choose(1) for _ in range(4 * PROBE)]
+    assert picks.count(True) == 4  # drafting tried once in PROBE steps, to notice when the text turns easy
+    choice.observe(1, True, tokens=4, seconds=0.020)
+    choice.observe(1, True, tokens=4, seconds=0.020)  # now it pays
+    picks = [choice.choose(1) for _ in range(8 * PROBE)]
+    assert picks.count(False) == 2  # a plain step once in 4 * PROBE, to notice when it stops paying

@@ -160,3 +160,32 @@ def test_sampled_grown_trees_draw_the_base_models_first_tokens(tiny_f64):
     decoder = _decoder(model, tok, heads, None)
     assert HIDDEN == model.config.hidden_size
     first_two_tokens_follow_the_model(decoder, [5, 17, 42, 5, 17, 42, 5, 17], "feature-grown-anpd")
+
+
+def test_a_draft_that_costs_more_than_it_keeps_runs_plain_steps(monkeypatch):
+    """Never a slowdown: a grown tree whose drafting takes far longer than a forward (here 40 ms against the tiny
+    model's ~1 ms) decodes mostly plain steps, a drafted one now and then, with ar's tokens; given its tree size by
+    name, it drafts every step, as asked."""
+    import time
+
+    from ppdkit.runtime.trees.grown_tree import FeatureDrafter
+
+    model, tok = tiny_model_on("pytorch", monkeypatch)
+    heads = _heads("feature", 4, torch.Generator().manual_seed(7), model, torch.arange(VOCAB), scale=0.3)
+    grow = FeatureDrafter.grow
+
+    def slow_grow(self, *args, **kwargs):
+        time.sleep(0.04)
+        return grow(self, *args, **kwargs)
+
+    monkeypatch.setattr(FeatureDrafter, "grow", slow_grow)
+    decoder = _decoder(model, tok, heads, None)
+    ids = [5, 9, 14, 5, 9, 14, 5, 9]
+    plain = decoder.generate(ids, max_new_tokens=48, method="ar").tokens
+    out = decoder.generate(ids, max_new_tokens=48, method="feature-grown")
+    assert out.tokens == plain
+    drafted = sum(rows > 1 for rows in out.rows_per_step)
+    assert drafted <= 3, out.rows_per_step  # the first step, maybe a probe: the rest plain
+    decoder.draft.grown_nodes = 4  # a tree size given by name
+    out = decoder.generate(ids, max_new_tokens=48, method="feature-grown")
+    assert out.tokens == plain and min(out.rows_per_step) > 1, out.rows_per_step

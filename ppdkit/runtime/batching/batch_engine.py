@@ -263,7 +263,7 @@ class BatchEngine:
         drafting = self.drafting.choose(len(self.active)) if grown else True
         cap = max(1, self.max_rows // len(self.active)) if drafting else 1
         for drafter in grown:
-            drafter.limit_nodes(cap)  # applies from its next proposal
+            drafter.limit_nodes(cap, shared=len(self.active) > 1)  # applies from its next proposal
         batch = [Step(a.segment, a.proposal, a.options.sampling, a.generator) for a in self.active]
         capture = next((a.drafter.capture for a in self.active if a.drafter.capture), ())
         started = time.perf_counter()

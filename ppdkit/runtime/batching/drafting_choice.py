@@ -1,6 +1,8 @@
-"""Whether the grown trees of a batch draft at all (batch_engine.py), chosen by what each choice measured.
+"""Whether grown trees draft at all, chosen by what each choice measured: a batch's (batch_engine.py) and a lone
+answer's (runtime/trees/grown_tree.py's GrownDrafter, so that a draft that costs more than it keeps runs plain steps).
 
-Alone, an answer's tree pays for its rows and its drafting time (generate's own choice). Among many answers the
+Alone, an answer's tree pays for its rows and its drafting time, when it pays at all: on a CPU where a few rows cost
+twice one row (the gguf path), a step of 2 tokens is slower than 2 plain ones. Among many answers the
 forward's weight read is shared and a row of guesses costs as much as another answer's row, and each answer's
 drafting runs one after another: past a few answers the root alone, `ar` inside the batch, yields more. Where that
 turns depends on the CPU, the draft and the text, so it is measured, not modelled: tokens per second of whole steps (a
@@ -12,22 +14,27 @@ PROBE = 16  # steps between two that take the choice the figures do not favour
 
 
 class DraftingChoice:
-    def __init__(self, rate: float = 0.2):
+    """`weighs_one`: one answer's steps are weighed too (a lone answer's own choice); else one answer always drafts,
+    leaving the choice to its drafter. `plain_probe`: the steps between two plain ones while drafting is favoured (a
+    plain step's cost, one row's forward, barely moves with the text; what drafting keeps does)."""
+
+    def __init__(self, rate: float = 0.2, weighs_one: bool = False, plain_probe: int = PROBE):
         self.rate = rate  # weight of a step in the running figures
+        self.weighs_one, self.plain_probe = weighs_one, plain_probe
         self.figures: dict[tuple[int, bool], tuple[float, float]] = {}  # (answers, drafting) -> (tokens, seconds)
         self.steps = 0
 
     def choose(self, answers: int) -> bool:
         """Draft (True) or verify each answer's root alone, for a step of `answers` answers."""
         self.steps += 1
-        if answers == 1:
+        if answers == 1 and not self.weighs_one:
             return True
         known = {drafting: self.figures.get((answers, drafting)) for drafting in (True, False)}
         untried = [drafting for drafting, figure in known.items() if figure is None]
         if untried:
             return untried[0]
         best = known[True][0] / known[True][1] >= known[False][0] / known[False][1]
-        return (not best) if self.steps % PROBE == 0 else best
+        return (not best) if self.steps % (self.plain_probe if best else PROBE) == 0 else best
 
     def observe(self, answers: int, drafting: bool, tokens: int, seconds: float) -> None:
         """A step of `answers` answers under `drafting` made `tokens` tokens in `seconds` (its drafting and forward)."""

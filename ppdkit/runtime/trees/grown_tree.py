@@ -23,6 +23,9 @@ n with the most expected tokens per second, a step's time being the drafting's p
 (runtime/trees/tree_sizer.py's latency line, seeded by the tree profile and refitted on every step's time): a
 confident step spends rows deep on one line, an unsure one spends few. Growth stops at the level below which no
 proposal could be among those n, whatever else is proposed (StepCost.floor), so no level is drafted for nothing.
+Never a slowdown: whether a step drafts at all is chosen by what drafted and plain steps measured in tokens per second
+(runtime/batching/drafting_choice.py), so a draft that costs more than it keeps on this machine runs plain steps,
+trying a drafted one now and then; a tree size given by name drafts every step, as asked.
 """
 
 import math
@@ -35,6 +38,7 @@ import torch
 
 from ppdkit.models.draft_heads import draft_logits, feature_step
 
+from ..batching.drafting_choice import DraftingChoice
 from ..drafters.anpd import AdaptiveNgram
 from ..drafters.corpus_ngrams import CorpusChain
 from ..drafters.drafter import Drafter, Proposal, Verified
@@ -43,6 +47,7 @@ from .tree_layout import shape_layout
 from .tree_sizer import LatencyModel
 from .tree_values import Evidence, TreeValues
 
+PLAIN_PROBE = 64  # while drafting pays, one plain step in this many checks that it still does
 BEAM, DEPTH = 2, 5  # beams 2-3 and depths 4-6 measured alike on SmolLM2 (MT-Bench, HumanEval, 10 prompts each)
 CHAIN_LENGTH = 7  # ANPD's K
 
@@ -342,8 +347,11 @@ class GrownDrafter(Drafter):
         self.latency = latency_model(decoder.profile, self.nodes, most_rows=self.nodes)
         # running: guesses kept, their estimate, drafting seconds (of the steps that drafted)
         self.kept, self.estimated, self.drafting = 1.0, 1.0, 0.0
+        # whether a step drafts at all, by what each choice measured; not while a batch's forward verifies this
+        # tree with other answers' (limit_nodes shared: the batch engine chooses)
+        self.choice, self.shared = DraftingChoice(weighs_one=True, plain_probe=PLAIN_PROBE), False
         # this step's proposals, chosen ones, chains (the live text's, the corpus's), and whether it drafted at all
-        # (limit_nodes 1: the root alone)
+        # (limit_nodes 1, or the choice: the root alone)
         self.step: tuple[Proposals, list[int], tuple[list[int], list[int]], bool] | None = None
 
     def prompt_read(self, ids: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor | None) -> None:
@@ -354,13 +362,21 @@ class GrownDrafter(Drafter):
     def grow(self, root: int, wanted: int, cost: StepCost | None = None) -> Proposals:
         """The draft's proposals under `root`, at least `wanted` when the levels allow and (`cost`) their rows pay."""
 
-    def limit_nodes(self, nodes: int) -> None:
+    def limit_nodes(self, nodes: int, shared: bool = False) -> None:
         """Trees of at most `nodes` nodes from the next step (a batch's share of one forward's rows,
-        runtime/batching/batch_engine.py); at 1 the root goes alone and nothing is drafted."""
-        self.nodes = max(1, min(self.most, nodes))
+        runtime/batching/batch_engine.py, `shared` with other answers' rows); at 1 the root goes alone and nothing
+        is drafted."""
+        self.nodes, self.shared = max(1, min(self.most, nodes)), shared
+
+    def chooses(self) -> bool:
+        """Whether this drafter chooses, step by step, to draft or not: not where its tree size was given by name,
+        where a batch verifies it with other answers (the batch engine chooses), or where its steps are observed
+        (every step's candidates are wanted: trainer/tree_values_fit.py)."""
+        return not (self.fixed or self.shared or self.observe is not None)
 
     def propose(self, root: int) -> Proposal:
-        if self.nodes == 1:  # the root alone: no tree to draft (the n-gram chains still learn the root)
+        if self.nodes == 1 or (self.chooses() and not self.choice.choose(1)):
+            # the root alone: no tree to draft (the n-gram chains still learn the root)
             self.step = Proposals(), [], self._chains(root), False
             return Proposal(torch.tensor([root]), shape_layout((-1,), (-1,)))
         started = time.perf_counter()
@@ -409,6 +425,9 @@ class GrownDrafter(Drafter):
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
         found, chosen, chains, drafted = self.step
+        if self.chooses():
+            self.choice.observe(1, drafted, len(verified.accepted) + 1,
+                                verified.seconds["draft"] + verified.seconds["verify"])
         if self.chains:
             self.chains.update(chains[0], verified.accepted, verified.next_token)
         if self.corpus_chain is not None:
