@@ -168,6 +168,7 @@ def test_a_draft_that_costs_more_than_it_keeps_runs_plain_steps(monkeypatch):
     name, it drafts every step, as asked."""
     import time
 
+    from ppdkit.runtime.batching.drafting_choice import PROBE
     from ppdkit.runtime.trees.grown_tree import FeatureDrafter
 
     model, tok = tiny_model_on("pytorch", monkeypatch)
@@ -185,7 +186,13 @@ def test_a_draft_that_costs_more_than_it_keeps_runs_plain_steps(monkeypatch):
     out = decoder.generate(ids, max_new_tokens=48, method="feature-grown")
     assert out.tokens == plain
     drafted = sum(rows > 1 for rows in out.rows_per_step)
-    assert drafted <= 3, out.rows_per_step  # the first step, maybe a probe: the rest plain
+    # the first two steps (the first reads the prompt: unweighed), then two a probe once in PROBE: the rest plain
+    assert drafted <= 2 + 2 * (len(out.rows_per_step) // PROBE + 1), out.rows_per_step
+    assert drafted < len(out.rows_per_step) / 3
+    choice = decoder.drafting_choices["feature-grown"]  # what it measured carries over to the next answer
+    assert choice.seen[(1, False)] > 0 and choice.figures[(1, True)][1] > 0.04
+    again = decoder.generate(ids, max_new_tokens=48, method="feature-grown")
+    assert again.tokens == plain and sum(rows > 1 for rows in again.rows_per_step) < len(again.rows_per_step) / 3
     decoder.draft.grown_nodes = 4  # a tree size given by name
     out = decoder.generate(ids, max_new_tokens=48, method="feature-grown")
     assert out.tokens == plain and min(out.rows_per_step) > 1, out.rows_per_step

@@ -15,6 +15,7 @@ import torch
 from . import decoder_loading
 from .acceptance import Sampling
 from .answer_tokens import AnswerTokens, GenerateResult
+from .batching.drafting_choice import DraftingChoice
 from .auto import AUTO, candidates, drop_trial, read_trial, run_trial
 from .decoding_methods import METHODS, Need, get_method
 from .drafters.draft_parts import DraftParts
@@ -78,6 +79,8 @@ class Decoder:
         self.component_digest = "none"  # sha256 of the component's component.json: what auto's choice is for
         self._fastest: str | None = None  # auto's choice, once measured or read
         self._warned_unpaid: set[str] = set()  # the methods said once to run as ar (unpaid)
+        # a grown tree's method -> whether its steps pay for drafting, as measured so far (GrownDrafter.choice)
+        self.drafting_choices: dict[str, DraftingChoice] = {}
         self._trial: dict | None = None  # the trial it was chosen by (runtime/auto.py)
         # measures `profile` again where one was measured (runtime/decoder_loading.py sets it)
         self.measure_profile: Callable[[], None] | None = None
@@ -233,7 +236,10 @@ class Decoder:
         """A fresh drafter of `method` (resolved) for one answer, over a cache that holds the prompt, the answer and
         one step's rows past its end."""
         cache = self.model.new_cache(prompt_length + max_new_tokens + 64 + self.step_rows(method))
-        return get_method(method).build(self, cache, sizer)
+        drafter = get_method(method).build(self, cache, sizer)
+        if getattr(drafter, "choice", None) is not None:  # what drafting measured here carries over to later answers
+            drafter.choice = self.drafting_choices.setdefault(method, drafter.choice)
+        return drafter
 
     def carries(self) -> set[Need]:
         """What the loaded component provides, in the terms of runtime/decoding_methods.py's `needs`."""

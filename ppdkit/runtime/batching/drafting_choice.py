@@ -22,6 +22,7 @@ class DraftingChoice:
         self.rate = rate  # weight of a step in the running figures
         self.weighs_one, self.plain_probe = weighs_one, plain_probe
         self.figures: dict[tuple[int, bool], tuple[float, float]] = {}  # (answers, drafting) -> (tokens, seconds)
+        self.seen: dict[tuple[int, bool], int] = {}  # (answers, drafting) -> steps observed
         self.steps = 0
 
     def choose(self, answers: int) -> bool:
@@ -37,8 +38,11 @@ class DraftingChoice:
         return (not best) if self.steps % (self.plain_probe if best else PROBE) == 0 else best
 
     def observe(self, answers: int, drafting: bool, tokens: int, seconds: float) -> None:
-        """A step of `answers` answers under `drafting` made `tokens` tokens in `seconds` (its drafting and forward)."""
-        old = self.figures.get((answers, drafting))
-        r = self.rate
-        self.figures[(answers, drafting)] = (tokens, seconds) if old is None else (
-            (1 - r) * old[0] + r * tokens, (1 - r) * old[1] + r * seconds)
+        """A step of `answers` answers under `drafting` made `tokens` tokens in `seconds` (its drafting and forward).
+        The first steps of a choice weigh alike (the n-th 1/n), later ones `rate`: a first step that drafted badly
+        does not stand for drafting until many more are seen."""
+        key = (answers, drafting)
+        old = self.figures.get(key, (0.0, 0.0))
+        self.seen[key] = self.seen.get(key, 0) + 1
+        r = max(self.rate, 1 / self.seen[key])
+        self.figures[key] = ((1 - r) * old[0] + r * tokens, (1 - r) * old[1] + r * seconds)

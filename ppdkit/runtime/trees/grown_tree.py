@@ -48,6 +48,7 @@ from .tree_sizer import LatencyModel
 from .tree_values import Evidence, TreeValues
 
 PLAIN_PROBE = 64  # while drafting pays, one plain step in this many checks that it still does
+CHOICE_RATE = 0.05  # a step's weight in the choice's running figures
 BEAM, DEPTH = 2, 5  # beams 2-3 and depths 4-6 measured alike on SmolLM2 (MT-Bench, HumanEval, 10 prompts each)
 CHAIN_LENGTH = 7  # ANPD's K
 
@@ -349,7 +350,11 @@ class GrownDrafter(Drafter):
         self.kept, self.estimated, self.drafting = 1.0, 1.0, 0.0
         # whether a step drafts at all, by what each choice measured; not while a batch's forward verifies this
         # tree with other answers' (limit_nodes shared: the batch engine chooses)
-        self.choice, self.shared = DraftingChoice(weighs_one=True, plain_probe=PLAIN_PROBE), False
+        self.choice, self.shared = DraftingChoice(CHOICE_RATE, weighs_one=True, plain_probe=PLAIN_PROBE), False
+        # whether the last step drafted (the draft has read every verified row, an EAGLE-3 draft's cache), and whether
+        # it went unweighed: a step that drafts after plain ones (or the prompt) first reads what they verified, a
+        # cost of switching, not of drafting (weighed, the prompt's rows made drafting lose a third of bf16's steps)
+        self.drafted_last, self.unweighed = False, False
         # this step's proposals, chosen ones, chains (the live text's, the corpus's), and whether it drafted at all
         # (limit_nodes 1, or the choice: the root alone)
         self.step: tuple[Proposals, list[int], tuple[list[int], list[int]], bool] | None = None
@@ -375,7 +380,7 @@ class GrownDrafter(Drafter):
         return not (self.fixed or self.shared or self.observe is not None)
 
     def propose(self, root: int) -> Proposal:
-        if self.nodes == 1 or (self.chooses() and not self.choice.choose(1)):
+        if self.nodes == 1 or (self.chooses() and not self.unweighed and not self.choice.choose(1)):
             # the root alone: no tree to draft (the n-gram chains still learn the root)
             self.step = Proposals(), [], self._chains(root), False
             return Proposal(torch.tensor([root]), shape_layout((-1,), (-1,)))
@@ -425,9 +430,11 @@ class GrownDrafter(Drafter):
 
     def accept(self, proposal: Proposal, verified: Verified) -> None:
         found, chosen, chains, drafted = self.step
-        if self.chooses():
+        self.unweighed = drafted and not self.drafted_last
+        if self.chooses() and not self.unweighed:
             self.choice.observe(1, drafted, len(verified.accepted) + 1,
                                 verified.seconds["draft"] + verified.seconds["verify"])
+        self.drafted_last = drafted
         if self.chains:
             self.chains.update(chains[0], verified.accepted, verified.next_token)
         if self.corpus_chain is not None:
