@@ -15,8 +15,8 @@ import torch
 from . import decoder_loading
 from .acceptance import Sampling
 from .answer_tokens import AnswerTokens, GenerateResult
-from .batching.drafting_choice import DraftingChoice
 from .auto import AUTO, candidates, drop_trial, read_trial, run_trial
+from .batching.drafting_choice import DraftingChoice
 from .decoding_methods import METHODS, Need, get_method
 from .drafters.draft_parts import DraftParts
 from .forward.devices import on_device

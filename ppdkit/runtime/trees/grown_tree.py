@@ -353,7 +353,7 @@ class GrownDrafter(Drafter):
         self.choice, self.shared = DraftingChoice(CHOICE_RATE, weighs_one=True, plain_probe=PLAIN_PROBE), False
         # whether the last step drafted (the draft has read every verified row, an EAGLE-3 draft's cache), and whether
         # it went unweighed: a step that drafts after plain ones (or the prompt) first reads what they verified, a
-        # cost of switching, not of drafting (weighed, the prompt's rows made drafting lose a third of bf16's steps)
+        # cost of switching, not of drafting (counted, the prompt's rows sent a third of bf16's steps plain)
         self.drafted_last, self.unweighed = False, False
         # this step's proposals, chosen ones, chains (the live text's, the corpus's), and whether it drafted at all
         # (limit_nodes 1, or the choice: the root alone)
