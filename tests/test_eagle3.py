@@ -22,6 +22,7 @@ from ppdkit.registry.tracking import TrackerRef
 import ppdkit.runtime.forward.linear as linear_module
 from ppdkit.runtime.forward.linear import QUANTIZED
 from ppdkit.runtime.acceptance import Sampling
+from ppdkit.runtime.batching.drafting_choice import DraftingChoice
 from ppdkit.runtime.decoder import Decoder
 from ppdkit.runtime.drafters.draft_parts import Eagle3Parts
 from ppdkit.runtime.decoder_loading import draft_matrices
@@ -253,6 +254,7 @@ def test_the_draft_cache_keeps_every_verified_position_and_drops_the_tree(tiny_f
     ids = torch.tensor([random.Random(2).randrange(VOCAB) for _ in range(9)])
     cache = decoder.model.new_cache(64)
     drafter = Eagle3Drafter(decoder, cache, nodes=8, beam=2, depth=4)
+    drafter.choice = DraftingChoice()  # every step drafts (a lone answer's steps not weighed: these take no time)
     drafter.prefill(ids[:4])
     drafter.propose(int(ids[4]))
     assert drafter.draft_cache.length == 4  # positions 0 .. 3; the tree's rows rolled back

@@ -34,7 +34,8 @@ class DraftingChoice:
         untried = [drafting for drafting, figure in known.items() if figure is None]
         if untried:
             return untried[0]
-        best = known[True][0] / known[True][1] >= known[False][0] / known[False][1]
+        (drafted, drafted_seconds), (plain, plain_seconds) = known[True], known[False]
+        best = drafted * plain_seconds >= plain * drafted_seconds  # tokens per second, compared without a division
         return (not best) if self.steps % (self.plain_probe if best else PROBE) == 0 else best
 
     def observe(self, answers: int, drafting: bool, tokens: int, seconds: float) -> None:
